@@ -1,0 +1,46 @@
+//! Every bound continuum enforces, in one place, with compile-time checks of how they relate.
+
+/// Largest record payload accepted by [`Log::append`](crate::Log::append), in bytes.
+pub const RECORD_BYTES_MAX: u32 = 16 * 1024 * 1024;
+
+/// Largest batch payload (records plus their 4-byte length prefixes), in bytes.
+pub const BATCH_BYTES_MAX: u32 = 32 * 1024 * 1024;
+
+/// Most records in one batch.
+pub const BATCH_RECORDS_MAX: u32 = 1 << 20;
+
+/// Smallest allowed segment file.
+pub const SEGMENT_BYTES_MIN: u64 = 4 * 1024;
+
+/// Largest allowed segment file.
+pub const SEGMENT_BYTES_MAX: u64 = 1024 * 1024 * 1024;
+
+/// Default segment file size ([`Config::segment_bytes`](crate::Config::segment_bytes)).
+pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// Most appends waiting for the group-commit leader; further appenders block until there is room.
+pub const COMMIT_QUEUE_DEPTH_MAX: usize = 4096;
+
+/// Most frame bytes one group-commit leader writes in one `write` call.
+pub const COMMIT_GROUP_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Default interval of the background flusher under [`Durability::Buffered`](crate::Durability::Buffered), in milliseconds.
+pub const FLUSH_INTERVAL_MS_DEFAULT: u64 = 100;
+
+/// Longest allowed flusher interval, in milliseconds.
+pub const FLUSH_INTERVAL_MS_MAX: u64 = 60 * 60 * 1000;
+
+/// Bytes between two entries of a segment's sparse LSN → offset index (bounds memory to about
+/// 16 bytes per this many bytes of log).
+pub const SPARSE_INDEX_STRIDE_BYTES: u64 = 32 * 1024;
+
+/// Most bytes the active-segment reader fetches with one positioned read.
+pub const READ_CHUNK_BYTES_MAX: usize = 1024 * 1024;
+
+const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
+const _: () = assert!(SEGMENT_BYTES_MIN <= SEGMENT_BYTES_DEFAULT);
+const _: () = assert!(SEGMENT_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);
+// Offsets inside a segment and frame lengths are carried as u32 in places.
+const _: () = assert!(SEGMENT_BYTES_MAX <= u32::MAX as u64);
+const _: () = assert!(BATCH_RECORDS_MAX as u64 * 4 <= BATCH_BYTES_MAX as u64);
+const _: () = assert!(COMMIT_GROUP_BYTES_MAX >= 64 * 1024);

@@ -1,0 +1,187 @@
+//! The in-memory segment index: which segments exist, what each one holds, and how to find a
+//! record's frame. Rebuilt by recovery, extended by the writer, read by readers.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::error::{CorruptionKind, Error, Result};
+use crate::limits;
+use crate::log::record::{self, FRAME_HEADER_BYTES};
+use crate::log::segment::SEGMENT_HEADER_BYTES;
+use crate::storage::{ReadView, StorageFile};
+
+/// One entry of a segment's sparse index: the frame starting at `offset` begins with `lsn`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SparseEntry {
+    pub lsn: u64,
+    pub offset: u64,
+}
+
+/// Where a segment's bytes come from.
+#[derive(Clone, Debug)]
+pub(crate) enum SegmentBytes {
+    /// A sealed segment, memory-mapped once and shared.
+    Mapped(Bytes),
+    /// The active segment, read with positioned reads below its published end.
+    Active(Arc<dyn StorageFile>),
+}
+
+impl SegmentBytes {
+    /// Maps a sealed segment's view.
+    pub fn mapped(view: ReadView) -> Self {
+        SegmentBytes::Mapped(Bytes::from_owner(view))
+    }
+}
+
+/// What readers know of one segment. Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct SegmentMeta {
+    pub seq: u64,
+    pub first_lsn: u64,
+    /// LSN after the last published record.
+    pub next_lsn: u64,
+    /// Offset after the last published frame.
+    pub data_end: u64,
+    pub path: Arc<Path>,
+    pub sparse: Arc<Vec<SparseEntry>>,
+    /// Byte ranges recovery skipped (only under `RecoveryMode::SkipCorrupted`), sorted.
+    pub skips: Arc<Vec<(u64, u64)>>,
+    pub bytes: SegmentBytes,
+}
+
+impl SegmentMeta {
+    /// Whether the segment holds `lsn` (it may still fall in a skipped gap).
+    pub fn covers(&self, lsn: u64) -> bool {
+        lsn >= self.first_lsn && lsn < self.next_lsn
+    }
+
+    /// Offset of the last indexed frame at or before `lsn`.
+    pub fn seek_offset(&self, lsn: u64) -> u64 {
+        let at = self.sparse.partition_point(|entry| entry.lsn <= lsn);
+        match at.checked_sub(1) {
+            Some(i) => self.sparse[i].offset,
+            None => SEGMENT_HEADER_BYTES as u64,
+        }
+    }
+
+    fn corruption(&self, offset: u64, reason: &'static str) -> Error {
+        Error::Corruption { segment: self.path.to_path_buf(), offset, kind: CorruptionKind::BadBatch { reason } }
+    }
+}
+
+/// A verified batch read from a segment.
+#[derive(Debug)]
+pub(crate) struct ReadBatch {
+    pub first_lsn: u64,
+    pub record_count: u32,
+    /// The payload; records are sliced out of it without copying.
+    pub payload: Bytes,
+}
+
+/// Walks a segment's frames from an offset, verifying each one again as it is read.
+#[derive(Debug)]
+pub(crate) struct FrameCursor {
+    meta: SegmentMeta,
+    pos: u64,
+    window: Bytes,
+    window_start: u64,
+}
+
+impl FrameCursor {
+    /// A cursor at the indexed frame at or before `lsn`.
+    pub fn seek(meta: SegmentMeta, lsn: u64) -> Self {
+        let pos = meta.seek_offset(lsn);
+        Self { meta, pos, window: Bytes::new(), window_start: 0 }
+    }
+
+    /// The next frame, or `None` at the published end.
+    pub fn next_batch(&mut self) -> Result<Option<ReadBatch>> {
+        self.skip_gap();
+        if self.pos >= self.meta.data_end {
+            return Ok(None);
+        }
+        let header_bytes = self.fetch(self.pos, FRAME_HEADER_BYTES)?;
+        let header = record::decode_header(&header_bytes, self.meta.seq)
+            .map_err(|_| self.meta.corruption(self.pos, "frame header does not verify"))?;
+        let frame_bytes = self.fetch(self.pos, header.frame_len())?;
+        let frame = record::decode_frame(&frame_bytes, self.meta.seq)
+            .map_err(|_| self.meta.corruption(self.pos, "frame does not verify"))?;
+        let payload_start = FRAME_HEADER_BYTES;
+        let payload = frame_bytes.slice(payload_start..payload_start + frame.payload.len());
+        self.pos += header.frame_len() as u64;
+        Ok(Some(ReadBatch { first_lsn: header.first_lsn, record_count: header.record_count, payload }))
+    }
+
+    fn skip_gap(&mut self) {
+        for &(start, end) in self.meta.skips.iter() {
+            if self.pos >= start && self.pos < end {
+                self.pos = end;
+            }
+        }
+    }
+
+    /// `len` bytes at `offset`, all below the published end.
+    fn fetch(&mut self, offset: u64, len: usize) -> Result<Bytes> {
+        let end = offset + len as u64;
+        if end > self.meta.data_end {
+            return Err(self.meta.corruption(offset, "frame runs past the published end"));
+        }
+        match &self.meta.bytes {
+            SegmentBytes::Mapped(all) => {
+                if end > all.len() as u64 {
+                    return Err(self.meta.corruption(offset, "frame runs past the end of the file"));
+                }
+                Ok(all.slice(offset as usize..end as usize))
+            }
+            SegmentBytes::Active(file) => {
+                let window_end = self.window_start + self.window.len() as u64;
+                if offset < self.window_start || end > window_end {
+                    let want = (len.max(limits::READ_CHUNK_BYTES_MAX) as u64).min(self.meta.data_end - offset);
+                    let mut buf = vec![0u8; want as usize];
+                    file.read_exact_at(&mut buf, offset)
+                        .map_err(|e| Error::io("read", self.meta.path.to_path_buf(), e))?;
+                    self.window = Bytes::from(buf);
+                    self.window_start = offset;
+                }
+                let at = (offset - self.window_start) as usize;
+                Ok(self.window.slice(at..at + len))
+            }
+        }
+    }
+}
+
+/// Records of one verified batch, with their LSNs, sliced without copying.
+pub(crate) fn batch_records(batch: &ReadBatch) -> impl Iterator<Item = (u64, Bytes)> + '_ {
+    record::Records::new(&batch.payload).enumerate().filter_map(move |(i, item)| {
+        // The frame verified as a whole, so every record parses.
+        let (start, bytes) = item.ok()?;
+        Some((batch.first_lsn + i as u64, batch.payload.slice(start..start + bytes.len())))
+    })
+}
+
+/// The ordered list of segments, oldest first; the last one is the active segment.
+#[derive(Debug, Default)]
+pub(crate) struct SegmentIndex {
+    pub segments: Vec<SegmentMeta>,
+}
+
+impl SegmentIndex {
+    /// The segment that holds `lsn`.
+    pub fn find(&self, lsn: u64) -> Option<&SegmentMeta> {
+        let at = self.segments.partition_point(|meta| meta.first_lsn <= lsn);
+        let meta = self.segments.get(at.checked_sub(1)?)?;
+        meta.covers(lsn).then_some(meta)
+    }
+
+    /// LSN of the oldest record still in the log.
+    pub fn first_lsn(&self) -> u64 {
+        self.segments.first().map_or(1, |meta| meta.first_lsn)
+    }
+
+    /// LSN after the newest published record.
+    pub fn next_lsn(&self) -> u64 {
+        self.segments.last().map_or(1, |meta| meta.next_lsn)
+    }
+}

@@ -1,0 +1,456 @@
+//! [`Log`]: the write-ahead log. Segment files, group commit, recovery, reads, prefix truncation.
+//!
+//! The log knows nothing of atoms or agents: it stores opaque records, addressed by
+//! [`Lsn`]s that start at 1, increase by one per record, and are never reused.
+
+mod index;
+mod iter;
+pub(crate) mod record;
+pub(crate) mod recovery;
+pub(crate) mod segment;
+mod writer;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::config::{Config, Durability, RecoveryMode};
+use crate::error::{Error, Result};
+use crate::storage::{DirLock, FileStorage, Storage};
+
+use index::{FrameCursor, SegmentIndex};
+use record::EncodedBatch;
+use writer::Writer;
+
+pub use iter::LogIter;
+pub use recovery::{InvalidRange, RecoveryReport};
+
+/// Name of the lock file inside a store directory.
+pub const LOCK_FILE_NAME: &str = "LOCK";
+
+/// A log sequence number: the address of one record. Starts at 1; never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lsn(u64);
+
+impl Lsn {
+    /// The LSN of the first record of a new log.
+    pub const FIRST: Lsn = Lsn(1);
+
+    /// Wraps a raw LSN.
+    pub const fn new(lsn: u64) -> Self {
+        Self(lsn)
+    }
+
+    /// The raw number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The LSN after this one.
+    pub const fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The consecutive LSNs of one appended batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LsnRange {
+    first: Lsn,
+    count: u32,
+}
+
+impl LsnRange {
+    pub(crate) fn new(first: Lsn, count: u32) -> Self {
+        Self { first, count }
+    }
+
+    pub(crate) fn empty() -> Self {
+        Self { first: Lsn(0), count: 0 }
+    }
+
+    /// The first record's LSN.
+    pub fn first(&self) -> Lsn {
+        self.first
+    }
+
+    /// The last record's LSN.
+    pub fn last(&self) -> Lsn {
+        Lsn(self.first.0 + u64::from(self.count) - 1)
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> u32 {
+        self.count
+    }
+
+    /// Whether the range is empty (never true for an appended batch).
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Every LSN of the range, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Lsn> + use<> {
+        (self.first.0..self.first.0 + u64::from(self.count)).map(Lsn)
+    }
+}
+
+/// Public facts about one segment file, for inspection tools and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// The segment file.
+    pub path: PathBuf,
+    /// Its sequence number.
+    pub seq: u64,
+    /// LSN of its first record.
+    pub first_lsn: Lsn,
+    /// LSN after its last record.
+    pub next_lsn: Lsn,
+    /// Bytes of header and frames; the rest of the file is preallocated zeros.
+    pub data_bytes: u64,
+    /// Whether the segment is sealed (every segment but the last is).
+    pub sealed: bool,
+}
+
+/// Builds a [`Log`]: `Log::builder(dir).segment_bytes(…).open()?`.
+#[must_use = "a builder does nothing until `open` is called"]
+pub struct LogBuilder {
+    dir: PathBuf,
+    config: Config,
+    storage: Arc<dyn Storage>,
+}
+
+impl LogBuilder {
+    /// Size of each segment file; see [`Config::segment_bytes`].
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.config.segment_bytes = bytes;
+        self
+    }
+
+    /// Default durability of appends; see [`Config::durability`].
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.config.durability = durability;
+        self
+    }
+
+    /// How recovery treats invalid bytes; see [`Config::recovery_mode`].
+    pub fn recovery_mode(mut self, mode: RecoveryMode) -> Self {
+        self.config.recovery_mode = mode;
+        self
+    }
+
+    /// Background flusher interval; see [`Config::flush_interval`].
+    pub fn flush_interval(mut self, interval: Duration) -> Self {
+        self.config.flush_interval = interval;
+        self
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The file system to use instead of the real one (tests use
+    /// [`SimStorage`](crate::storage::sim::SimStorage)).
+    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// Validates the configuration, locks the directory (creating it if needed), runs recovery
+    /// and opens the log for appends.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`], [`Error::Locked`] if another handle has the store open,
+    /// [`Error::Corruption`] when recovery finds damage its mode does not tolerate, and
+    /// [`Error::Io`] / [`Error::NoSpace`] from the file system.
+    pub fn open(self) -> Result<Log> {
+        Log::open_with(self.storage, self.dir, self.config)
+    }
+}
+
+/// The write-ahead log. `Send + Sync`: share it between threads behind an `Arc`.
+pub struct Log {
+    inner: Arc<Inner>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Inner {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    config: Config,
+    index: Arc<RwLock<SegmentIndex>>,
+    writer: Writer,
+    report: RecoveryReport,
+    truncating: Mutex<()>,
+    stop: Mutex<bool>,
+    stop_signal: Condvar,
+    _lock: DirLock,
+}
+
+impl fmt::Debug for Log {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Log").field("dir", &self.inner.dir).field("config", &self.inner.config).finish()
+    }
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir` with the default [`Config`] on the real file system.
+    ///
+    /// # Errors
+    /// As [`LogBuilder::open`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::builder(dir).open()
+    }
+
+    /// A builder for a log in `dir`.
+    pub fn builder(dir: impl AsRef<Path>) -> LogBuilder {
+        LogBuilder { dir: dir.as_ref().to_path_buf(), config: Config::default(), storage: Arc::new(FileStorage::new()) }
+    }
+
+    fn open_with(storage: Arc<dyn Storage>, dir: PathBuf, config: Config) -> Result<Self> {
+        config.validate()?;
+        storage.create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        let lock = storage.lock_dir(&dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => Error::Locked { dir: dir.clone() },
+            _ => Error::io("lock", &dir, e),
+        })?;
+        let recovered = recovery::recover(storage.as_ref(), &dir, &config)?;
+        let index = Arc::new(RwLock::new(recovered.index));
+        let writer =
+            Writer::new(Arc::clone(&storage), dir.clone(), config.segment_bytes, recovered.active, Arc::clone(&index));
+        let inner = Arc::new(Inner {
+            storage,
+            dir,
+            config,
+            index,
+            writer,
+            report: recovered.report,
+            truncating: Mutex::new(()),
+            stop: Mutex::new(false),
+            stop_signal: Condvar::new(),
+            _lock: lock,
+        });
+        let log = Log { inner, flusher: Mutex::new(None) };
+        if log.inner.config.durability == Durability::Buffered {
+            log.start_flusher();
+        }
+        Ok(log)
+    }
+
+    /// Appends one record with the log's default durability and returns its LSN.
+    ///
+    /// # Errors
+    /// [`Error::RecordTooLarge`], [`Error::Poisoned`] after an earlier write or sync failure,
+    /// [`Error::Closed`], and the file system's [`Error::Io`] / [`Error::NoSpace`].
+    pub fn append(&self, record: &[u8]) -> Result<Lsn> {
+        self.append_with(record, self.inner.config.durability)
+    }
+
+    /// Appends one record with the given durability.
+    ///
+    /// # Errors
+    /// As [`Log::append`].
+    pub fn append_with(&self, record: &[u8], durability: Durability) -> Result<Lsn> {
+        self.append_batch_with(&[record], durability).map(|range| range.first())
+    }
+
+    /// Appends records as one batch: after any crash either all of them exist or none.
+    ///
+    /// # Errors
+    /// As [`Log::append`], plus [`Error::EmptyBatch`] and [`Error::BatchTooLarge`].
+    pub fn append_batch(&self, records: &[&[u8]]) -> Result<LsnRange> {
+        self.append_batch_with(records, self.inner.config.durability)
+    }
+
+    /// Appends records as one batch with the given durability.
+    ///
+    /// # Errors
+    /// As [`Log::append_batch`].
+    pub fn append_batch_with(&self, records: &[&[u8]], durability: Durability) -> Result<LsnRange> {
+        let batch = EncodedBatch::encode(records)?;
+        if durability == Durability::Buffered {
+            self.start_flusher();
+        }
+        self.inner.writer.append(batch, durability)
+    }
+
+    /// Makes every record appended so far durable (one `fdatasync`, shared with concurrent
+    /// appenders).
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`], [`Error::Closed`], or the sync's [`Error::Io`].
+    pub fn sync(&self) -> Result<()> {
+        self.inner.writer.sync()
+    }
+
+    /// The record at `lsn`, or `None` if the log does not hold it (not yet written, truncated,
+    /// or lost in a range skipped by recovery). The record is verified against its checksum.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] if stored bytes no longer verify; [`Error::Io`].
+    pub fn read(&self, lsn: Lsn) -> Result<Option<Bytes>> {
+        let Some(meta) = self.inner.index.read().find(lsn.get()).cloned() else {
+            return Ok(None);
+        };
+        let mut cursor = FrameCursor::seek(meta, lsn.get());
+        while let Some(batch) = cursor.next_batch()? {
+            if lsn.get() < batch.first_lsn {
+                return Ok(None);
+            }
+            if lsn.get() < batch.first_lsn + u64::from(batch.record_count) {
+                let found = index::batch_records(&batch).find(|(at, _)| *at == lsn.get());
+                return Ok(found.map(|(_, bytes)| bytes));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Iterates over the records from `lsn` (or from the oldest one, if `lsn` was truncated) to
+    /// the newest record published when the iterator was created.
+    ///
+    /// # Errors
+    /// The iterator yields [`Error::Corruption`] if stored bytes no longer verify, then ends.
+    pub fn iter_from(&self, lsn: Lsn) -> Result<LogIter> {
+        let segments = self.inner.index.read().segments.clone();
+        Ok(LogIter::new(segments, lsn.get()))
+    }
+
+    /// LSN of the oldest record the log holds (or of the next one, if it is empty).
+    pub fn first_lsn(&self) -> Lsn {
+        Lsn(self.inner.index.read().first_lsn())
+    }
+
+    /// LSN the next appended record will receive, as far as readers can see.
+    pub fn next_lsn(&self) -> Lsn {
+        Lsn(self.inner.index.read().next_lsn())
+    }
+
+    /// Every segment, oldest first.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let index = self.inner.index.read();
+        let last = index.segments.len().saturating_sub(1);
+        index
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, meta)| SegmentInfo {
+                path: meta.path.to_path_buf(),
+                seq: meta.seq,
+                first_lsn: Lsn(meta.first_lsn),
+                next_lsn: Lsn(meta.next_lsn),
+                data_bytes: meta.data_end,
+                sealed: i < last,
+            })
+            .collect()
+    }
+
+    /// Deletes every sealed segment whose records all have LSNs below `lsn`, oldest first.
+    /// The active segment is never deleted. Returns how many segments were deleted.
+    ///
+    /// Crash-safe: segments leave the index first, then each file is unlinked and the
+    /// directory synced before the next one, so a crash leaves a contiguous log.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if an unlink or directory sync fails; the segments not yet deleted stay.
+    pub fn truncate_prefix(&self, lsn: Lsn) -> Result<usize> {
+        let _one_at_a_time = self.inner.truncating.lock();
+        let victims = {
+            let mut index = self.inner.index.write();
+            let sealed = index.segments.len().saturating_sub(1);
+            let count = index.segments[..sealed].iter().take_while(|meta| meta.next_lsn <= lsn.get()).count();
+            index.segments.drain(..count).collect::<Vec<_>>()
+        };
+        for meta in &victims {
+            let storage = self.inner.storage.as_ref();
+            storage.remove_file(&meta.path).map_err(|e| Error::io("remove", meta.path.to_path_buf(), e))?;
+            // IMPORTANT: each unlink is durable before the next, so a crash never leaves a gap.
+            storage.sync_dir(&self.inner.dir).map_err(|e| Error::io("sync directory", &self.inner.dir, e))?;
+        }
+        Ok(victims.len())
+    }
+
+    /// What recovery found and did when this log was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.inner.report
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The configuration the log was opened with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Syncs everything appended, stops the background flusher and closes the log.
+    ///
+    /// # Errors
+    /// The final sync's error; the log is closed either way.
+    pub fn close(self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        *self.inner.stop.lock() = true;
+        self.inner.stop_signal.notify_all();
+        if let Some(flusher) = self.flusher.lock().take() {
+            let _ = flusher.join();
+        }
+        let synced = if self.inner.writer.is_dirty() { self.inner.writer.sync() } else { Ok(()) };
+        self.inner.writer.close();
+        synced
+    }
+
+    fn start_flusher(&self) {
+        let mut flusher = self.flusher.lock();
+        if flusher.is_some() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let interval = self.inner.config.flush_interval;
+        let spawned =
+            std::thread::Builder::new().name("continuum-flusher".into()).spawn(move || run_flusher(&weak, interval));
+        // Without a flusher, Buffered appends are still written; only the timed sync is lost.
+        *flusher = spawned.ok();
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        // Best effort: `close` reports the final sync's error; dropping cannot.
+        let _ = self.shutdown();
+    }
+}
+
+/// The background flusher: syncs unsynced bytes every `interval` until the log shuts down.
+fn run_flusher(inner: &Weak<Inner>, interval: Duration) {
+    loop {
+        let Some(inner) = inner.upgrade() else { return };
+        let mut stop = inner.stop.lock();
+        if !*stop {
+            inner.stop_signal.wait_for(&mut stop, interval);
+        }
+        if *stop {
+            return;
+        }
+        drop(stop);
+        if inner.writer.is_dirty() {
+            // A failed sync poisons the writer, which reports it to the next appender.
+            let _ = inner.writer.sync();
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Batch framing: pure functions from records to frame bytes and back. No I/O.
+//!
+//! ```text
+//! frame   := header payload padding
+//! header  := header_crc:u32 payload_crc:u32 payload_len:u32 kind:u8 flags:u8 reserved:u16
+//!            first_lsn:u64 record_count:u32 reserved:u32          (32 bytes, little-endian)
+//! payload := (record_len:u32 record_bytes)*                       (record_count times)
+//! padding := 0x00{0..7}                                           (frame length is a multiple of 8)
+//! ```
+//!
+//! `payload_crc` is CRC-32 (IEEE) of the payload. `header_crc` is CRC-32 of the segment salt
+//! (the segment sequence, u64 little-endian) followed by header bytes 4..32, so it covers the
+//! length, the LSN and, through `payload_crc`, the payload; a frame copied from another segment
+//! or left from an older file never verifies. See `docs/FORMAT.md`.
+
+use crate::limits;
+
+/// Bytes of a frame header.
+pub(crate) const FRAME_HEADER_BYTES: usize = 32;
+/// Frames start and end at multiples of this many bytes inside a segment.
+pub(crate) const FRAME_ALIGN_BYTES: usize = 8;
+/// The only batch kind of format version 1: a batch of opaque records.
+pub(crate) const KIND_RECORDS: u8 = 1;
+
+// Header field offsets; the layout is the table in the module docs.
+const HEADER_CRC_AT: usize = 0;
+const PAYLOAD_CRC_AT: usize = 4;
+const PAYLOAD_LEN_AT: usize = 8;
+const KIND_AT: usize = 12;
+const FLAGS_AT: usize = 13;
+const RESERVED_16_AT: usize = 14;
+const FIRST_LSN_AT: usize = 16;
+const RECORD_COUNT_AT: usize = 24;
+const RESERVED_32_AT: usize = 28;
+const _: () = assert!(RESERVED_32_AT + 4 == FRAME_HEADER_BYTES);
+const _: () = assert!(FRAME_HEADER_BYTES % FRAME_ALIGN_BYTES == 0);
+
+/// Why bytes are not a valid frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrameError {
+    /// Fewer bytes than a header, or than the header's length says.
+    Truncated,
+    /// All-zero header: nothing was ever written here.
+    Zeroed,
+    /// The header fails its checksum or has impossible field values.
+    BadHeader(&'static str),
+    /// The header is valid but the payload fails its checksum or framing.
+    BadPayload(&'static str),
+}
+
+/// A decoded, verified frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FrameHeader {
+    pub payload_len: u32,
+    pub first_lsn: u64,
+    pub record_count: u32,
+}
+
+impl FrameHeader {
+    /// Total bytes of the frame, padding included.
+    pub fn frame_len(&self) -> usize {
+        frame_len_for(self.payload_len as usize)
+    }
+
+    /// The LSN after this frame's last record.
+    pub fn next_lsn(&self) -> u64 {
+        self.first_lsn + u64::from(self.record_count)
+    }
+}
+
+/// Frame length for a payload of `payload_len` bytes.
+pub(crate) fn frame_len_for(payload_len: usize) -> usize {
+    (FRAME_HEADER_BYTES + payload_len).next_multiple_of(FRAME_ALIGN_BYTES)
+}
+
+/// Records encoded into a frame whose header is not yet filled in (the LSN and salt are known
+/// only to the group-commit leader). Built outside any lock.
+#[derive(Debug)]
+pub(crate) struct EncodedBatch {
+    frame: Vec<u8>,
+    payload_len: u32,
+    record_count: u32,
+    payload_crc: u32,
+}
+
+impl EncodedBatch {
+    /// Encodes `records`, checking every limit first.
+    pub fn encode<R: AsRef<[u8]>>(records: &[R]) -> crate::Result<Self> {
+        let payload_len = checked_payload_len(records)?;
+        let mut frame = Vec::with_capacity(frame_len_for(payload_len));
+        frame.resize(FRAME_HEADER_BYTES, 0);
+        for record in records {
+            let record = record.as_ref();
+            let len = u32::try_from(record.len()).expect("record length was checked against RECORD_BYTES_MAX");
+            frame.extend_from_slice(&len.to_le_bytes());
+            frame.extend_from_slice(record);
+        }
+        let payload_crc = crc32fast::hash(&frame[FRAME_HEADER_BYTES..]);
+        frame.resize(frame_len_for(payload_len), 0);
+        let record_count = u32::try_from(records.len()).expect("record count was checked against BATCH_RECORDS_MAX");
+        let payload_len = u32::try_from(payload_len).expect("payload length was checked against BATCH_BYTES_MAX");
+        Ok(Self { frame, payload_len, record_count, payload_crc })
+    }
+
+    /// Records in the batch.
+    pub fn record_count(&self) -> u32 {
+        self.record_count
+    }
+
+    /// Bytes of the whole frame.
+    pub fn frame_len(&self) -> usize {
+        self.frame.len()
+    }
+
+    /// Fills in the header for `first_lsn` in the segment salted with `salt`; returns the frame.
+    pub fn seal(&mut self, first_lsn: u64, salt: u64) -> &[u8] {
+        let payload_len = self.payload_len;
+        let header = &mut self.frame[..FRAME_HEADER_BYTES];
+        header[PAYLOAD_CRC_AT..PAYLOAD_LEN_AT].copy_from_slice(&self.payload_crc.to_le_bytes());
+        header[PAYLOAD_LEN_AT..KIND_AT].copy_from_slice(&payload_len.to_le_bytes());
+        header[KIND_AT] = KIND_RECORDS;
+        header[FLAGS_AT] = 0;
+        header[RESERVED_16_AT..FIRST_LSN_AT].fill(0);
+        header[FIRST_LSN_AT..RECORD_COUNT_AT].copy_from_slice(&first_lsn.to_le_bytes());
+        header[RECORD_COUNT_AT..RESERVED_32_AT].copy_from_slice(&self.record_count.to_le_bytes());
+        header[RESERVED_32_AT..FRAME_HEADER_BYTES].fill(0);
+        let header_crc = header_checksum(salt, header);
+        header[HEADER_CRC_AT..PAYLOAD_CRC_AT].copy_from_slice(&header_crc.to_le_bytes());
+        debug_assert_eq!(decode_frame(&self.frame, salt).map(|f| f.header.first_lsn), Ok(first_lsn));
+        &self.frame
+    }
+}
+
+fn checked_payload_len<R: AsRef<[u8]>>(records: &[R]) -> crate::Result<usize> {
+    if records.is_empty() {
+        return Err(crate::Error::EmptyBatch);
+    }
+    let mut payload_len: u64 = 0;
+    for record in records {
+        let len = record.as_ref().len() as u64;
+        if len > u64::from(limits::RECORD_BYTES_MAX) {
+            return Err(crate::Error::RecordTooLarge { bytes: len, max: u64::from(limits::RECORD_BYTES_MAX) });
+        }
+        payload_len += 4 + len;
+    }
+    if records.len() as u64 > u64::from(limits::BATCH_RECORDS_MAX) || payload_len > u64::from(limits::BATCH_BYTES_MAX) {
+        return Err(crate::Error::BatchTooLarge {
+            records: records.len() as u64,
+            bytes: payload_len,
+            records_max: u64::from(limits::BATCH_RECORDS_MAX),
+            bytes_max: u64::from(limits::BATCH_BYTES_MAX),
+        });
+    }
+    Ok(usize::try_from(payload_len).expect("payload length is below BATCH_BYTES_MAX"))
+}
+
+/// A verified frame borrowed from a buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Frame<'a> {
+    pub header: FrameHeader,
+    pub payload: &'a [u8],
+}
+
+/// Decodes and verifies the header at the start of `bytes`.
+pub(crate) fn decode_header(bytes: &[u8], salt: u64) -> Result<FrameHeader, FrameError> {
+    let Some(header) = bytes.get(..FRAME_HEADER_BYTES) else {
+        return Err(FrameError::Truncated);
+    };
+    if header.iter().all(|&b| b == 0) {
+        return Err(FrameError::Zeroed);
+    }
+    if header[KIND_AT] != KIND_RECORDS {
+        return Err(FrameError::BadHeader("unknown batch kind"));
+    }
+    if header[FLAGS_AT] != 0
+        || header[RESERVED_16_AT..FIRST_LSN_AT] != [0, 0]
+        || header[RESERVED_32_AT..] != [0, 0, 0, 0]
+    {
+        return Err(FrameError::BadHeader("reserved bits are set"));
+    }
+    if read_u32_le(header, HEADER_CRC_AT) != header_checksum(salt, header) {
+        return Err(FrameError::BadHeader("header checksum mismatch"));
+    }
+    let parsed = FrameHeader {
+        payload_len: read_u32_le(header, PAYLOAD_LEN_AT),
+        first_lsn: read_u64_le(header, FIRST_LSN_AT),
+        record_count: read_u32_le(header, RECORD_COUNT_AT),
+    };
+    if parsed.payload_len > limits::BATCH_BYTES_MAX
+        || parsed.record_count == 0
+        || parsed.record_count > limits::BATCH_RECORDS_MAX
+        || parsed.first_lsn == 0
+    {
+        return Err(FrameError::BadHeader("field out of bounds"));
+    }
+    if u64::from(parsed.record_count) * 4 > u64::from(parsed.payload_len) {
+        return Err(FrameError::BadHeader("more records than the payload can hold"));
+    }
+    if parsed.first_lsn.checked_add(u64::from(parsed.record_count)).is_none() {
+        return Err(FrameError::BadHeader("LSN overflow"));
+    }
+    Ok(parsed)
+}
+
+/// Decodes and verifies the whole frame at the start of `bytes`: header, payload checksum and
+/// record framing.
+pub(crate) fn decode_frame(bytes: &[u8], salt: u64) -> Result<Frame<'_>, FrameError> {
+    let header = decode_header(bytes, salt)?;
+    let Some(frame) = bytes.get(..header.frame_len()) else {
+        return Err(FrameError::Truncated);
+    };
+    let payload = &frame[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.payload_len as usize];
+    if crc32fast::hash(payload) != read_u32_le(frame, PAYLOAD_CRC_AT) {
+        return Err(FrameError::BadPayload("payload checksum mismatch"));
+    }
+    if frame[FRAME_HEADER_BYTES + payload.len()..].iter().any(|&b| b != 0) {
+        return Err(FrameError::BadPayload("padding is not zero"));
+    }
+    let verified = Frame { header, payload };
+    check_records(&verified)?;
+    Ok(verified)
+}
+
+fn check_records(frame: &Frame<'_>) -> Result<(), FrameError> {
+    let mut records = Records::new(frame.payload);
+    let mut count = 0u32;
+    for record in &mut records {
+        record?;
+        count += 1;
+    }
+    if count != frame.header.record_count {
+        return Err(FrameError::BadPayload("record count does not match the payload"));
+    }
+    Ok(())
+}
+
+/// Iterator over the records of a verified payload.
+#[derive(Clone, Debug)]
+pub(crate) struct Records<'a> {
+    payload: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Records<'a> {
+    pub fn new(payload: &'a [u8]) -> Self {
+        Self { payload, at: 0 }
+    }
+}
+
+impl<'a> Iterator for Records<'a> {
+    /// `(offset of the record bytes inside the payload, record bytes)`.
+    type Item = Result<(usize, &'a [u8]), FrameError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at == self.payload.len() {
+            return None;
+        }
+        let Some(len_bytes) = self.payload.get(self.at..self.at + 4) else {
+            self.at = self.payload.len();
+            return Some(Err(FrameError::BadPayload("record length prefix is cut")));
+        };
+        let len = read_u32_le(len_bytes, 0) as usize;
+        let start = self.at + 4;
+        let Some(record) = self.payload.get(start..start.saturating_add(len)) else {
+            self.at = self.payload.len();
+            return Some(Err(FrameError::BadPayload("record runs past the payload")));
+        };
+        self.at = start + len;
+        Some(Ok((start, record)))
+    }
+}
+
+fn header_checksum(salt: u64, header: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&salt.to_le_bytes());
+    hasher.update(&header[PAYLOAD_CRC_AT..FRAME_HEADER_BYTES]);
+    hasher.finalize()
+}
+
+pub(crate) fn read_u32_le(bytes: &[u8], at: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(word)
+}
+
+pub(crate) fn read_u64_le(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}

@@ -1,0 +1,433 @@
+//! Recovery on open: scan every segment, verify every checksum, classify invalid bytes, apply
+//! the [`RecoveryMode`], and rebuild the segment index.
+//!
+//! Rules (docs/FORMAT.md, "Recovery"):
+//! 1. Every segment header must verify, name the LSN in its file name, and carry a sequence
+//!    number greater than the previous segment's.
+//! 2. Frames must follow each other with consecutive LSNs, and each segment must start at the
+//!    LSN after the previous one's last record.
+//! 3. The first position where no valid frame starts ends the segment's data. If only zeros
+//!    follow, the segment ends cleanly there.
+//! 4. If a valid frame follows further on, the bytes in between are corruption, never a torn
+//!    tail. One exception: in the last segment, an invalid range that contains a whole
+//!    all-zero 512-byte sector is a write the kernel never wrote back (pages of unsynced
+//!    writes reach the disk in any order), so it is a torn tail like any other.
+//! 5. Invalid bytes at the end of a sealed segment are corruption; at the end of the last
+//!    segment they are a torn tail, cut under `TolerateTornTail` and refused under `Strict`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, RecoveryMode};
+use crate::error::{CorruptionKind, Error, Result};
+use crate::limits;
+use crate::log::index::{SegmentBytes, SegmentIndex, SegmentMeta, SparseEntry};
+use crate::log::record::{self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, KIND_RECORDS};
+use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader, TEMP_SUFFIX};
+use crate::storage::{OpenMode, Storage, StorageFile};
+
+/// Sector size assumed by the torn-write rule (docs/FORMAT.md, media assumptions).
+const SECTOR_BYTES: usize = 512;
+
+/// What recovery found and did when the log was opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Segment files found.
+    pub segments: usize,
+    /// Valid records found.
+    pub records: u64,
+    /// LSN of the oldest record kept.
+    pub first_lsn: u64,
+    /// LSN the next append receives.
+    pub next_lsn: u64,
+    /// The torn tail cut from the last segment, if there was one.
+    pub torn_tail: Option<InvalidRange>,
+    /// Invalid ranges skipped under [`RecoveryMode::SkipCorrupted`].
+    pub skipped: Vec<InvalidRange>,
+    /// LSN ranges `[start, end)` lost in skipped ranges.
+    pub lost_lsns: Vec<(u64, u64)>,
+    /// Leftover temporary files (from a crash during segment creation) that were deleted.
+    pub temp_files_removed: usize,
+    /// Wall time recovery took.
+    pub duration: Duration,
+}
+
+/// A range of invalid bytes in a segment file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidRange {
+    /// The segment file.
+    pub segment: PathBuf,
+    /// Offset of the first invalid byte.
+    pub offset: u64,
+    /// Bytes in the range.
+    pub bytes: u64,
+}
+
+/// The result of recovery: the rebuilt index and the open active segment.
+pub(crate) struct Recovered {
+    pub index: SegmentIndex,
+    pub active: ActiveState,
+    pub report: RecoveryReport,
+}
+
+/// What the writer needs to continue the last segment.
+pub(crate) struct ActiveState {
+    pub header: SegmentHeader,
+    pub path: PathBuf,
+    pub file: Arc<dyn StorageFile>,
+    pub data_end: u64,
+    pub next_lsn: u64,
+}
+
+/// How one segment's bytes ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Tail {
+    Clean,
+    Invalid { offset: u64, bytes: u64 },
+}
+
+/// The scan of one segment.
+#[derive(Debug)]
+struct SegmentScan {
+    next_lsn: u64,
+    data_end: u64,
+    records: u64,
+    sparse: Vec<SparseEntry>,
+    skips: Vec<(u64, u64)>,
+    lost_lsns: Vec<(u64, u64)>,
+    tail: Tail,
+}
+
+/// Recovers the log in `dir`, creating an empty log if there is none.
+pub(crate) fn recover(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recovered> {
+    let started = Instant::now();
+    let mut report = RecoveryReport::default();
+    let names = storage.list_dir(dir).map_err(|e| Error::io("list directory", dir, e))?;
+    report.temp_files_removed = remove_temp_files(storage, dir, &names)?;
+    let mut lsns: Vec<u64> = names.iter().filter_map(|name| segment::parse_file_name(name)).collect();
+    lsns.sort_unstable();
+    report.segments = lsns.len();
+    let mut recovered = match lsns.split_last() {
+        None => create_first_segment(storage, dir, config)?,
+        Some((&last, sealed)) => recover_segments(storage, dir, config, sealed, last, &mut report)?,
+    };
+    report.first_lsn = recovered.index.first_lsn();
+    report.next_lsn = recovered.active.next_lsn;
+    report.duration = started.elapsed();
+    recovered.report = report;
+    Ok(recovered)
+}
+
+fn remove_temp_files(storage: &dyn Storage, dir: &Path, names: &[String]) -> Result<usize> {
+    let temps: Vec<&String> = names.iter().filter(|name| name.ends_with(TEMP_SUFFIX)).collect();
+    for name in &temps {
+        let path = dir.join(name);
+        storage.remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+    }
+    if !temps.is_empty() {
+        storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
+    }
+    Ok(temps.len())
+}
+
+fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recovered> {
+    let header = SegmentHeader { seq: 1, first_lsn: 1, segment_bytes: config.segment_bytes };
+    let created = segment::create(storage, dir, header)?;
+    let active = ActiveState {
+        header,
+        path: created.path,
+        file: created.file,
+        data_end: SEGMENT_HEADER_BYTES as u64,
+        next_lsn: 1,
+    };
+    let mut index = SegmentIndex::default();
+    index.segments.push(active_meta(&active, Vec::new(), Vec::new()));
+    Ok(Recovered { index, active, report: RecoveryReport::default() })
+}
+
+/// The index entry of the active segment.
+pub(crate) fn active_meta(active: &ActiveState, sparse: Vec<SparseEntry>, skips: Vec<(u64, u64)>) -> SegmentMeta {
+    SegmentMeta {
+        seq: active.header.seq,
+        first_lsn: active.header.first_lsn,
+        next_lsn: active.next_lsn,
+        data_end: active.data_end,
+        path: Arc::from(active.path.as_path()),
+        sparse: Arc::new(sparse),
+        skips: Arc::new(skips),
+        bytes: SegmentBytes::Active(Arc::clone(&active.file)),
+    }
+}
+
+fn recover_segments(
+    storage: &dyn Storage,
+    dir: &Path,
+    config: &Config,
+    sealed: &[u64],
+    last: u64,
+    report: &mut RecoveryReport,
+) -> Result<Recovered> {
+    let mut index = SegmentIndex::default();
+    let mut previous: Option<(SegmentHeader, u64)> = None;
+    for &first_lsn in sealed {
+        let path = dir.join(segment::file_name(first_lsn));
+        let file = storage.open(&path, OpenMode::ReadOnly).map_err(|e| Error::io("open", &path, e))?;
+        let view = file.view().map_err(|e| Error::io("map", &path, e))?;
+        let header = check_header(&view, &path, first_lsn, previous, config.recovery_mode, report)?;
+        let scan = scan_segment(&view, &header, &path, config.recovery_mode, false)?;
+        let scan = settle_sealed_tail(scan, &path, config.recovery_mode, report)?;
+        previous = Some((header, scan.next_lsn));
+        index.segments.push(sealed_meta(header, &path, scan, SegmentBytes::mapped(view)));
+    }
+    let path = dir.join(segment::file_name(last));
+    let file = storage.open(&path, OpenMode::ReadWrite).map_err(|e| Error::io("open", &path, e))?;
+    let view = file.view().map_err(|e| Error::io("map", &path, e))?;
+    let header = check_header(&view, &path, last, previous, config.recovery_mode, report)?;
+    let scan = scan_segment(&view, &header, &path, config.recovery_mode, true)?;
+    drop(view);
+    let active = settle_last_tail(&scan, &header, &path, file, config.recovery_mode, report)?;
+    report.records += scan.records;
+    index.segments.push(active_meta(&active, scan.sparse, scan.skips));
+    Ok(Recovered { index, active, report: RecoveryReport::default() })
+}
+
+fn sealed_meta(header: SegmentHeader, path: &Path, scan: SegmentScan, bytes: SegmentBytes) -> SegmentMeta {
+    SegmentMeta {
+        seq: header.seq,
+        first_lsn: header.first_lsn,
+        next_lsn: scan.next_lsn,
+        data_end: scan.data_end,
+        path: Arc::from(path),
+        sparse: Arc::new(scan.sparse),
+        skips: Arc::new(scan.skips),
+        bytes,
+    }
+}
+
+fn corruption(path: &Path, offset: u64, kind: CorruptionKind) -> Error {
+    Error::Corruption { segment: path.to_path_buf(), offset, kind }
+}
+
+/// Verifies a segment header and its place after the previous segment.
+fn check_header(
+    bytes: &[u8],
+    path: &Path,
+    named_lsn: u64,
+    previous: Option<(SegmentHeader, u64)>,
+    mode: RecoveryMode,
+    report: &mut RecoveryReport,
+) -> Result<SegmentHeader> {
+    let header = SegmentHeader::decode(bytes)
+        .map_err(|reason| corruption(path, 0, CorruptionKind::BadSegmentHeader { reason }))?;
+    if header.first_lsn != named_lsn {
+        return Err(corruption(path, 0, CorruptionKind::NameMismatch { named: named_lsn, stored: header.first_lsn }));
+    }
+    let Some((previous, previous_next_lsn)) = previous else {
+        return Ok(header);
+    };
+    if header.seq <= previous.seq {
+        return Err(corruption(path, 0, CorruptionKind::SequenceOrder { previous: previous.seq, found: header.seq }));
+    }
+    if header.first_lsn != previous_next_lsn {
+        let gap = CorruptionKind::LsnGap { expected: previous_next_lsn, found: header.first_lsn };
+        if mode != RecoveryMode::SkipCorrupted || header.first_lsn < previous_next_lsn {
+            return Err(corruption(path, 0, gap));
+        }
+        report.lost_lsns.push((previous_next_lsn, header.first_lsn));
+    }
+    Ok(header)
+}
+
+/// Walks the frames of one segment. Fails on corruption the mode does not tolerate.
+fn scan_segment(
+    bytes: &[u8],
+    header: &SegmentHeader,
+    path: &Path,
+    mode: RecoveryMode,
+    is_last: bool,
+) -> Result<SegmentScan> {
+    let mut scan = SegmentScan {
+        next_lsn: header.first_lsn,
+        data_end: SEGMENT_HEADER_BYTES as u64,
+        records: 0,
+        sparse: Vec::new(),
+        skips: Vec::new(),
+        lost_lsns: Vec::new(),
+        tail: Tail::Clean,
+    };
+    let mut at = SEGMENT_HEADER_BYTES;
+    let mut last_indexed: Option<usize> = None;
+    loop {
+        match record::decode_frame(&bytes[at..], header.seq) {
+            Ok(frame) if frame.header.first_lsn == scan.next_lsn => {
+                if last_indexed.is_none_or(|i| (at - i) as u64 >= limits::SPARSE_INDEX_STRIDE_BYTES) {
+                    scan.sparse.push(SparseEntry { lsn: frame.header.first_lsn, offset: at as u64 });
+                    last_indexed = Some(at);
+                }
+                scan.records += u64::from(frame.header.record_count);
+                scan.next_lsn = frame.header.next_lsn();
+                at += frame.header.frame_len();
+                scan.data_end = at as u64;
+            }
+            Ok(frame) if mode != RecoveryMode::SkipCorrupted || frame.header.first_lsn < scan.next_lsn => {
+                let gap = CorruptionKind::LsnGap { expected: scan.next_lsn, found: frame.header.first_lsn };
+                return Err(corruption(path, at as u64, gap));
+            }
+            _ => match classify_invalid(bytes, at, header.seq, scan.next_lsn, is_last) {
+                Invalid::End => return Ok(scan),
+                Invalid::Tail { bytes } => {
+                    scan.tail = Tail::Invalid { offset: at as u64, bytes };
+                    return Ok(scan);
+                }
+                Invalid::BeforeValid { next_valid } => {
+                    if mode != RecoveryMode::SkipCorrupted {
+                        let kind = CorruptionKind::InvalidBatchBeforeValid { next_valid_offset: next_valid as u64 };
+                        return Err(corruption(path, at as u64, kind));
+                    }
+                    let resumed = skip_to(&mut scan, bytes, at, next_valid, header.seq);
+                    last_indexed = Some(next_valid);
+                    at = resumed;
+                }
+            },
+        }
+    }
+}
+
+/// Records a skipped range and resumes at the valid frame after it; returns the new position.
+fn skip_to(scan: &mut SegmentScan, bytes: &[u8], at: usize, next_valid: usize, salt: u64) -> usize {
+    scan.skips.push((at as u64, next_valid as u64));
+    let frame = record::decode_header(&bytes[next_valid..], salt).expect("classify_invalid found a valid frame here");
+    if frame.first_lsn > scan.next_lsn {
+        scan.lost_lsns.push((scan.next_lsn, frame.first_lsn));
+    }
+    scan.next_lsn = frame.first_lsn;
+    scan.sparse.push(SparseEntry { lsn: frame.first_lsn, offset: next_valid as u64 });
+    next_valid
+}
+
+enum Invalid {
+    /// Only zeros follow: the data ends here.
+    End,
+    /// Invalid bytes, `bytes` long up to the last non-zero byte, and no valid frame after them.
+    Tail { bytes: u64 },
+    /// A valid frame starts at `next_valid` after invalid bytes.
+    BeforeValid { next_valid: usize },
+}
+
+/// Classifies the bytes from `at`, where no valid frame starts.
+fn classify_invalid(bytes: &[u8], at: usize, salt: u64, next_lsn: u64, is_last: bool) -> Invalid {
+    let rest = &bytes[at..];
+    let Some(last_nonzero) = rest.iter().rposition(|&b| b != 0) else {
+        return Invalid::End;
+    };
+    match find_next_valid(bytes, at + FRAME_ALIGN_BYTES, salt, next_lsn) {
+        Some(next_valid) if !(is_last && has_zero_sector(&bytes[at..next_valid], at)) => {
+            Invalid::BeforeValid { next_valid }
+        }
+        _ => Invalid::Tail { bytes: last_nonzero as u64 + 1 },
+    }
+}
+
+/// The first aligned offset from `from` where a fully valid frame with an LSN at or after
+/// `next_lsn` starts.
+fn find_next_valid(bytes: &[u8], from: usize, salt: u64, next_lsn: u64) -> Option<usize> {
+    let mut at = from.next_multiple_of(FRAME_ALIGN_BYTES);
+    while at + FRAME_HEADER_BYTES <= bytes.len() {
+        // Cheap filters before any checksum: the kind byte and the reserved bytes.
+        if bytes[at + 12] == KIND_RECORDS && bytes[at + 13] == 0 && bytes[at + 28..at + 32] == [0; 4] {
+            if let Ok(frame) = record::decode_frame(&bytes[at..], salt) {
+                if frame.header.first_lsn >= next_lsn {
+                    return Some(at);
+                }
+            }
+        }
+        at += FRAME_ALIGN_BYTES;
+    }
+    None
+}
+
+/// Whether `range`, which starts at file offset `offset`, contains a whole sector of zeros.
+fn has_zero_sector(range: &[u8], offset: usize) -> bool {
+    let first = offset.next_multiple_of(SECTOR_BYTES) - offset;
+    range
+        .get(first..)
+        .is_some_and(|aligned| aligned.chunks_exact(SECTOR_BYTES).any(|sector| sector.iter().all(|&b| b == 0)))
+}
+
+fn settle_sealed_tail(
+    scan: SegmentScan,
+    path: &Path,
+    mode: RecoveryMode,
+    report: &mut RecoveryReport,
+) -> Result<SegmentScan> {
+    report.records += scan.records;
+    report.lost_lsns.extend(scan.lost_lsns.iter().copied());
+    record_skips(&scan, path, report);
+    if let Tail::Invalid { offset, bytes } = scan.tail {
+        if mode != RecoveryMode::SkipCorrupted {
+            return Err(corruption(path, offset, CorruptionKind::SealedSegmentTail { bytes }));
+        }
+        report.skipped.push(InvalidRange { segment: path.to_path_buf(), offset, bytes });
+    }
+    Ok(scan)
+}
+
+fn record_skips(scan: &SegmentScan, path: &Path, report: &mut RecoveryReport) {
+    for &(start, end) in &scan.skips {
+        report.skipped.push(InvalidRange { segment: path.to_path_buf(), offset: start, bytes: end - start });
+    }
+}
+
+/// Applies the mode to the last segment's tail and returns the writer's starting state.
+fn settle_last_tail(
+    scan: &SegmentScan,
+    header: &SegmentHeader,
+    path: &Path,
+    file: Arc<dyn StorageFile>,
+    mode: RecoveryMode,
+    report: &mut RecoveryReport,
+) -> Result<ActiveState> {
+    report.lost_lsns.extend(scan.lost_lsns.iter().copied());
+    record_skips(scan, path, report);
+    if let Tail::Invalid { offset, bytes } = scan.tail {
+        if mode == RecoveryMode::Strict {
+            return Err(corruption(path, offset, CorruptionKind::TornTail { bytes }));
+        }
+        cut_tail(file.as_ref(), path, scan.data_end, header.segment_bytes)?;
+        report.torn_tail = Some(InvalidRange { segment: path.to_path_buf(), offset, bytes });
+    }
+    Ok(ActiveState {
+        header: *header,
+        path: path.to_path_buf(),
+        file,
+        data_end: scan.data_end,
+        next_lsn: scan.next_lsn,
+    })
+}
+
+/// Cuts the file at `data_end` and zero-fills it back to its preallocated size, durably, so
+/// that no stale byte of the cut tail can ever be read as part of a later frame.
+fn cut_tail(file: &dyn StorageFile, path: &Path, data_end: u64, segment_bytes: u64) -> Result<()> {
+    file.set_len(data_end).map_err(|e| Error::io("truncate", path, e))?;
+    file.allocate(segment_bytes.max(data_end)).map_err(|e| Error::io("preallocate", path, e))?;
+    // IMPORTANT: the cut must be durable before new frames are written over the old tail.
+    file.sync_data().map_err(|e| Error::io("fdatasync", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_sector_detection_respects_alignment() {
+        let mut bytes = vec![1u8; 2048];
+        assert!(!has_zero_sector(&bytes, 0));
+        bytes[600..1200].fill(0);
+        // Zeros 600..1200 hold no aligned sector (512..1024 starts with non-zero bytes).
+        assert!(!has_zero_sector(&bytes, 0));
+        bytes[512..1024].fill(0);
+        assert!(has_zero_sector(&bytes, 0));
+        assert!(has_zero_sector(&bytes[100..], 100));
+    }
+}

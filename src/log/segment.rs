@@ -1,0 +1,181 @@
+//! Segment files: names, the 64-byte header, and creating a new segment atomically.
+//!
+//! ```text
+//! segment := header frame* zero-fill
+//! header  := magic:[u8;8] format_version:u32 header_bytes:u32 segment_seq:u64 first_lsn:u64
+//!            segment_bytes:u64 reserved:[u8;20] header_crc:u32          (64 bytes, little-endian)
+//! ```
+//!
+//! `header_crc` is CRC-32 (IEEE) of bytes 0..60. See `docs/FORMAT.md`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::log::record::{read_u32_le, read_u64_le};
+use crate::storage::{OpenMode, Storage, StorageFile};
+
+/// Bytes of a segment header; the first frame starts right after it.
+pub(crate) const SEGMENT_HEADER_BYTES: usize = 64;
+/// First bytes of every segment file.
+pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"CONTLOG\0";
+/// The on-disk format this code writes and reads.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Suffix of segment files.
+pub(crate) const SEGMENT_SUFFIX: &str = ".seg";
+/// Suffix of files being created; recovery deletes leftovers.
+pub(crate) const TEMP_SUFFIX: &str = ".tmp";
+
+const MAGIC_AT: usize = 0;
+const VERSION_AT: usize = 8;
+const HEADER_BYTES_AT: usize = 12;
+const SEQ_AT: usize = 16;
+const FIRST_LSN_AT: usize = 24;
+const SEGMENT_BYTES_AT: usize = 32;
+const RESERVED_AT: usize = 40;
+const HEADER_CRC_AT: usize = 60;
+const _: () = assert!(HEADER_CRC_AT + 4 == SEGMENT_HEADER_BYTES);
+const _: () = assert!(SEGMENT_HEADER_BYTES % crate::log::record::FRAME_ALIGN_BYTES == 0);
+
+/// The fixed facts of one segment, stored in its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentHeader {
+    /// Sequence number, unique and increasing across the store's segments; salts every frame
+    /// checksum of the segment.
+    pub seq: u64,
+    /// LSN of the segment's first record (the next LSN when the segment was created).
+    pub first_lsn: u64,
+    /// Preallocated size of the file.
+    pub segment_bytes: u64,
+}
+
+impl SegmentHeader {
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
+        let mut bytes = [0u8; SEGMENT_HEADER_BYTES];
+        bytes[MAGIC_AT..VERSION_AT].copy_from_slice(&SEGMENT_MAGIC);
+        bytes[VERSION_AT..HEADER_BYTES_AT].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let header_bytes = SEGMENT_HEADER_BYTES as u32;
+        bytes[HEADER_BYTES_AT..SEQ_AT].copy_from_slice(&header_bytes.to_le_bytes());
+        bytes[SEQ_AT..FIRST_LSN_AT].copy_from_slice(&self.seq.to_le_bytes());
+        bytes[FIRST_LSN_AT..SEGMENT_BYTES_AT].copy_from_slice(&self.first_lsn.to_le_bytes());
+        bytes[SEGMENT_BYTES_AT..RESERVED_AT].copy_from_slice(&self.segment_bytes.to_le_bytes());
+        let crc = crc32fast::hash(&bytes[..HEADER_CRC_AT]);
+        bytes[HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Parses and verifies a header; the error says what is wrong.
+    pub fn decode(bytes: &[u8]) -> Result<Self, &'static str> {
+        let Some(bytes) = bytes.get(..SEGMENT_HEADER_BYTES) else {
+            return Err("the file is shorter than a segment header");
+        };
+        if bytes[MAGIC_AT..VERSION_AT] != SEGMENT_MAGIC {
+            return Err("wrong magic bytes");
+        }
+        if read_u32_le(bytes, HEADER_CRC_AT) != crc32fast::hash(&bytes[..HEADER_CRC_AT]) {
+            return Err("header checksum mismatch");
+        }
+        if read_u32_le(bytes, VERSION_AT) != FORMAT_VERSION {
+            return Err("unsupported format version");
+        }
+        if read_u32_le(bytes, HEADER_BYTES_AT) as usize != SEGMENT_HEADER_BYTES {
+            return Err("unsupported header size");
+        }
+        if bytes[RESERVED_AT..HEADER_CRC_AT].iter().any(|&b| b != 0) {
+            return Err("reserved bytes are set");
+        }
+        let header = Self {
+            seq: read_u64_le(bytes, SEQ_AT),
+            first_lsn: read_u64_le(bytes, FIRST_LSN_AT),
+            segment_bytes: read_u64_le(bytes, SEGMENT_BYTES_AT),
+        };
+        if header.first_lsn == 0 || header.seq == 0 {
+            return Err("sequence or first LSN is zero");
+        }
+        if (header.segment_bytes as usize) < SEGMENT_HEADER_BYTES {
+            return Err("segment size is smaller than its header");
+        }
+        Ok(header)
+    }
+}
+
+/// File name of the segment whose first record is `first_lsn`: 20 zero-padded decimal digits,
+/// so that names sort in LSN order.
+pub(crate) fn file_name(first_lsn: u64) -> String {
+    format!("{first_lsn:020}{SEGMENT_SUFFIX}")
+}
+
+/// The first LSN named by a segment file name, or `None` for any other file.
+pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(SEGMENT_SUFFIX)?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A freshly created, empty, preallocated and durable segment.
+pub(crate) struct CreatedSegment {
+    pub path: PathBuf,
+    pub file: Arc<dyn StorageFile>,
+}
+
+/// Creates a segment so that it becomes visible only complete: write the header and
+/// preallocate under a temporary name, sync, rename into place, sync the directory.
+///
+/// On failure the temporary file is removed (best effort) and nothing visible changed.
+pub(crate) fn create(storage: &dyn Storage, dir: &Path, header: SegmentHeader) -> Result<CreatedSegment> {
+    let path = dir.join(file_name(header.first_lsn));
+    let temp = dir.join(format!("{}{TEMP_SUFFIX}", file_name(header.first_lsn)));
+    let written = write_temp(storage, &temp, header);
+    let file = match written {
+        Ok(file) => file,
+        Err(error) => {
+            let _ = storage.remove_file(&temp);
+            return Err(error);
+        }
+    };
+    storage.rename(&temp, &path).map_err(|e| Error::io("rename", &temp, e))?;
+    // IMPORTANT: the segment exists after a crash only once its directory entry is synced.
+    storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
+    Ok(CreatedSegment { path, file })
+}
+
+fn write_temp(storage: &dyn Storage, temp: &Path, header: SegmentHeader) -> Result<Arc<dyn StorageFile>> {
+    let file = storage.open(temp, OpenMode::CreateNew).map_err(|e| Error::io("create", temp, e))?;
+    file.allocate(header.segment_bytes).map_err(|e| Error::io("preallocate", temp, e))?;
+    file.write_all_at(&header.encode(), 0).map_err(|e| Error::io("write", temp, e))?;
+    // IMPORTANT: header and allocation must be durable before the rename publishes the file.
+    file.sync_data().map_err(|e| Error::io("fdatasync", temp, e))?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20 };
+        assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
+    }
+
+    #[test]
+    fn every_flipped_header_byte_is_refused() {
+        let bytes = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20 }.encode();
+        for at in 0..bytes.len() {
+            let mut damaged = bytes;
+            damaged[at] ^= 0x40;
+            assert!(SegmentHeader::decode(&damaged).is_err(), "flip at {at} accepted");
+        }
+    }
+
+    #[test]
+    fn names_round_trip_and_sort() {
+        assert_eq!(parse_file_name(&file_name(42)), Some(42));
+        assert!(file_name(9) < file_name(10));
+        assert_eq!(parse_file_name("LOCK"), None);
+        assert_eq!(parse_file_name("00000000000000000042.seg.tmp"), None);
+    }
+}

@@ -1,0 +1,373 @@
+//! Group commit: appenders queue encoded batches; one of them becomes the leader, writes every
+//! queued batch with one `write`, syncs once if any of them asked for `Sync`, publishes the
+//! new records to readers, and acknowledges the whole group.
+//!
+//! Protocol (docs/ARCHITECTURE.md, "Write path"):
+//! 1. An appender encodes its batch (and computes its payload CRC) outside any lock.
+//! 2. Under the commit lock it waits for queue room, enqueues, and either waits for its result
+//!    or, if no leader is active, becomes the leader.
+//! 3. The leader takes a group from the front of the queue (bounded in bytes, never crossing a
+//!    segment boundary), assigns LSNs, seals frame headers, and releases the commit lock, so
+//!    that the next group forms while it writes and syncs.
+//! 4. It writes the group with one positioned write, then `fdatasync`s if any member asked for
+//!    `Sync`. Rotation first syncs the full segment, then creates the next one atomically.
+//! 5. It publishes the group to the segment index, then acknowledges every member. A failed
+//!    write or sync poisons the log: members get the error, later appenders `Poisoned`.
+//! 6. It keeps leading until its own batch is acknowledged, then hands leadership to a waiter.
+
+use std::collections::VecDeque;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+use crate::config::Durability;
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::log::index::{SegmentBytes, SegmentIndex, SparseEntry};
+use crate::log::record::EncodedBatch;
+use crate::log::recovery::{self, ActiveState};
+use crate::log::segment::{self, SegmentHeader};
+use crate::log::{Lsn, LsnRange};
+use crate::storage::Storage;
+
+/// The result slot of one queued append.
+type Slot = Arc<Mutex<Option<Result<LsnRange>>>>;
+
+/// One queued request: a batch to append, or (with `batch: None`) a request to sync.
+struct Pending {
+    batch: Option<EncodedBatch>,
+    durability: Durability,
+    slot: Slot,
+}
+
+impl Pending {
+    fn frame_len(&self) -> usize {
+        self.batch.as_ref().map_or(0, EncodedBatch::frame_len)
+    }
+}
+
+/// State shared by appenders, guarded by the commit lock.
+#[derive(Default)]
+struct CommitState {
+    queue: VecDeque<Pending>,
+    leader_active: bool,
+    poisoned: Option<(&'static str, io::ErrorKind)>,
+    closed: bool,
+}
+
+/// The leader's own state: the active segment being written. Locked only by the leader.
+struct LeaderState {
+    active: ActiveState,
+    /// Whether bytes were written since the last sync of the active segment.
+    dirty: bool,
+    last_indexed: Option<u64>,
+    buf: Vec<u8>,
+}
+
+/// The group-commit writer.
+pub(crate) struct Writer {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    segment_bytes: u64,
+    commit: Mutex<CommitState>,
+    /// Signalled when results are ready or leadership is free.
+    wake: Condvar,
+    /// Signalled when the queue has room.
+    room: Condvar,
+    leader: Mutex<LeaderState>,
+    index: Arc<RwLock<SegmentIndex>>,
+    /// Whether the active segment may hold unsynced bytes (read by the flusher).
+    dirty_hint: AtomicBool,
+}
+
+/// A group taken from the queue.
+struct Group {
+    members: Vec<Pending>,
+    rotate_first: bool,
+}
+
+impl Writer {
+    pub fn new(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        segment_bytes: u64,
+        active: ActiveState,
+        index: Arc<RwLock<SegmentIndex>>,
+    ) -> Self {
+        let last_indexed = index.read().segments.last().and_then(|meta| meta.sparse.last().map(|entry| entry.offset));
+        Self {
+            storage,
+            dir,
+            segment_bytes,
+            commit: Mutex::new(CommitState::default()),
+            wake: Condvar::new(),
+            room: Condvar::new(),
+            leader: Mutex::new(LeaderState { active, dirty: false, last_indexed, buf: Vec::new() }),
+            index,
+            dirty_hint: AtomicBool::new(false),
+        }
+    }
+
+    /// Appends one encoded batch and returns its LSNs once it is as durable as asked.
+    pub fn append(&self, batch: EncodedBatch, durability: Durability) -> Result<LsnRange> {
+        let capacity = self.segment_bytes - segment::SEGMENT_HEADER_BYTES as u64;
+        if batch.frame_len() as u64 > capacity {
+            return Err(Error::RecordTooLarge { bytes: batch.frame_len() as u64, max: capacity });
+        }
+        self.submit(Some(batch), durability)
+    }
+
+    /// Makes every acknowledged append durable.
+    pub fn sync(&self) -> Result<()> {
+        self.submit(None, Durability::Sync).map(|_| ())
+    }
+
+    /// Whether unsynced bytes may exist (for the background flusher).
+    pub fn is_dirty(&self) -> bool {
+        self.dirty_hint.load(Ordering::Acquire)
+    }
+
+    /// Refuses every later append.
+    pub fn close(&self) {
+        self.commit.lock().closed = true;
+        self.room.notify_all();
+    }
+
+    fn submit(&self, batch: Option<EncodedBatch>, durability: Durability) -> Result<LsnRange> {
+        let slot: Slot = Arc::new(Mutex::new(None));
+        let mut commit = self.commit.lock();
+        loop {
+            Self::check_open(&commit)?;
+            if commit.queue.len() < limits::COMMIT_QUEUE_DEPTH_MAX {
+                break;
+            }
+            self.room.wait(&mut commit);
+        }
+        commit.queue.push_back(Pending { batch, durability, slot: Arc::clone(&slot) });
+        loop {
+            if let Some(result) = slot.lock().take() {
+                return result;
+            }
+            if !commit.leader_active {
+                break;
+            }
+            self.wake.wait(&mut commit);
+        }
+        commit.leader_active = true;
+        self.lead(&mut commit, &slot);
+        commit.leader_active = false;
+        self.wake.notify_all();
+        let result = slot.lock().take();
+        result.expect("the leader leads until its own slot is filled")
+    }
+
+    fn check_open(commit: &CommitState) -> Result<()> {
+        if commit.closed {
+            return Err(Error::Closed);
+        }
+        if let Some((op, kind)) = commit.poisoned {
+            return Err(Error::Poisoned { op, kind });
+        }
+        Ok(())
+    }
+
+    /// Commits groups until `own` is filled. Called and returns with the commit lock held.
+    fn lead(&self, commit: &mut MutexGuard<'_, CommitState>, own: &Slot) {
+        while own.lock().is_none() {
+            let mut leader = self.leader.lock();
+            let mut group = Self::take_group(commit, &leader);
+            let refused = Self::check_open(commit).err();
+            let outcome = MutexGuard::unlocked(commit, || match refused {
+                Some(error) => Err(GroupError { error, poisons: false }),
+                None => self.commit_group(&mut leader, &mut group),
+            });
+            drop(leader);
+            if let Err(GroupError { error, poisons: true }) = &outcome {
+                let kind = error.io_kind().unwrap_or(io::ErrorKind::Other);
+                commit.poisoned.get_or_insert((error_op(error), kind));
+            }
+            Self::acknowledge(group, outcome.map_err(|failure| failure.error));
+            self.wake.notify_all();
+            self.room.notify_all();
+        }
+    }
+
+    /// Takes the next group from the front of the queue: as many members as fit in the active
+    /// segment and in one write.
+    fn take_group(commit: &mut CommitState, leader: &LeaderState) -> Group {
+        let room = leader.active.header.segment_bytes.saturating_sub(leader.active.data_end);
+        let budget = room.min(limits::COMMIT_GROUP_BYTES_MAX as u64);
+        let mut members = Vec::new();
+        let mut bytes = 0u64;
+        while let Some(next) = commit.queue.front() {
+            let frame_len = next.frame_len() as u64;
+            if bytes + frame_len > budget {
+                break;
+            }
+            bytes += frame_len;
+            members.push(commit.queue.pop_front().expect("front() was Some"));
+        }
+        let rotate_first = members.is_empty();
+        if rotate_first {
+            // The head does not fit in what is left of the segment: it opens the next one.
+            members.push(commit.queue.pop_front().expect("the leader's own request is queued"));
+        }
+        Group { members, rotate_first }
+    }
+
+    /// Writes, syncs and publishes one group; returns each batch member's LSN range.
+    fn commit_group(&self, leader: &mut LeaderState, group: &mut Group) -> Result<Vec<LsnRange>, GroupError> {
+        if group.rotate_first {
+            self.rotate(leader)?;
+        }
+        let write_start = leader.active.data_end;
+        let salt = leader.active.header.seq;
+        let mut next_lsn = leader.active.next_lsn;
+        let mut ranges = Vec::with_capacity(group.members.len());
+        let mut new_sparse = Vec::new();
+        let mut need_sync = false;
+        leader.buf.clear();
+        for member in &mut group.members {
+            need_sync |= member.durability == Durability::Sync;
+            let Some(batch) = &mut member.batch else { continue };
+            let offset = write_start + leader.buf.len() as u64;
+            if leader.last_indexed.is_none_or(|at| offset - at >= limits::SPARSE_INDEX_STRIDE_BYTES) {
+                new_sparse.push(SparseEntry { lsn: next_lsn, offset });
+                leader.last_indexed = Some(offset);
+            }
+            leader.buf.extend_from_slice(batch.seal(next_lsn, salt));
+            ranges.push(LsnRange::new(Lsn::new(next_lsn), batch.record_count()));
+            next_lsn += u64::from(batch.record_count());
+        }
+        self.write_buffer(leader, write_start).map_err(GroupError::poisoning)?;
+        if need_sync {
+            self.sync_active(leader).map_err(GroupError::poisoning)?;
+        }
+        leader.active.data_end = write_start + leader.buf.len() as u64;
+        leader.active.next_lsn = next_lsn;
+        self.publish(leader, new_sparse);
+        Ok(ranges)
+    }
+
+    fn write_buffer(&self, leader: &mut LeaderState, write_start: u64) -> Result<()> {
+        if leader.buf.is_empty() {
+            return Ok(());
+        }
+        debug_assert!(write_start + leader.buf.len() as u64 <= leader.active.header.segment_bytes);
+        leader.dirty = true;
+        self.dirty_hint.store(true, Ordering::Release);
+        leader
+            .active
+            .file
+            .write_all_at(&leader.buf, write_start)
+            .map_err(|e| Error::io("write", &leader.active.path, e))
+    }
+
+    fn sync_active(&self, leader: &mut LeaderState) -> Result<()> {
+        if !leader.dirty {
+            return Ok(());
+        }
+        // IMPORTANT: acknowledging a Sync append depends on this fdatasync returning Ok.
+        leader.active.file.sync_data().map_err(|e| Error::io("fdatasync", &leader.active.path, e))?;
+        leader.dirty = false;
+        self.dirty_hint.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes the active segment's new bytes visible to readers.
+    fn publish(&self, leader: &LeaderState, new_sparse: Vec<SparseEntry>) {
+        let mut index = self.index.write();
+        let meta = index.segments.last_mut().expect("the index always holds the active segment");
+        debug_assert_eq!(meta.seq, leader.active.header.seq);
+        meta.data_end = leader.active.data_end;
+        meta.next_lsn = leader.active.next_lsn;
+        if !new_sparse.is_empty() {
+            Arc::make_mut(&mut meta.sparse).extend(new_sparse);
+        }
+    }
+
+    /// Seals the active segment and starts the next one.
+    fn rotate(&self, leader: &mut LeaderState) -> Result<(), GroupError> {
+        // IMPORTANT: the next segment's records depend on every byte of this one being durable.
+        self.sync_active(leader).map_err(GroupError::poisoning)?;
+        let header = SegmentHeader {
+            seq: leader.active.header.seq + 1,
+            first_lsn: leader.active.next_lsn,
+            segment_bytes: self.segment_bytes,
+        };
+        let sealed_view =
+            leader.active.file.view().map_err(|e| GroupError::poisoning(Error::io("map", &leader.active.path, e)))?;
+        let created = segment::create(self.storage.as_ref(), &self.dir, header).map_err(|error| {
+            // Running out of space before the new segment is published changes nothing on disk.
+            let poisons = !matches!(error, Error::NoSpace { .. }) || created_published(&error);
+            GroupError { error, poisons }
+        })?;
+        leader.active = ActiveState {
+            header,
+            path: created.path,
+            file: created.file,
+            data_end: segment::SEGMENT_HEADER_BYTES as u64,
+            next_lsn: header.first_lsn,
+        };
+        leader.last_indexed = None;
+        let mut index = self.index.write();
+        let sealed = index.segments.last_mut().expect("the index always holds the active segment");
+        sealed.bytes = SegmentBytes::mapped(sealed_view);
+        index.segments.push(recovery::active_meta(&leader.active, Vec::new(), Vec::new()));
+        Ok(())
+    }
+
+    fn acknowledge(group: Group, outcome: Result<Vec<LsnRange>>) {
+        match outcome {
+            Ok(ranges) => {
+                let mut ranges = ranges.into_iter();
+                for member in group.members {
+                    let result = match member.batch {
+                        Some(_) => Ok(ranges.next().expect("one range per batch member")),
+                        None => Ok(LsnRange::empty()),
+                    };
+                    *member.slot.lock() = Some(result);
+                }
+            }
+            Err(error) => {
+                for member in group.members {
+                    *member.slot.lock() = Some(Err(error.replicate()));
+                }
+            }
+        }
+    }
+}
+
+/// A failed group: the error and whether it poisons the log.
+struct GroupError {
+    error: Error,
+    poisons: bool,
+}
+
+impl GroupError {
+    fn poisoning(error: Error) -> Self {
+        Self { error, poisons: true }
+    }
+}
+
+impl From<GroupError> for Error {
+    fn from(failure: GroupError) -> Self {
+        failure.error
+    }
+}
+
+/// Whether a failed segment creation got as far as publishing the file (rename or directory
+/// sync failed), after which the directory's state is uncertain.
+fn created_published(error: &Error) -> bool {
+    matches!(error, Error::NoSpace { op: "rename" | "sync directory", .. })
+}
+
+fn error_op(error: &Error) -> &'static str {
+    match error {
+        Error::Io { op, .. } | Error::NoSpace { op, .. } => op,
+        _ => "write",
+    }
+}
