@@ -33,7 +33,7 @@ const FIRST_LSN_AT: usize = 16;
 const RECORD_COUNT_AT: usize = 24;
 const RESERVED_32_AT: usize = 28;
 const _: () = assert!(RESERVED_32_AT + 4 == FRAME_HEADER_BYTES);
-const _: () = assert!(FRAME_HEADER_BYTES % FRAME_ALIGN_BYTES == 0);
+const _: () = assert!(FRAME_HEADER_BYTES.is_multiple_of(FRAME_ALIGN_BYTES));
 
 /// Why bytes are not a valid frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -335,12 +335,9 @@ fn find_next_valid(bytes: &[u8], from: usize, salt: u64, next_lsn: u64) -> Optio
     let mut at = from.next_multiple_of(FRAME_ALIGN_BYTES);
     while at + FRAME_HEADER_BYTES <= bytes.len() {
         // Cheap filters before any checksum: the kind byte and the reserved bytes.
-        if bytes[at + 12] == KIND_RECORDS && bytes[at + 13] == 0 && bytes[at + 28..at + 32] == [0; 4] {
-            if let Ok(frame) = record::decode_frame(&bytes[at..], salt) {
-                if frame.header.first_lsn >= next_lsn {
-                    return Some(at);
-                }
-            }
+        let plausible = bytes[at + 12] == KIND_RECORDS && bytes[at + 13] == 0 && bytes[at + 28..at + 32] == [0; 4];
+        if plausible && record::decode_frame(&bytes[at..], salt).is_ok_and(|frame| frame.header.first_lsn >= next_lsn) {
+            return Some(at);
         }
         at += FRAME_ALIGN_BYTES;
     }

@@ -35,7 +35,7 @@ const SEGMENT_BYTES_AT: usize = 32;
 const RESERVED_AT: usize = 40;
 const HEADER_CRC_AT: usize = 60;
 const _: () = assert!(HEADER_CRC_AT + 4 == SEGMENT_HEADER_BYTES);
-const _: () = assert!(SEGMENT_HEADER_BYTES % crate::log::record::FRAME_ALIGN_BYTES == 0);
+const _: () = assert!(SEGMENT_HEADER_BYTES.is_multiple_of(crate::log::record::FRAME_ALIGN_BYTES));
 
 /// The fixed facts of one segment, stored in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

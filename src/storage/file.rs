@@ -28,10 +28,11 @@ impl Storage for FileStorage {
         let mut names = Vec::new();
         for entry in fs::read_dir(dir)? {
             let entry = entry?;
-            if entry.file_type()?.is_file() {
-                if let Ok(name) = entry.file_name().into_string() {
-                    names.push(name);
-                }
+            if !entry.file_type()?.is_file() {
+                continue;
+            }
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
             }
         }
         Ok(names)

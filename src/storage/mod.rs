@@ -69,6 +69,7 @@ pub trait Storage: Send + Sync + fmt::Debug {
 }
 
 /// An open file of a [`Storage`].
+#[expect(clippy::len_without_is_empty, reason = "files are sized, not collections")]
 pub trait StorageFile: Send + Sync + fmt::Debug {
     /// Reads exactly `buf.len()` bytes at `offset`; a short file is an
     /// [`io::ErrorKind::UnexpectedEof`] error.
