@@ -49,3 +49,36 @@ fn place_segment(storage: &SimStorage, dir: &Path, data: &[u8]) -> std::io::Resu
     file.sync_data()?;
     storage.sync_dir(dir)
 }
+
+/// Hand-made seed inputs: `(target, file name, bytes)`. Valid frames and segments, so that the
+/// fuzzers start from inputs that reach deep into the decoders.
+pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut seeds = Vec::new();
+    let shapes: [&[&[u8]]; 4] = [&[b"hello"], &[b"tool: ls", b"ok"], &[b""], &[&[0xAB; 300], b"x", b"yz"]];
+    for (i, records) in shapes.iter().enumerate() {
+        let salt = i as u64 + 1;
+        let mut batch = record::EncodedBatch::encode(records).expect("seed records are within limits");
+        let mut input = salt.to_le_bytes().to_vec();
+        input.extend_from_slice(batch.seal(1 + i as u64 * 10, salt));
+        seeds.push(("decode_batch", format!("seed-{i}"), input));
+    }
+    for (i, records) in [1usize, 3, 40].into_iter().enumerate() {
+        seeds.push(("recover_segment", format!("seed-{i}"), segment_with(records)));
+    }
+    seeds
+}
+
+/// The bytes of a first segment holding `records` appended records (4 KiB segments).
+fn segment_with(records: usize) -> Vec<u8> {
+    let storage = SimStorage::new(0);
+    let dir = Path::new("/seed");
+    let log = Log::builder(dir).storage(Arc::new(storage.clone())).segment_bytes(4096).open().expect("seed log opens");
+    for i in 0..records {
+        let record = format!("seed record {i}").repeat(i % 4 + 1);
+        if log.append(record.as_bytes()).is_err() {
+            break;
+        }
+    }
+    drop(log);
+    storage.file_bytes(&dir.join("00000000000000000001.seg")).unwrap_or_default()
+}

@@ -391,7 +391,7 @@ fn settle_last_tail(
         if mode == RecoveryMode::Strict {
             return Err(corruption(path, offset, CorruptionKind::TornTail { bytes }));
         }
-        cut_tail(file.as_ref(), path, scan.data_end, header.segment_bytes)?;
+        cut_tail(file.as_ref(), path, scan.data_end)?;
         report.torn_tail = Some(InvalidRange { segment: path.to_path_buf(), offset, bytes });
     }
     Ok(ActiveState {
@@ -403,11 +403,12 @@ fn settle_last_tail(
     })
 }
 
-/// Cuts the file at `data_end` and zero-fills it back to its preallocated size, durably, so
-/// that no stale byte of the cut tail can ever be read as part of a later frame.
-fn cut_tail(file: &dyn StorageFile, path: &Path, data_end: u64, segment_bytes: u64) -> Result<()> {
+/// Cuts the file at `data_end` and zero-fills it back to the length it had, durably, so that
+/// no stale byte of the cut tail can ever be read as part of a later frame.
+fn cut_tail(file: &dyn StorageFile, path: &Path, data_end: u64) -> Result<()> {
+    let file_bytes = file.len().map_err(|e| Error::io("stat", path, e))?;
     file.set_len(data_end).map_err(|e| Error::io("truncate", path, e))?;
-    file.allocate(segment_bytes.max(data_end)).map_err(|e| Error::io("preallocate", path, e))?;
+    file.allocate(file_bytes.max(data_end)).map_err(|e| Error::io("preallocate", path, e))?;
     // IMPORTANT: the cut must be durable before new frames are written over the old tail.
     file.sync_data().map_err(|e| Error::io("fdatasync", path, e))
 }

@@ -93,8 +93,10 @@ impl SegmentHeader {
         if header.first_lsn == 0 || header.seq == 0 {
             return Err("sequence or first LSN is zero");
         }
-        if (header.segment_bytes as usize) < SEGMENT_HEADER_BYTES {
-            return Err("segment size is smaller than its header");
+        if header.segment_bytes < crate::limits::SEGMENT_BYTES_MIN
+            || header.segment_bytes > crate::limits::SEGMENT_BYTES_MAX
+        {
+            return Err("segment size is out of bounds");
         }
         Ok(header)
     }

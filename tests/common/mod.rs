@@ -79,11 +79,10 @@ pub fn run_workload(log: &Log, first_payload: u64, count: u64, acked: &mut Acked
 /// form a suffix. Returns the recovered records.
 pub fn check_recovered(log: &Log, acked: &Acked, context: &str) -> BTreeMap<u64, Vec<u8>> {
     let mut recovered = BTreeMap::new();
-    let mut expected_lsn = log.first_lsn().get();
-    for item in log.iter_from(Lsn::FIRST).unwrap_or_else(|e| panic!("{context}: iter: {e}")) {
+    let records = log.iter_from(Lsn::FIRST).unwrap_or_else(|e| panic!("{context}: iter: {e}"));
+    for (expected_lsn, item) in (log.first_lsn().get()..).zip(records) {
         let (lsn, bytes) = item.unwrap_or_else(|e| panic!("{context}: read: {e}"));
         assert_eq!(lsn.get(), expected_lsn, "{context}: LSN gap");
-        expected_lsn += 1;
         if let Some(want) = acked.records.get(&lsn.get()) {
             assert_eq!(bytes.as_ref(), want.as_slice(), "{context}: record {lsn} changed");
         }
