@@ -41,7 +41,7 @@ const SMALL_FILLER_BYTES_MAX: u64 = 1024;
 const LARGE_FILLER_BYTES_MAX: u64 = 12 * 1024;
 
 // The largest batch (records plus their prefixes) must fit in one segment.
-const _: () = assert!(BATCH_RECORDS_MAX * (LARGE_FILLER_BYTES_MAX + 64) < SEGMENT_BYTES / 2);
+const _: () = assert!(BATCH_RECORDS_MAX * (LARGE_FILLER_BYTES_MAX + 64) < SEGMENT_BYTES - 4096);
 
 /// The child: appends forever and reports every acknowledged append on stdout as
 /// `ACK first_lsn count counter_start`, after first reporting `OPEN next_lsn records`.
@@ -57,6 +57,8 @@ fn crash_child() {
     // Direct writes to stdout bypass libtest's capture; one `write_all` per line, then flush.
     let mut out = std::io::stdout().lock();
     let report = log.recovery_report();
+    // libtest has printed "test crash_child ... " without a newline; end that line first.
+    write_line(&mut out, "");
     write_line(&mut out, &format!("OPEN {} {}", log.next_lsn(), report.records));
     let mut rng = SplitMix64::new(seed);
     let mut counter = 0u64;
@@ -291,16 +293,18 @@ fn read_complete_lines(stdout: impl Read) -> Vec<String> {
 fn parse_child_lines(lines: &[String], context: &str) -> ChildRun {
     let mut run = ChildRun { open: None, acks: Vec::new() };
     for line in lines {
-        let mut fields = line.split(' ');
-        let tag = fields.next();
-        let numbers: Vec<u64> = fields
+        let Some((tag, rest)) = line.split_once(' ') else { continue };
+        if tag != "OPEN" && tag != "ACK" {
+            continue;
+        }
+        let numbers: Vec<u64> = rest
+            .split(' ')
             .map(|field| field.parse().unwrap_or_else(|_| panic!("{context}: bad protocol line {line:?}")))
             .collect();
         match (tag, numbers.as_slice()) {
-            (Some("OPEN"), &[next_lsn, records]) => run.open = Some((next_lsn, records)),
-            (Some("ACK"), &[first_lsn, count, counter_start]) => run.acks.push(Ack { first_lsn, count, counter_start }),
-            (Some("OPEN" | "ACK"), _) => panic!("{context}: bad protocol line {line:?}"),
-            _ => {}
+            ("OPEN", &[next_lsn, records]) => run.open = Some((next_lsn, records)),
+            ("ACK", &[first_lsn, count, counter_start]) => run.acks.push(Ack { first_lsn, count, counter_start }),
+            _ => panic!("{context}: bad protocol line {line:?}"),
         }
     }
     run
