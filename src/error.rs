@@ -117,6 +117,14 @@ pub enum CorruptionKind {
         /// LSN in the header.
         stored: u64,
     },
+    /// A segment belongs to another store (its store id differs from the other segments').
+    #[error("the segment belongs to store {found:#018x}, not {expected:#018x}")]
+    ForeignSegment {
+        /// The store id of the segments before it.
+        expected: u64,
+        /// This segment's store id.
+        found: u64,
+    },
     /// Segment sequence numbers do not increase from one segment to the next.
     #[error("segment sequence {found} does not follow {previous}")]
     SequenceOrder {

@@ -59,7 +59,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         let salt = i as u64 + 1;
         let mut batch = record::EncodedBatch::encode(records).expect("seed records are within limits");
         let mut input = salt.to_le_bytes().to_vec();
-        input.extend_from_slice(batch.seal(1 + i as u64 * 10, salt));
+        input.extend_from_slice(batch.seal(1 + i as u64 * 10, salt, 64));
         seeds.push(("decode_batch", format!("seed-{i}"), input));
     }
     for (i, records) in [1usize, 3, 40].into_iter().enumerate() {

@@ -471,7 +471,6 @@ fn torn_record_embedding_a_frame(seed: u64) -> SimStorage {
 /// says how long it is), so an ordinary torn write makes the default mode refuse to open with
 /// `InvalidBatchBeforeValid`. Expected: the torn record is cut as a torn tail.
 #[test]
-#[ignore = "bug: recovery treats a frame image inside a torn record's payload as a real frame"]
 fn a_torn_record_embedding_a_frame_image_is_a_torn_tail() {
     let mut torn = 0;
     for seed in 0..8 {
@@ -488,7 +487,6 @@ fn a_torn_record_embedding_a_frame_image_is_a_torn_tail() {
 /// Bug, same root cause: under `SkipCorrupted` recovery skips to the embedded frame image and
 /// returns its record, which was never appended, at LSN 5000.
 #[test]
-#[ignore = "bug: SkipCorrupted returns a record forged inside another record's payload"]
 fn skip_corrupted_never_returns_a_frame_embedded_in_a_payload() {
     for seed in 0..8 {
         let sim = torn_record_embedding_a_frame(seed);

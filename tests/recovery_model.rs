@@ -382,7 +382,6 @@ proptest! {
     /// Fails until the writer treats a reopened active segment as possibly unsynced: see
     /// `rotation_after_reopen_makes_the_sealed_segment_durable`.
     #[test]
-    #[ignore = "bug: the writer starts clean after recovery, so rotation skips syncing recovered bytes"]
     fn recovery_matches_the_model_with_process_crashes(
         seed in any::<u64>(),
         segment_bytes in segment_bytes(),
@@ -411,7 +410,6 @@ fn unsynced_then_process_crash(sim: &SimStorage, count: u8) -> Log {
 /// synced by the rotation that seals their segment, so a later Sync-acknowledged record in the
 /// next segment is followed, after a power loss, by an open that fails with `LsnGap`.
 #[test]
-#[ignore = "bug: Writer::new starts with dirty = false, so rotate() skips the sync of recovered bytes"]
 fn rotation_after_reopen_makes_the_sealed_segment_durable() {
     let sim = SimStorage::new(7);
     // 29 frames of 136 bytes fill 4008 of the 4096 bytes: the next 1000-byte record rotates.
@@ -429,7 +427,6 @@ fn rotation_after_reopen_makes_the_sealed_segment_durable() {
 /// reopen recovered from the page cache, and a power loss then takes them. `Log::close` skips
 /// its final sync the same way (the proptest above shrinks to `ProcessCrash, Reopen, Crash`).
 #[test]
-#[ignore = "bug: Writer::new starts with dirty = false, so sync() after a reopen syncs nothing"]
 fn sync_after_reopen_makes_recovered_records_durable() {
     let sim = SimStorage::new(7);
     let log = unsynced_then_process_crash(&sim, 5);

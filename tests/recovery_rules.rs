@@ -48,20 +48,53 @@ fn a_flipped_byte_before_valid_frames_is_corruption_in_the_last_segment() {
 }
 
 #[test]
-fn a_zero_sector_hole_in_the_last_segment_is_a_torn_write() {
+fn a_zero_sector_hole_in_unsynced_frames_of_the_last_segment_is_a_torn_write() {
+    // Pages of unsynced writes reach the disk in any order: a page that never did reads as
+    // zeros, while later frames of the same unsynced stretch may be intact.
     let sim = SimStorage::new(2);
     let segments = build(&sim);
     let last = segments.last().expect("segments");
-    sim.overwrite(last, 1024, &[0u8; 512]);
-    let log = reopen(&sim, RecoveryMode::TolerateTornTail).expect("a zero hole is a torn write");
+    let synced_end = reopen(&sim, RecoveryMode::Strict).expect("clean").segments().last().expect("s").data_bytes;
+    let unsynced_start = append_unsynced_keeping_all(&sim);
+    assert_eq!(unsynced_start, synced_end);
+    let hole = unsynced_start.next_multiple_of(512);
+    sim.overwrite(last, hole, &[0u8; 512]);
+    let log = reopen(&sim, RecoveryMode::TolerateTornTail).expect("a zero hole in unsynced frames is a torn write");
     let torn = log.recovery_report().torn_tail.clone().expect("reported as a torn tail");
     assert_eq!(&torn.segment, last);
-    assert!(torn.offset <= 1024);
-    // Everything before the hole is intact.
+    assert!(torn.offset >= unsynced_start && torn.offset <= hole);
+    // Every synced record is intact.
     let records: Vec<_> = log.iter_from(Lsn::FIRST).expect("iter").collect::<Result<_, _>>().expect("read");
-    assert!(!records.is_empty());
-    for (lsn, bytes) in records {
+    assert!(records.len() >= 300);
+    for (lsn, bytes) in records.iter().take(300) {
         assert_eq!(bytes.as_ref(), common::payload(lsn.get() - 1).as_slice());
+    }
+}
+
+/// Appends 20 unsynced records and keeps them all through a power loss (as if every page had
+/// been written back); returns where they start.
+fn append_unsynced_keeping_all(sim: &SimStorage) -> u64 {
+    let log = common::open(sim, SEGMENT_BYTES).expect("open");
+    let start = log.segments().last().expect("segments").data_bytes;
+    for i in 0..20u64 {
+        log.append_with(&common::payload(1000 + i), continuum::Durability::None).expect("append");
+    }
+    drop(log); // close syncs: the bytes are all on disk, but their frames say they were unsynced
+    start
+}
+
+#[test]
+fn a_zero_sector_hole_in_synced_frames_of_the_last_segment_is_corruption() {
+    // Later frames were written after the damaged range was synced: it cannot be a torn write.
+    let sim = SimStorage::new(7);
+    let segments = build(&sim);
+    let last = segments.last().expect("segments");
+    sim.overwrite(last, 1024, &[0u8; 512]);
+    match reopen(&sim, RecoveryMode::TolerateTornTail) {
+        Err(Error::Corruption { segment, kind: CorruptionKind::InvalidBatchBeforeValid { .. }, .. }) => {
+            assert_eq!(&segment, last)
+        }
+        other => panic!("expected corruption, got {other:?}"),
     }
 }
 

@@ -39,6 +39,8 @@ impl SegmentBytes {
 #[derive(Clone, Debug)]
 pub(crate) struct SegmentMeta {
     pub seq: u64,
+    /// Salt of the segment's frame checksums.
+    pub salt: u64,
     pub first_lsn: u64,
     /// LSN after the last published record.
     pub next_lsn: u64,
@@ -103,10 +105,10 @@ impl FrameCursor {
             return Ok(None);
         }
         let header_bytes = self.fetch(self.pos, FRAME_HEADER_BYTES)?;
-        let header = record::decode_header(&header_bytes, self.meta.seq)
+        let header = record::decode_header(&header_bytes, self.meta.salt)
             .map_err(|_| self.meta.corruption(self.pos, "frame header does not verify"))?;
         let frame_bytes = self.fetch(self.pos, header.frame_len())?;
-        let frame = record::decode_frame(&frame_bytes, self.meta.seq)
+        let frame = record::decode_frame(&frame_bytes, self.meta.salt)
             .map_err(|_| self.meta.corruption(self.pos, "frame does not verify"))?;
         let payload_start = FRAME_HEADER_BYTES;
         let payload = frame_bytes.slice(payload_start..payload_start + frame.payload.len());

@@ -3,15 +3,17 @@
 //! ```text
 //! frame   := header payload padding
 //! header  := header_crc:u32 payload_crc:u32 payload_len:u32 kind:u8 flags:u8 reserved:u16
-//!            first_lsn:u64 record_count:u32 reserved:u32          (32 bytes, little-endian)
+//!            first_lsn:u64 record_count:u32 synced_through:u32    (32 bytes, little-endian)
 //! payload := (record_len:u32 record_bytes)*                       (record_count times)
 //! padding := 0x00{0..7}                                           (frame length is a multiple of 8)
 //! ```
 //!
 //! `payload_crc` is CRC-32 (IEEE) of the payload. `header_crc` is CRC-32 of the segment salt
-//! (the segment sequence, u64 little-endian) followed by header bytes 4..32, so it covers the
-//! length, the LSN and, through `payload_crc`, the payload; a frame copied from another segment
-//! or left from an older file never verifies. See `docs/FORMAT.md`.
+//! (derived from the store's random id and the segment sequence, u64 little-endian) followed by
+//! header bytes 4..32, so it covers the length, the LSN and, through `payload_crc`, the payload;
+//! a frame copied from another segment or store, left from an older file, or forged inside a
+//! record's bytes never verifies. `synced_through` is the segment offset up to which the
+//! segment was known durable when the frame was written. See `docs/FORMAT.md`.
 
 use crate::limits;
 
@@ -31,8 +33,8 @@ const FLAGS_AT: usize = 13;
 const RESERVED_16_AT: usize = 14;
 const FIRST_LSN_AT: usize = 16;
 const RECORD_COUNT_AT: usize = 24;
-const RESERVED_32_AT: usize = 28;
-const _: () = assert!(RESERVED_32_AT + 4 == FRAME_HEADER_BYTES);
+const SYNCED_THROUGH_AT: usize = 28;
+const _: () = assert!(SYNCED_THROUGH_AT + 4 == FRAME_HEADER_BYTES);
 const _: () = assert!(FRAME_HEADER_BYTES.is_multiple_of(FRAME_ALIGN_BYTES));
 
 /// Why bytes are not a valid frame.
@@ -54,6 +56,8 @@ pub(crate) struct FrameHeader {
     pub payload_len: u32,
     pub first_lsn: u64,
     pub record_count: u32,
+    /// Segment offset below which every byte was durable when this frame was written.
+    pub synced_through: u32,
 }
 
 impl FrameHeader {
@@ -112,8 +116,9 @@ impl EncodedBatch {
         self.frame.len()
     }
 
-    /// Fills in the header for `first_lsn` in the segment salted with `salt`; returns the frame.
-    pub fn seal(&mut self, first_lsn: u64, salt: u64) -> &[u8] {
+    /// Fills in the header for `first_lsn` in the segment salted with `salt`, written when the
+    /// segment was durable up to offset `synced_through`; returns the frame.
+    pub fn seal(&mut self, first_lsn: u64, salt: u64, synced_through: u32) -> &[u8] {
         let payload_len = self.payload_len;
         let header = &mut self.frame[..FRAME_HEADER_BYTES];
         header[PAYLOAD_CRC_AT..PAYLOAD_LEN_AT].copy_from_slice(&self.payload_crc.to_le_bytes());
@@ -122,8 +127,8 @@ impl EncodedBatch {
         header[FLAGS_AT] = 0;
         header[RESERVED_16_AT..FIRST_LSN_AT].fill(0);
         header[FIRST_LSN_AT..RECORD_COUNT_AT].copy_from_slice(&first_lsn.to_le_bytes());
-        header[RECORD_COUNT_AT..RESERVED_32_AT].copy_from_slice(&self.record_count.to_le_bytes());
-        header[RESERVED_32_AT..FRAME_HEADER_BYTES].fill(0);
+        header[RECORD_COUNT_AT..SYNCED_THROUGH_AT].copy_from_slice(&self.record_count.to_le_bytes());
+        header[SYNCED_THROUGH_AT..FRAME_HEADER_BYTES].copy_from_slice(&synced_through.to_le_bytes());
         let header_crc = header_checksum(salt, header);
         header[HEADER_CRC_AT..PAYLOAD_CRC_AT].copy_from_slice(&header_crc.to_le_bytes());
         debug_assert_eq!(decode_frame(&self.frame, salt).map(|f| f.header.first_lsn), Ok(first_lsn));
@@ -172,10 +177,7 @@ pub(crate) fn decode_header(bytes: &[u8], salt: u64) -> Result<FrameHeader, Fram
     if header[KIND_AT] != KIND_RECORDS {
         return Err(FrameError::BadHeader("unknown batch kind"));
     }
-    if header[FLAGS_AT] != 0
-        || header[RESERVED_16_AT..FIRST_LSN_AT] != [0, 0]
-        || header[RESERVED_32_AT..] != [0, 0, 0, 0]
-    {
+    if header[FLAGS_AT] != 0 || header[RESERVED_16_AT..FIRST_LSN_AT] != [0, 0] {
         return Err(FrameError::BadHeader("reserved bits are set"));
     }
     if read_u32_le(header, HEADER_CRC_AT) != header_checksum(salt, header) {
@@ -185,6 +187,7 @@ pub(crate) fn decode_header(bytes: &[u8], salt: u64) -> Result<FrameHeader, Fram
         payload_len: read_u32_le(header, PAYLOAD_LEN_AT),
         first_lsn: read_u64_le(header, FIRST_LSN_AT),
         record_count: read_u32_le(header, RECORD_COUNT_AT),
+        synced_through: read_u32_le(header, SYNCED_THROUGH_AT),
     };
     if parsed.payload_len > limits::BATCH_BYTES_MAX
         || parsed.record_count == 0

@@ -23,7 +23,7 @@ use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
 use crate::log::index::{SegmentBytes, SegmentIndex, SegmentMeta, SparseEntry};
-use crate::log::record::{self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, KIND_RECORDS};
+use crate::log::record::{self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_RECORDS};
 use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader, TEMP_SUFFIX};
 use crate::storage::{OpenMode, Storage, StorageFile};
 
@@ -132,7 +132,8 @@ fn remove_temp_files(storage: &dyn Storage, dir: &Path, names: &[String]) -> Res
 }
 
 fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recovered> {
-    let header = SegmentHeader { seq: 1, first_lsn: 1, segment_bytes: config.segment_bytes };
+    let header =
+        SegmentHeader { seq: 1, first_lsn: 1, segment_bytes: config.segment_bytes, store_id: segment::new_store_id() };
     let created = segment::create(storage, dir, header)?;
     let active = ActiveState {
         header,
@@ -150,6 +151,7 @@ fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> R
 pub(crate) fn active_meta(active: &ActiveState, sparse: Vec<SparseEntry>, skips: Vec<(u64, u64)>) -> SegmentMeta {
     SegmentMeta {
         seq: active.header.seq,
+        salt: active.header.salt(),
         first_lsn: active.header.first_lsn,
         next_lsn: active.next_lsn,
         data_end: active.data_end,
@@ -195,6 +197,7 @@ fn recover_segments(
 fn sealed_meta(header: SegmentHeader, path: &Path, scan: SegmentScan, bytes: SegmentBytes) -> SegmentMeta {
     SegmentMeta {
         seq: header.seq,
+        salt: header.salt(),
         first_lsn: header.first_lsn,
         next_lsn: scan.next_lsn,
         data_end: scan.data_end,
@@ -226,6 +229,13 @@ fn check_header(
     let Some((previous, previous_next_lsn)) = previous else {
         return Ok(header);
     };
+    if header.store_id != previous.store_id {
+        return Err(corruption(
+            path,
+            0,
+            CorruptionKind::ForeignSegment { expected: previous.store_id, found: header.store_id },
+        ));
+    }
     if header.seq <= previous.seq {
         return Err(corruption(path, 0, CorruptionKind::SequenceOrder { previous: previous.seq, found: header.seq }));
     }
@@ -256,25 +266,26 @@ fn scan_segment(
         lost_lsns: Vec::new(),
         tail: Tail::Clean,
     };
+    let salt = header.salt();
     let mut at = SEGMENT_HEADER_BYTES;
     let mut last_indexed: Option<usize> = None;
     loop {
-        match record::decode_frame(&bytes[at..], header.seq) {
-            Ok(frame) if frame.header.first_lsn == scan.next_lsn => {
+        match valid_frame_at(bytes, at, salt) {
+            Some(frame) if frame.first_lsn == scan.next_lsn => {
                 if last_indexed.is_none_or(|i| (at - i) as u64 >= limits::SPARSE_INDEX_STRIDE_BYTES) {
-                    scan.sparse.push(SparseEntry { lsn: frame.header.first_lsn, offset: at as u64 });
+                    scan.sparse.push(SparseEntry { lsn: frame.first_lsn, offset: at as u64 });
                     last_indexed = Some(at);
                 }
-                scan.records += u64::from(frame.header.record_count);
-                scan.next_lsn = frame.header.next_lsn();
-                at += frame.header.frame_len();
+                scan.records += u64::from(frame.record_count);
+                scan.next_lsn = frame.next_lsn();
+                at += frame.frame_len();
                 scan.data_end = at as u64;
             }
-            Ok(frame) if mode != RecoveryMode::SkipCorrupted || frame.header.first_lsn < scan.next_lsn => {
-                let gap = CorruptionKind::LsnGap { expected: scan.next_lsn, found: frame.header.first_lsn };
+            Some(frame) if mode != RecoveryMode::SkipCorrupted || frame.first_lsn < scan.next_lsn => {
+                let gap = CorruptionKind::LsnGap { expected: scan.next_lsn, found: frame.first_lsn };
                 return Err(corruption(path, at as u64, gap));
             }
-            _ => match classify_invalid(bytes, at, header.seq, scan.next_lsn, is_last) {
+            _ => match classify_invalid(bytes, at, salt, scan.next_lsn, is_last) {
                 Invalid::End => return Ok(scan),
                 Invalid::Tail { bytes } => {
                     scan.tail = Tail::Invalid { offset: at as u64, bytes };
@@ -285,19 +296,25 @@ fn scan_segment(
                         let kind = CorruptionKind::InvalidBatchBeforeValid { next_valid_offset: next_valid as u64 };
                         return Err(corruption(path, at as u64, kind));
                     }
-                    let resumed = skip_to(&mut scan, bytes, at, next_valid, header.seq);
+                    at = skip_to(&mut scan, bytes, at, next_valid, salt);
                     last_indexed = Some(next_valid);
-                    at = resumed;
                 }
             },
         }
     }
 }
 
+/// The header of the fully valid frame at `at`, if one starts there. A frame never claims
+/// durability past its own start.
+fn valid_frame_at(bytes: &[u8], at: usize, salt: u64) -> Option<FrameHeader> {
+    let frame = record::decode_frame(bytes.get(at..)?, salt).ok()?;
+    (frame.header.synced_through as usize <= at).then_some(frame.header)
+}
+
 /// Records a skipped range and resumes at the valid frame after it; returns the new position.
 fn skip_to(scan: &mut SegmentScan, bytes: &[u8], at: usize, next_valid: usize, salt: u64) -> usize {
     scan.skips.push((at as u64, next_valid as u64));
-    let frame = record::decode_header(&bytes[next_valid..], salt).expect("classify_invalid found a valid frame here");
+    let frame = valid_frame_at(bytes, next_valid, salt).expect("classify_invalid found a valid frame here");
     if frame.first_lsn > scan.next_lsn {
         scan.lost_lsns.push((scan.next_lsn, frame.first_lsn));
     }
@@ -321,12 +338,33 @@ fn classify_invalid(bytes: &[u8], at: usize, salt: u64, next_lsn: u64, is_last: 
     let Some(last_nonzero) = rest.iter().rposition(|&b| b != 0) else {
         return Invalid::End;
     };
-    match find_next_valid(bytes, at + FRAME_ALIGN_BYTES, salt, next_lsn) {
-        Some(next_valid) if !(is_last && has_zero_sector(&bytes[at..next_valid], at)) => {
-            Invalid::BeforeValid { next_valid }
-        }
-        _ => Invalid::Tail { bytes: last_nonzero as u64 + 1 },
+    // A frame whose header verifies owns its payload: a frame image inside it is record bytes.
+    let search_from = match record::decode_header(rest, salt) {
+        Ok(header) => at + header.frame_len(),
+        Err(_) => at + FRAME_ALIGN_BYTES,
+    };
+    let tail = Invalid::Tail { bytes: last_nonzero as u64 + 1 };
+    let Some(next_valid) = find_next_valid(bytes, search_from, salt, next_lsn) else {
+        return tail;
+    };
+    if is_last && is_unsynced_hole(bytes, at, next_valid, salt) { tail } else { Invalid::BeforeValid { next_valid } }
+}
+
+/// Whether the invalid range `at..next_valid` of the last segment is a write the kernel never
+/// wrote back (docs/FORMAT.md §6, rule 4): it holds a whole zero sector, and no valid frame
+/// after it was written once the range was known durable.
+fn is_unsynced_hole(bytes: &[u8], at: usize, next_valid: usize, salt: u64) -> bool {
+    if !has_zero_sector(&bytes[at..next_valid], at) {
+        return false;
     }
+    let mut frame_at = next_valid;
+    while let Some(frame) = valid_frame_at(bytes, frame_at, salt) {
+        if frame.synced_through as usize > at {
+            return false;
+        }
+        frame_at += frame.frame_len();
+    }
+    true
 }
 
 /// The first aligned offset from `from` where a fully valid frame with an LSN at or after
@@ -335,8 +373,8 @@ fn find_next_valid(bytes: &[u8], from: usize, salt: u64, next_lsn: u64) -> Optio
     let mut at = from.next_multiple_of(FRAME_ALIGN_BYTES);
     while at + FRAME_HEADER_BYTES <= bytes.len() {
         // Cheap filters before any checksum: the kind byte and the reserved bytes.
-        let plausible = bytes[at + 12] == KIND_RECORDS && bytes[at + 13] == 0 && bytes[at + 28..at + 32] == [0; 4];
-        if plausible && record::decode_frame(&bytes[at..], salt).is_ok_and(|frame| frame.header.first_lsn >= next_lsn) {
+        let plausible = bytes[at + 12] == KIND_RECORDS && bytes[at + 13] == 0 && bytes[at + 14..at + 16] == [0; 2];
+        if plausible && valid_frame_at(bytes, at, salt).is_some_and(|frame| frame.first_lsn >= next_lsn) {
             return Some(at);
         }
         at += FRAME_ALIGN_BYTES;
@@ -393,6 +431,10 @@ fn settle_last_tail(
         }
         cut_tail(file.as_ref(), path, scan.data_end)?;
         report.torn_tail = Some(InvalidRange { segment: path.to_path_buf(), offset, bytes });
+    } else {
+        // IMPORTANT: after a process crash the page cache may still hold bytes the dead process
+        // wrote but never synced; they are published now, so they must be durable first.
+        file.sync_data().map_err(|e| Error::io("fdatasync", path, e))?;
     }
     Ok(ActiveState {
         header: *header,

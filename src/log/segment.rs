@@ -3,7 +3,7 @@
 //! ```text
 //! segment := header frame* zero-fill
 //! header  := magic:[u8;8] format_version:u32 header_bytes:u32 segment_seq:u64 first_lsn:u64
-//!            segment_bytes:u64 reserved:[u8;20] header_crc:u32          (64 bytes, little-endian)
+//!            segment_bytes:u64 store_id:u64 reserved:[u8;12] header_crc:u32 (64 bytes, LE)
 //! ```
 //!
 //! `header_crc` is CRC-32 (IEEE) of bytes 0..60. See `docs/FORMAT.md`.
@@ -32,7 +32,8 @@ const HEADER_BYTES_AT: usize = 12;
 const SEQ_AT: usize = 16;
 const FIRST_LSN_AT: usize = 24;
 const SEGMENT_BYTES_AT: usize = 32;
-const RESERVED_AT: usize = 40;
+const STORE_ID_AT: usize = 40;
+const RESERVED_AT: usize = 48;
 const HEADER_CRC_AT: usize = 60;
 const _: () = assert!(HEADER_CRC_AT + 4 == SEGMENT_HEADER_BYTES);
 const _: () = assert!(SEGMENT_HEADER_BYTES.is_multiple_of(crate::log::record::FRAME_ALIGN_BYTES));
@@ -47,6 +48,9 @@ pub(crate) struct SegmentHeader {
     pub first_lsn: u64,
     /// Preallocated size of the file.
     pub segment_bytes: u64,
+    /// Random id of the store, the same in every segment; salts frame checksums so that bytes
+    /// from another store, or a frame image forged inside a record, never verify.
+    pub store_id: u64,
 }
 
 impl SegmentHeader {
@@ -59,7 +63,8 @@ impl SegmentHeader {
         bytes[HEADER_BYTES_AT..SEQ_AT].copy_from_slice(&header_bytes.to_le_bytes());
         bytes[SEQ_AT..FIRST_LSN_AT].copy_from_slice(&self.seq.to_le_bytes());
         bytes[FIRST_LSN_AT..SEGMENT_BYTES_AT].copy_from_slice(&self.first_lsn.to_le_bytes());
-        bytes[SEGMENT_BYTES_AT..RESERVED_AT].copy_from_slice(&self.segment_bytes.to_le_bytes());
+        bytes[SEGMENT_BYTES_AT..STORE_ID_AT].copy_from_slice(&self.segment_bytes.to_le_bytes());
+        bytes[STORE_ID_AT..RESERVED_AT].copy_from_slice(&self.store_id.to_le_bytes());
         let crc = crc32fast::hash(&bytes[..HEADER_CRC_AT]);
         bytes[HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         bytes
@@ -89,6 +94,7 @@ impl SegmentHeader {
             seq: read_u64_le(bytes, SEQ_AT),
             first_lsn: read_u64_le(bytes, FIRST_LSN_AT),
             segment_bytes: read_u64_le(bytes, SEGMENT_BYTES_AT),
+            store_id: read_u64_le(bytes, STORE_ID_AT),
         };
         if header.first_lsn == 0 || header.seq == 0 {
             return Err("sequence or first LSN is zero");
@@ -100,6 +106,32 @@ impl SegmentHeader {
         }
         Ok(header)
     }
+}
+
+impl SegmentHeader {
+    /// The salt of this segment's frame checksums: the store id and the segment sequence,
+    /// mixed so that no two segments of any two stores share a salt in practice.
+    pub fn salt(&self) -> u64 {
+        mix64(self.store_id ^ mix64(self.seq))
+    }
+}
+
+/// splitmix64's finaliser: a bijective mix of 64 bits.
+fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A fresh random store id, from the standard library's randomly keyed hasher, the time and
+/// the process id (no cryptographic strength is needed: it only has to be unguessable to
+/// whoever writes record bytes, and different across stores).
+pub(crate) fn new_store_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    hasher.write_u32(std::process::id());
+    hasher.finish()
 }
 
 /// File name of the segment whose first record is `first_lsn`: 20 zero-padded decimal digits,
@@ -159,13 +191,13 @@ mod tests {
 
     #[test]
     fn header_round_trips() {
-        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20 };
+        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99 };
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
     }
 
     #[test]
     fn every_flipped_header_byte_is_refused() {
-        let bytes = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20 }.encode();
+        let bytes = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99 }.encode();
         for at in 0..bytes.len() {
             let mut damaged = bytes;
             damaged[at] ^= 0x40;

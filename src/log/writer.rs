@@ -63,6 +63,8 @@ struct LeaderState {
     active: ActiveState,
     /// Whether bytes were written since the last sync of the active segment.
     dirty: bool,
+    /// Offset below which the active segment is known durable; stamped into every frame.
+    synced_end: u64,
     last_indexed: Option<u64>,
     buf: Vec<u8>,
 }
@@ -105,7 +107,13 @@ impl Writer {
             commit: Mutex::new(CommitState::default()),
             wake: Condvar::new(),
             room: Condvar::new(),
-            leader: Mutex::new(LeaderState { active, dirty: false, last_indexed, buf: Vec::new() }),
+            leader: Mutex::new(LeaderState {
+                synced_end: active.data_end,
+                active,
+                dirty: false,
+                last_indexed,
+                buf: Vec::new(),
+            }),
             index,
             dirty_hint: AtomicBool::new(false),
         }
@@ -224,7 +232,8 @@ impl Writer {
             self.rotate(leader)?;
         }
         let write_start = leader.active.data_end;
-        let salt = leader.active.header.seq;
+        let salt = leader.active.header.salt();
+        let synced_through = u32::try_from(leader.synced_end).expect("segments are at most SEGMENT_BYTES_MAX < 4 GiB");
         let mut next_lsn = leader.active.next_lsn;
         let mut ranges = Vec::with_capacity(group.members.len());
         let mut new_sparse = Vec::new();
@@ -238,16 +247,18 @@ impl Writer {
                 new_sparse.push(SparseEntry { lsn: next_lsn, offset });
                 leader.last_indexed = Some(offset);
             }
-            leader.buf.extend_from_slice(batch.seal(next_lsn, salt));
+            leader.buf.extend_from_slice(batch.seal(next_lsn, salt, synced_through));
             ranges.push(LsnRange::new(Lsn::new(next_lsn), batch.record_count()));
             next_lsn += u64::from(batch.record_count());
         }
         self.write_buffer(leader, write_start).map_err(GroupError::poisoning)?;
+        // After a failed sync below these stay ahead of what is published; the log is poisoned
+        // then, so nothing is ever written after them.
+        leader.active.data_end = write_start + leader.buf.len() as u64;
+        leader.active.next_lsn = next_lsn;
         if need_sync {
             self.sync_active(leader).map_err(GroupError::poisoning)?;
         }
-        leader.active.data_end = write_start + leader.buf.len() as u64;
-        leader.active.next_lsn = next_lsn;
         self.publish(leader, new_sparse);
         Ok(ranges)
     }
@@ -273,6 +284,7 @@ impl Writer {
         // IMPORTANT: acknowledging a Sync append depends on this fdatasync returning Ok.
         leader.active.file.sync_data().map_err(|e| Error::io("fdatasync", &leader.active.path, e))?;
         leader.dirty = false;
+        leader.synced_end = leader.active.data_end;
         self.dirty_hint.store(false, Ordering::Release);
         Ok(())
     }
@@ -297,6 +309,7 @@ impl Writer {
             seq: leader.active.header.seq + 1,
             first_lsn: leader.active.next_lsn,
             segment_bytes: self.segment_bytes,
+            store_id: leader.active.header.store_id,
         };
         let sealed_view =
             leader.active.file.view().map_err(|e| GroupError::poisoning(Error::io("map", &leader.active.path, e)))?;
@@ -313,6 +326,7 @@ impl Writer {
             next_lsn: header.first_lsn,
         };
         leader.last_indexed = None;
+        leader.synced_end = segment::SEGMENT_HEADER_BYTES as u64;
         let mut index = self.index.write();
         let sealed = index.segments.last_mut().expect("the index always holds the active segment");
         sealed.bytes = SegmentBytes::mapped(sealed_view);
