@@ -4,22 +4,26 @@
 //!
 //! Protocol (docs/ARCHITECTURE.md, "Write path"):
 //! 1. An appender encodes its batch (and computes its payload CRC) outside any lock.
-//! 2. Under the commit lock it waits for queue room, enqueues, and either waits for its result
-//!    or, if no leader is active, becomes the leader.
-//! 3. The leader takes a group from the front of the queue (bounded in bytes, never crossing a
-//!    segment boundary), assigns LSNs, seals frame headers, and releases the commit lock, so
-//!    that the next group forms while it writes and syncs.
-//! 4. It writes the group with one positioned write, then `fdatasync`s if any member asked for
+//! 2. Under the commit lock it waits for queue room, enqueues, and either waits on its own slot
+//!    (so that an acknowledgement wakes exactly its thread) or, if no leader is active, leads.
+//! 3. The leader *gathers*: if the last group synced, it waits (at most half that sync's time)
+//!    until as many requests are queued as the last group held plus those that queued during
+//!    its sync, so that appenders acknowledged together commit together again.
+//! 4. It takes a group from the front of the queue (bounded in bytes, never crossing a segment
+//!    boundary), assigns LSNs, seals frame headers, and releases the commit lock, so that the
+//!    next group forms while it writes and syncs.
+//! 5. It writes the group with one positioned write, then `fdatasync`s if any member asked for
 //!    `Sync`. Rotation first syncs the full segment, then creates the next one atomically.
-//! 5. It publishes the group to the segment index, then acknowledges every member. A failed
-//!    write or sync poisons the log: members get the error, later appenders `Poisoned`.
-//! 6. It keeps leading until its own batch is acknowledged, then hands leadership to a waiter.
+//! 6. It publishes the group to the segment index, hands leadership to the oldest waiter, and
+//!    only then wakes its group's members. A failed write or sync poisons the log: members get
+//!    the error, later appenders `Poisoned`.
 
 use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
@@ -33,14 +37,62 @@ use crate::log::segment::{self, SegmentHeader};
 use crate::log::{Lsn, LsnRange};
 use crate::storage::Storage;
 
-/// The result slot of one queued append.
-type Slot = Arc<Mutex<Option<Result<LsnRange>>>>;
+/// Where one queued request learns its outcome, or that it must lead. Each appender waits on
+/// its own slot, so an acknowledgement wakes exactly the thread it is for.
+struct Slot {
+    state: Mutex<SlotState>,
+    ready: Condvar,
+}
+
+enum SlotState {
+    Waiting,
+    /// The previous leader handed leadership to this request's thread.
+    Lead,
+    Done(Result<LsnRange>),
+}
+
+impl Slot {
+    fn new() -> Arc<Self> {
+        Arc::new(Self { state: Mutex::new(SlotState::Waiting), ready: Condvar::new() })
+    }
+
+    fn set(&self, state: SlotState) {
+        *self.state.lock() = state;
+        self.ready.notify_one();
+    }
+
+    /// Blocks until the slot is done (returns its result) or handed leadership (returns `None`).
+    fn wait(&self) -> Option<Result<LsnRange>> {
+        let mut state = self.state.lock();
+        loop {
+            match std::mem::replace(&mut *state, SlotState::Waiting) {
+                SlotState::Waiting => self.ready.wait(&mut state),
+                SlotState::Lead => return None,
+                SlotState::Done(result) => return Some(result),
+            }
+        }
+    }
+
+    fn take_done(&self) -> Option<Result<LsnRange>> {
+        let mut state = self.state.lock();
+        match std::mem::replace(&mut *state, SlotState::Waiting) {
+            SlotState::Done(result) => Some(result),
+            other => {
+                *state = other;
+                None
+            }
+        }
+    }
+}
+
+/// The longest a leader waits for its group to gather.
+const GATHER_BUDGET_MAX: Duration = Duration::from_millis(1);
 
 /// One queued request: a batch to append, or (with `batch: None`) a request to sync.
 struct Pending {
     batch: Option<EncodedBatch>,
     durability: Durability,
-    slot: Slot,
+    slot: Arc<Slot>,
 }
 
 impl Pending {
@@ -56,6 +108,13 @@ struct CommitState {
     leader_active: bool,
     poisoned: Option<(&'static str, io::ErrorKind)>,
     closed: bool,
+    /// How many requests the next group is expected to gather: the last group's members (who
+    /// are likely appending again) plus those that queued while it synced.
+    expected_group: usize,
+    /// How long a leader may wait for the expected group to gather: half the last sync.
+    gather_budget: Duration,
+    /// Whether a leader is waiting for arrivals.
+    gathering: bool,
 }
 
 /// The leader's own state: the active segment being written. Locked only by the leader.
@@ -67,6 +126,8 @@ struct LeaderState {
     synced_end: u64,
     last_indexed: Option<u64>,
     buf: Vec<u8>,
+    /// How long the last group's fdatasync took, if it synced.
+    last_sync: Option<Duration>,
 }
 
 /// The group-commit writer.
@@ -75,10 +136,10 @@ pub(crate) struct Writer {
     dir: PathBuf,
     segment_bytes: u64,
     commit: Mutex<CommitState>,
-    /// Signalled when results are ready or leadership is free.
-    wake: Condvar,
     /// Signalled when the queue has room.
     room: Condvar,
+    /// Signalled when a request arrives while a leader is gathering.
+    arrivals: Condvar,
     leader: Mutex<LeaderState>,
     index: Arc<RwLock<SegmentIndex>>,
     /// Whether the active segment may hold unsynced bytes (read by the flusher).
@@ -105,14 +166,15 @@ impl Writer {
             dir,
             segment_bytes,
             commit: Mutex::new(CommitState::default()),
-            wake: Condvar::new(),
             room: Condvar::new(),
+            arrivals: Condvar::new(),
             leader: Mutex::new(LeaderState {
                 synced_end: active.data_end,
                 active,
                 dirty: false,
                 last_indexed,
                 buf: Vec::new(),
+                last_sync: None,
             }),
             index,
             dirty_hint: AtomicBool::new(false),
@@ -145,7 +207,7 @@ impl Writer {
     }
 
     fn submit(&self, batch: Option<EncodedBatch>, durability: Durability) -> Result<LsnRange> {
-        let slot: Slot = Arc::new(Mutex::new(None));
+        let slot = Slot::new();
         let mut commit = self.commit.lock();
         loop {
             Self::check_open(&commit)?;
@@ -155,21 +217,21 @@ impl Writer {
             self.room.wait(&mut commit);
         }
         commit.queue.push_back(Pending { batch, durability, slot: Arc::clone(&slot) });
-        loop {
-            if let Some(result) = slot.lock().take() {
+        // The gathering leader wakes once, when its group is complete, not at every arrival.
+        if commit.gathering && commit.queue.len() >= commit.expected_group {
+            self.arrivals.notify_one();
+        }
+        if commit.leader_active {
+            drop(commit);
+            if let Some(result) = slot.wait() {
                 return result;
             }
-            if !commit.leader_active {
-                break;
-            }
-            self.wake.wait(&mut commit);
+            commit = self.commit.lock();
+        } else {
+            commit.leader_active = true;
         }
-        commit.leader_active = true;
-        self.lead(&mut commit, &slot);
-        commit.leader_active = false;
-        self.wake.notify_all();
-        let result = slot.lock().take();
-        result.expect("the leader leads until its own slot is filled")
+        self.lead(commit, &slot);
+        slot.take_done().expect("the leader leads until its own slot is filled")
     }
 
     fn check_open(commit: &CommitState) -> Result<()> {
@@ -182,25 +244,61 @@ impl Writer {
         Ok(())
     }
 
-    /// Commits groups until `own` is filled. Called and returns with the commit lock held.
-    fn lead(&self, commit: &mut MutexGuard<'_, CommitState>, own: &Slot) {
-        while own.lock().is_none() {
+    /// Commits groups until the one holding `own` is done, then hands leadership on and
+    /// acknowledges that last group. Takes the commit lock and releases it.
+    fn lead<'a>(&'a self, mut commit: MutexGuard<'a, CommitState>, own: &Arc<Slot>) {
+        loop {
+            self.gather(&mut commit);
             let mut leader = self.leader.lock();
-            let mut group = Self::take_group(commit, &leader);
-            let refused = Self::check_open(commit).err();
-            let outcome = MutexGuard::unlocked(commit, || match refused {
+            let mut group = Self::take_group(&mut commit, &leader);
+            let refused = Self::check_open(&commit).err();
+            let outcome = MutexGuard::unlocked(&mut commit, || match refused {
                 Some(error) => Err(GroupError { error, poisons: false }),
                 None => self.commit_group(&mut leader, &mut group),
             });
+            let last_sync = leader.last_sync.take();
             drop(leader);
+            commit.expected_group = group.members.len() + commit.queue.len();
+            commit.gather_budget = last_sync.map_or(Duration::ZERO, |sync| (sync / 2).min(GATHER_BUDGET_MAX));
             if let Err(GroupError { error, poisons: true }) = &outcome {
                 let kind = error.io_kind().unwrap_or(io::ErrorKind::Other);
                 commit.poisoned.get_or_insert((error_op(error), kind));
             }
-            Self::acknowledge(group, outcome.map_err(|failure| failure.error));
-            self.wake.notify_all();
             self.room.notify_all();
+            let own_group = group.members.iter().any(|member| Arc::ptr_eq(&member.slot, own));
+            if own_group {
+                // Hand leadership on before waking this group's members, so that the next
+                // group's write and sync overlap with those wake-ups.
+                match commit.queue.front() {
+                    Some(next) => next.slot.set(SlotState::Lead),
+                    None => commit.leader_active = false,
+                }
+            }
+            drop(commit);
+            Self::acknowledge(group, outcome.map_err(|failure| failure.error));
+            if own_group {
+                return;
+            }
+            commit = self.commit.lock();
         }
+    }
+
+    /// Waits, at most the gather budget, until as many requests are queued as the next group is
+    /// expected to hold. Concurrent appenders acknowledged together come back together; without
+    /// this they split into two cohorts that alternate, each syncing half as many appends.
+    fn gather(&self, commit: &mut MutexGuard<'_, CommitState>) {
+        let target = commit.expected_group.min(limits::COMMIT_QUEUE_DEPTH_MAX);
+        if commit.queue.len() >= target || commit.gather_budget.is_zero() {
+            return;
+        }
+        let deadline = Instant::now() + commit.gather_budget;
+        commit.gathering = true;
+        while commit.queue.len() < target && !commit.closed {
+            if self.arrivals.wait_until(commit, deadline).timed_out() {
+                break;
+            }
+        }
+        commit.gathering = false;
     }
 
     /// Takes the next group from the front of the queue: as many members as fit in the active
@@ -257,7 +355,9 @@ impl Writer {
         leader.active.data_end = write_start + leader.buf.len() as u64;
         leader.active.next_lsn = next_lsn;
         if need_sync {
+            let started = Instant::now();
             self.sync_active(leader).map_err(GroupError::poisoning)?;
+            leader.last_sync = Some(started.elapsed());
         }
         self.publish(leader, new_sparse);
         Ok(ranges)
@@ -343,12 +443,12 @@ impl Writer {
                         Some(_) => Ok(ranges.next().expect("one range per batch member")),
                         None => Ok(LsnRange::empty()),
                     };
-                    *member.slot.lock() = Some(result);
+                    member.slot.set(SlotState::Done(result));
                 }
             }
             Err(error) => {
                 for member in group.members {
-                    *member.slot.lock() = Some(Err(error.replicate()));
+                    member.slot.set(SlotState::Done(Err(error.replicate())));
                 }
             }
         }
