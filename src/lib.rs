@@ -22,6 +22,7 @@
 //! # }
 //! ```
 
+pub mod codec;
 pub mod config;
 pub mod error;
 #[doc(hidden)]
@@ -29,6 +30,8 @@ pub mod fuzz;
 pub mod limits;
 pub mod log;
 pub mod storage;
+#[doc(hidden)]
+pub mod synthetic;
 
 pub use config::{Config, Durability, RecoveryMode};
 pub use error::{CorruptionKind, Error, Result};

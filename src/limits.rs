@@ -6,6 +6,26 @@ pub const RECORD_BYTES_MAX: u32 = 16 * 1024 * 1024;
 /// Largest batch payload (records plus their 4-byte length prefixes), in bytes.
 pub const BATCH_BYTES_MAX: u32 = 32 * 1024 * 1024;
 
+/// Largest decompressed store record; a declared length above it is refused before any
+/// allocation, so a corrupt or hostile length can never make decompression allocate more.
+pub const RECORD_DECOMPRESSED_BYTES_MAX: u32 = 16 * 1024 * 1024;
+
+/// Store records shorter than this are stored uncompressed (zstd's frame overhead wins).
+pub const COMPRESSION_MIN_BYTES: usize = 64;
+
+/// zstd compression level of store records.
+pub const COMPRESSION_LEVEL: i32 = 3;
+
+/// Size of the dictionary trained on a store's first records.
+pub const DICTIONARY_BYTES: usize = 64 * 1024;
+
+/// Records sampled before the dictionary is trained (bounds the samples kept in memory to
+/// about this many records).
+pub const DICTIONARY_TRAINING_SAMPLES: usize = 2_000;
+
+/// Bytes of samples kept for dictionary training at most.
+pub const DICTIONARY_TRAINING_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 /// Most records in one batch.
 pub const BATCH_RECORDS_MAX: u32 = 1 << 20;
 
@@ -38,6 +58,8 @@ pub const SPARSE_INDEX_STRIDE_BYTES: u64 = 32 * 1024;
 pub const READ_CHUNK_BYTES_MAX: usize = 1024 * 1024;
 
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
+const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
+const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);
 const _: () = assert!(SEGMENT_BYTES_MIN <= SEGMENT_BYTES_DEFAULT);
 const _: () = assert!(SEGMENT_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);
 // Offsets inside a segment and frame lengths are carried as u32 in places.

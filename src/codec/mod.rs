@@ -1,0 +1,301 @@
+//! The store's record codec: protobuf messages generated from `continuum.proto`, wrapped in an
+//! envelope ([`envelope`]) that names the record kind and schema version, compressed with zstd
+//! and, once the store has trained one, a dictionary made from its own records.
+//!
+//! Encoding and decoding are pure: the [`Codec`] holds only dictionaries and reusable zstd
+//! contexts. Decoding any bytes returns a record or a [`CodecError`], never panics, and never
+//! allocates more than [`limits::RECORD_DECOMPRESSED_BYTES_MAX`].
+
+pub(crate) mod envelope;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use prost::Message;
+
+use crate::limits;
+use envelope::Compression;
+
+/// Messages generated from `src/codec/continuum.proto` by prost.
+#[allow(missing_docs, clippy::all, reason = "generated code")]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/continuum.v1.rs"));
+}
+
+/// Why bytes are not a valid store record.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// Fewer bytes than the envelope needs.
+    #[error("the record is truncated")]
+    Truncated,
+    /// A field of the envelope is invalid.
+    #[error("the record envelope is malformed: {0}")]
+    Malformed(&'static str),
+    /// The record kind is unknown to this version.
+    #[error("unknown record kind {0}")]
+    UnknownKind(u8),
+    /// The kind's schema version is newer than this version can read.
+    #[error("record kind {kind} has schema version {version}, newer than the supported {supported}")]
+    UnsupportedVersion {
+        /// The record kind.
+        kind: u8,
+        /// Its schema version in the record.
+        version: u8,
+        /// The newest version this build reads.
+        supported: u8,
+    },
+    /// The record names a dictionary the store does not have.
+    #[error("the record needs compression dictionary {0}, which the store does not have")]
+    UnknownDictionary(u32),
+    /// A declared length exceeds the limit.
+    #[error("the record declares {bytes} bytes, more than the maximum of {max}")]
+    TooLarge {
+        /// The declared length.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The zstd frame does not decompress to exactly the declared length.
+    #[error("the record does not decompress")]
+    Decompress,
+    /// The protobuf body does not decode.
+    #[error("the record's protobuf body does not decode")]
+    Protobuf,
+}
+
+/// Every record the store writes, decoded.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum StoreRecord {
+    /// A run was created.
+    RunCreated(proto::RunCreated),
+    /// An atom started.
+    AtomStarted(proto::AtomStarted),
+    /// An atom completed.
+    AtomCompleted(proto::AtomCompleted),
+    /// An atom failed.
+    AtomFailed(proto::AtomFailed),
+    /// A run ended.
+    RunTerminal(proto::RunTerminal),
+    /// A guarded side effect is about to run.
+    GuardStarted(proto::GuardStarted),
+    /// A guarded side effect ran.
+    GuardCompleted(proto::GuardCompleted),
+    /// A compression dictionary.
+    Dictionary(proto::CompressionDictionary),
+}
+
+/// Record kinds as stored in the envelope; numbers are never reused.
+mod kind {
+    pub const RUN_CREATED: u8 = 1;
+    pub const ATOM_STARTED: u8 = 2;
+    pub const ATOM_COMPLETED: u8 = 3;
+    pub const ATOM_FAILED: u8 = 4;
+    pub const RUN_TERMINAL: u8 = 5;
+    pub const GUARD_STARTED: u8 = 6;
+    pub const GUARD_COMPLETED: u8 = 7;
+    pub const DICTIONARY: u8 = 8;
+}
+
+/// The schema version every kind is written with today; readers accept this and older.
+const SCHEMA_VERSION: u8 = 1;
+
+impl StoreRecord {
+    fn kind(&self) -> u8 {
+        match self {
+            StoreRecord::RunCreated(_) => kind::RUN_CREATED,
+            StoreRecord::AtomStarted(_) => kind::ATOM_STARTED,
+            StoreRecord::AtomCompleted(_) => kind::ATOM_COMPLETED,
+            StoreRecord::AtomFailed(_) => kind::ATOM_FAILED,
+            StoreRecord::RunTerminal(_) => kind::RUN_TERMINAL,
+            StoreRecord::GuardStarted(_) => kind::GUARD_STARTED,
+            StoreRecord::GuardCompleted(_) => kind::GUARD_COMPLETED,
+            StoreRecord::Dictionary(_) => kind::DICTIONARY,
+        }
+    }
+
+    fn encode_body(&self) -> Vec<u8> {
+        match self {
+            StoreRecord::RunCreated(m) => m.encode_to_vec(),
+            StoreRecord::AtomStarted(m) => m.encode_to_vec(),
+            StoreRecord::AtomCompleted(m) => m.encode_to_vec(),
+            StoreRecord::AtomFailed(m) => m.encode_to_vec(),
+            StoreRecord::RunTerminal(m) => m.encode_to_vec(),
+            StoreRecord::GuardStarted(m) => m.encode_to_vec(),
+            StoreRecord::GuardCompleted(m) => m.encode_to_vec(),
+            StoreRecord::Dictionary(m) => m.encode_to_vec(),
+        }
+    }
+
+    fn decode_body(kind: u8, body: &[u8]) -> Result<Self, CodecError> {
+        let record = match kind {
+            kind::RUN_CREATED => StoreRecord::RunCreated(decode_message(body)?),
+            kind::ATOM_STARTED => StoreRecord::AtomStarted(decode_message(body)?),
+            kind::ATOM_COMPLETED => StoreRecord::AtomCompleted(decode_message(body)?),
+            kind::ATOM_FAILED => StoreRecord::AtomFailed(decode_message(body)?),
+            kind::RUN_TERMINAL => StoreRecord::RunTerminal(decode_message(body)?),
+            kind::GUARD_STARTED => StoreRecord::GuardStarted(decode_message(body)?),
+            kind::GUARD_COMPLETED => StoreRecord::GuardCompleted(decode_message(body)?),
+            kind::DICTIONARY => StoreRecord::Dictionary(decode_message(body)?),
+            other => return Err(CodecError::UnknownKind(other)),
+        };
+        Ok(record)
+    }
+}
+
+fn decode_message<M: Message + Default>(body: &[u8]) -> Result<M, CodecError> {
+    // prost bounds every allocation by the input's length, so this cannot over-allocate.
+    M::decode(body).map_err(|_| CodecError::Protobuf)
+}
+
+/// Dictionaries and reusable zstd contexts. `Sync`: shared by every thread of a store.
+#[derive(Default)]
+pub(crate) struct Codec {
+    /// Every dictionary the store has, by id.
+    dictionaries: RwLock<HashMap<u32, Arc<[u8]>>>,
+    /// The dictionary new records are compressed with.
+    current: RwLock<Option<u32>>,
+    compressors: Mutex<Vec<(Option<u32>, zstd::bulk::Compressor<'static>)>>,
+    decompressors: Mutex<Vec<(Option<u32>, zstd::bulk::Decompressor<'static>)>>,
+}
+
+impl std::fmt::Debug for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Codec").field("dictionaries", &self.dictionaries.read().len()).finish()
+    }
+}
+
+impl Codec {
+    /// Adds a dictionary (read back from the log, or just trained) and makes it current.
+    pub fn add_dictionary(&self, id: u32, dictionary: &[u8]) {
+        self.dictionaries.write().insert(id, Arc::from(dictionary));
+        let mut current = self.current.write();
+        if current.is_none_or(|now| now < id) {
+            *current = Some(id);
+        }
+    }
+
+    /// The dictionary new records are compressed with, if any.
+    pub fn current_dictionary(&self) -> Option<u32> {
+        *self.current.read()
+    }
+
+    /// Encodes `record` into its envelope, compressing when that makes it smaller.
+    pub fn encode(&self, record: &StoreRecord) -> Vec<u8> {
+        let body = record.encode_body();
+        let dictionary = match record {
+            StoreRecord::Dictionary(_) => return plain(record.kind(), &body),
+            _ => self.current_dictionary(),
+        };
+        if body.len() < limits::COMPRESSION_MIN_BYTES {
+            return plain(record.kind(), &body);
+        }
+        let Some(compressed) = self.compress(dictionary, &body) else {
+            return plain(record.kind(), &body);
+        };
+        let uncompressed_len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+        let compression = match dictionary {
+            Some(dictionary_id) => Compression::ZstdDictionary { dictionary_id, uncompressed_len },
+            None => Compression::Zstd { uncompressed_len },
+        };
+        let mut out = Vec::with_capacity(12 + compressed.len());
+        envelope::write_header(&mut out, record.kind(), SCHEMA_VERSION, compression);
+        if out.len() + compressed.len() >= envelope::ENVELOPE_HEADER_BYTES + body.len() {
+            return plain(record.kind(), &body);
+        }
+        out.extend_from_slice(&compressed);
+        out
+    }
+
+    /// Decodes an envelope.
+    ///
+    /// # Errors
+    /// A [`CodecError`] for any malformed input.
+    pub fn decode(&self, bytes: &[u8]) -> Result<StoreRecord, CodecError> {
+        let envelope = envelope::parse(bytes)?;
+        if envelope.kind == 0 || envelope.kind > kind::DICTIONARY {
+            return Err(CodecError::UnknownKind(envelope.kind));
+        }
+        if envelope.schema_version == 0 || envelope.schema_version > SCHEMA_VERSION {
+            let (kind, version) = (envelope.kind, envelope.schema_version);
+            return Err(CodecError::UnsupportedVersion { kind, version, supported: SCHEMA_VERSION });
+        }
+        match envelope.compression {
+            Compression::None => StoreRecord::decode_body(envelope.kind, envelope.body),
+            Compression::Zstd { uncompressed_len } => {
+                let body = self.decompress(None, envelope.body, uncompressed_len)?;
+                StoreRecord::decode_body(envelope.kind, &body)
+            }
+            Compression::ZstdDictionary { dictionary_id, uncompressed_len } => {
+                let body = self.decompress(Some(dictionary_id), envelope.body, uncompressed_len)?;
+                StoreRecord::decode_body(envelope.kind, &body)
+            }
+        }
+    }
+
+    fn compress(&self, dictionary: Option<u32>, body: &[u8]) -> Option<Vec<u8>> {
+        let mut compressor = self.take_compressor(dictionary)?;
+        let compressed = compressor.compress(body).ok();
+        self.compressors.lock().push((dictionary, compressor));
+        compressed
+    }
+
+    fn take_compressor(&self, dictionary: Option<u32>) -> Option<zstd::bulk::Compressor<'static>> {
+        let mut pool = self.compressors.lock();
+        if let Some(at) = pool.iter().position(|(id, _)| *id == dictionary) {
+            return Some(pool.swap_remove(at).1);
+        }
+        drop(pool);
+        match dictionary {
+            None => zstd::bulk::Compressor::new(limits::COMPRESSION_LEVEL).ok(),
+            Some(id) => {
+                let bytes = self.dictionaries.read().get(&id).cloned()?;
+                zstd::bulk::Compressor::with_dictionary(limits::COMPRESSION_LEVEL, &bytes).ok()
+            }
+        }
+    }
+
+    fn decompress(&self, dictionary: Option<u32>, body: &[u8], uncompressed_len: u32) -> Result<Vec<u8>, CodecError> {
+        let mut decompressor = self.take_decompressor(dictionary)?;
+        // The capacity bounds the output: zstd fails rather than grow past it.
+        let result = decompressor.decompress(body, uncompressed_len as usize);
+        self.decompressors.lock().push((dictionary, decompressor));
+        match result {
+            Ok(out) if out.len() == uncompressed_len as usize => Ok(out),
+            _ => Err(CodecError::Decompress),
+        }
+    }
+
+    fn take_decompressor(&self, dictionary: Option<u32>) -> Result<zstd::bulk::Decompressor<'static>, CodecError> {
+        let mut pool = self.decompressors.lock();
+        if let Some(at) = pool.iter().position(|(id, _)| *id == dictionary) {
+            return Ok(pool.swap_remove(at).1);
+        }
+        drop(pool);
+        let created = match dictionary {
+            None => zstd::bulk::Decompressor::new(),
+            Some(id) => {
+                let bytes = self.dictionaries.read().get(&id).cloned().ok_or(CodecError::UnknownDictionary(id))?;
+                zstd::bulk::Decompressor::with_dictionary(&bytes)
+            }
+        };
+        created.map_err(|_| CodecError::Decompress)
+    }
+}
+
+fn plain(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + body.len());
+    envelope::write_header(&mut out, kind, SCHEMA_VERSION, Compression::None);
+    out.extend_from_slice(body);
+    out
+}
+
+/// Trains a dictionary on `samples`; `None` if zstd cannot (too few or too similar samples).
+pub(crate) fn train_dictionary(samples: &[Vec<u8>]) -> Option<Vec<u8>> {
+    zstd::dict::from_samples(samples, limits::DICTIONARY_BYTES).ok()
+}
+
+#[cfg(test)]
+mod tests;
