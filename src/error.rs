@@ -91,6 +91,101 @@ pub enum Error {
     #[error("a batch must hold at least one record")]
     EmptyBatch,
 
+    /// A store record in the log does not decode.
+    #[error("the store record at LSN {lsn} does not decode: {source}")]
+    Codec {
+        /// Where the record is.
+        lsn: u64,
+        /// Why it does not decode.
+        #[source]
+        source: crate::codec::CodecError,
+    },
+
+    /// A store record contradicts the records before it (a bug, or a log from elsewhere).
+    #[error("the store record at LSN {lsn} is inconsistent with the log: {reason}")]
+    InconsistentLog {
+        /// Where the record is.
+        lsn: u64,
+        /// What it contradicts.
+        reason: &'static str,
+    },
+
+    /// No run has this id or name.
+    #[error("unknown run {run}")]
+    UnknownRun {
+        /// The run's id or name.
+        run: String,
+    },
+
+    /// No atom has this id.
+    #[error("unknown atom {atom}")]
+    UnknownAtom {
+        /// The atom.
+        atom: u64,
+    },
+
+    /// A parent atom does not exist, belongs to another run, or has not started durably yet.
+    #[error("atom {parent} cannot be a parent here: {reason}")]
+    InvalidParent {
+        /// The parent.
+        parent: u64,
+        /// Why not.
+        reason: &'static str,
+    },
+
+    /// An atom with this key already exists in this run and agent.
+    #[error("atom {atom} already exists for this run, agent and key")]
+    AtomExists {
+        /// The existing atom.
+        atom: u64,
+    },
+
+    /// The transition is not allowed from the atom's status.
+    #[error("atom {atom} cannot go from {from} to {to}")]
+    InvalidTransition {
+        /// The atom.
+        atom: u64,
+        /// Its status.
+        from: &'static str,
+        /// The refused transition.
+        to: &'static str,
+    },
+
+    /// The run has finished; it takes no new atoms.
+    #[error("run {run} has finished")]
+    RunFinished {
+        /// The run.
+        run: u64,
+    },
+
+    /// An atom's work failed (now, or for good in an earlier attempt).
+    #[error("atom {atom} failed: {message}")]
+    AtomFailed {
+        /// The atom.
+        atom: u64,
+        /// Its error message.
+        message: String,
+        /// Whether running it again may succeed.
+        retryable: bool,
+    },
+
+    /// A guarded side effect started but its outcome was never recorded (a crash, or another
+    /// thread running it now): it may or may not have happened. Check with the external system
+    /// using the key, then record the outcome with `Store::resolve_guard`.
+    #[error("the side effect guarded by {key:?} may or may not have run")]
+    GuardInDoubt {
+        /// The idempotency key.
+        key: String,
+    },
+
+    /// Two different keys hash alike in the in-memory index (about one chance in 10^8 per
+    /// million atoms); the second cannot be stored.
+    #[error("the key {key:?} collides with another key in the store's index")]
+    KeyCollision {
+        /// The key that could not be stored.
+        key: String,
+    },
+
     /// A configuration value, or a combination of values, is not allowed.
     #[error("invalid configuration: {reason}")]
     InvalidConfig {
@@ -215,6 +310,19 @@ impl Error {
             },
             Error::EmptyBatch => Error::EmptyBatch,
             Error::InvalidConfig { reason } => Error::InvalidConfig { reason: reason.clone() },
+            Error::Codec { lsn, source } => Error::Codec { lsn: *lsn, source: source.clone() },
+            Error::InconsistentLog { lsn, reason } => Error::InconsistentLog { lsn: *lsn, reason },
+            Error::UnknownRun { run } => Error::UnknownRun { run: run.clone() },
+            Error::UnknownAtom { atom } => Error::UnknownAtom { atom: *atom },
+            Error::InvalidParent { parent, reason } => Error::InvalidParent { parent: *parent, reason },
+            Error::AtomExists { atom } => Error::AtomExists { atom: *atom },
+            Error::InvalidTransition { atom, from, to } => Error::InvalidTransition { atom: *atom, from, to },
+            Error::RunFinished { run } => Error::RunFinished { run: *run },
+            Error::AtomFailed { atom, message, retryable } => {
+                Error::AtomFailed { atom: *atom, message: message.clone(), retryable: *retryable }
+            }
+            Error::GuardInDoubt { key } => Error::GuardInDoubt { key: key.clone() },
+            Error::KeyCollision { key } => Error::KeyCollision { key: key.clone() },
         }
     }
 }

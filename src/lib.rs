@@ -30,9 +30,15 @@ pub mod fuzz;
 pub mod limits;
 pub mod log;
 pub mod storage;
+pub mod store;
 #[doc(hidden)]
 pub mod synthetic;
 
+pub use codec::proto::Delta;
 pub use config::{Config, Durability, RecoveryMode};
 pub use error::{CorruptionKind, Error, Result};
 pub use log::{Log, LogBuilder, Lsn, LsnRange, RecoveryReport};
+pub use store::{
+    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
+    Store, StoreBuilder,
+};

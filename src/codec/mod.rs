@@ -87,6 +87,44 @@ pub enum StoreRecord {
     Dictionary(proto::CompressionDictionary),
 }
 
+/// The kind of a store record, as [`Codec::peek`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordKind {
+    /// [`StoreRecord::RunCreated`].
+    RunCreated,
+    /// [`StoreRecord::AtomStarted`].
+    AtomStarted,
+    /// [`StoreRecord::AtomCompleted`].
+    AtomCompleted,
+    /// [`StoreRecord::AtomFailed`].
+    AtomFailed,
+    /// [`StoreRecord::RunTerminal`].
+    RunTerminal,
+    /// [`StoreRecord::GuardStarted`].
+    GuardStarted,
+    /// [`StoreRecord::GuardCompleted`].
+    GuardCompleted,
+    /// [`StoreRecord::Dictionary`].
+    Dictionary,
+}
+
+impl RecordKind {
+    fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            kind::RUN_CREATED => RecordKind::RunCreated,
+            kind::ATOM_STARTED => RecordKind::AtomStarted,
+            kind::ATOM_COMPLETED => RecordKind::AtomCompleted,
+            kind::ATOM_FAILED => RecordKind::AtomFailed,
+            kind::RUN_TERMINAL => RecordKind::RunTerminal,
+            kind::GUARD_STARTED => RecordKind::GuardStarted,
+            kind::GUARD_COMPLETED => RecordKind::GuardCompleted,
+            kind::DICTIONARY => RecordKind::Dictionary,
+            _ => return None,
+        })
+    }
+}
+
 /// Record kinds as stored in the envelope; numbers are never reused.
 mod kind {
     pub const RUN_CREATED: u8 = 1;
@@ -113,6 +151,19 @@ impl StoreRecord {
             StoreRecord::GuardStarted(_) => kind::GUARD_STARTED,
             StoreRecord::GuardCompleted(_) => kind::GUARD_COMPLETED,
             StoreRecord::Dictionary(_) => kind::DICTIONARY,
+        }
+    }
+
+    /// What the record is about: the atom, run or dictionary number; 0 for guard records.
+    pub fn subject(&self) -> u64 {
+        match self {
+            StoreRecord::RunCreated(m) => m.run,
+            StoreRecord::AtomStarted(m) => m.atom,
+            StoreRecord::AtomCompleted(m) => m.atom,
+            StoreRecord::AtomFailed(m) => m.atom,
+            StoreRecord::RunTerminal(m) => m.run,
+            StoreRecord::GuardStarted(_) | StoreRecord::GuardCompleted(_) => 0,
+            StoreRecord::Dictionary(m) => u64::from(m.id),
         }
     }
 
@@ -186,27 +237,36 @@ impl Codec {
     pub fn encode(&self, record: &StoreRecord) -> Vec<u8> {
         let body = record.encode_body();
         let dictionary = match record {
-            StoreRecord::Dictionary(_) => return plain(record.kind(), &body),
+            StoreRecord::Dictionary(_) => return plain(record, &body),
             _ => self.current_dictionary(),
         };
         if body.len() < limits::COMPRESSION_MIN_BYTES {
-            return plain(record.kind(), &body);
+            return plain(record, &body);
         }
         let Some(compressed) = self.compress(dictionary, &body) else {
-            return plain(record.kind(), &body);
+            return plain(record, &body);
         };
         let uncompressed_len = u32::try_from(body.len()).unwrap_or(u32::MAX);
         let compression = match dictionary {
             Some(dictionary_id) => Compression::ZstdDictionary { dictionary_id, uncompressed_len },
             None => Compression::Zstd { uncompressed_len },
         };
-        let mut out = Vec::with_capacity(12 + compressed.len());
-        envelope::write_header(&mut out, record.kind(), SCHEMA_VERSION, compression);
-        if out.len() + compressed.len() >= envelope::ENVELOPE_HEADER_BYTES + body.len() {
-            return plain(record.kind(), &body);
+        let mut out = Vec::with_capacity(24 + compressed.len());
+        envelope::write_header(&mut out, record.kind(), SCHEMA_VERSION, record.subject(), compression);
+        if compressed.len() + 6 >= body.len() {
+            return plain(record, &body);
         }
         out.extend_from_slice(&compressed);
         out
+    }
+
+    /// Reads only the envelope: the record's kind and subject, without touching the body.
+    ///
+    /// # Errors
+    /// A [`CodecError`] if the envelope is malformed or of an unknown kind or version.
+    pub fn peek(&self, bytes: &[u8]) -> Result<(RecordKind, u64), CodecError> {
+        let envelope = checked_envelope(bytes)?;
+        Ok((RecordKind::from_code(envelope.kind).ok_or(CodecError::UnknownKind(envelope.kind))?, envelope.subject))
     }
 
     /// Decodes an envelope.
@@ -214,15 +274,8 @@ impl Codec {
     /// # Errors
     /// A [`CodecError`] for any malformed input.
     pub fn decode(&self, bytes: &[u8]) -> Result<StoreRecord, CodecError> {
-        let envelope = envelope::parse(bytes)?;
-        if envelope.kind == 0 || envelope.kind > kind::DICTIONARY {
-            return Err(CodecError::UnknownKind(envelope.kind));
-        }
-        if envelope.schema_version == 0 || envelope.schema_version > SCHEMA_VERSION {
-            let (kind, version) = (envelope.kind, envelope.schema_version);
-            return Err(CodecError::UnsupportedVersion { kind, version, supported: SCHEMA_VERSION });
-        }
-        match envelope.compression {
+        let envelope = checked_envelope(bytes)?;
+        let record = match envelope.compression {
             Compression::None => StoreRecord::decode_body(envelope.kind, envelope.body),
             Compression::Zstd { uncompressed_len } => {
                 let body = self.decompress(None, envelope.body, uncompressed_len)?;
@@ -232,7 +285,11 @@ impl Codec {
                 let body = self.decompress(Some(dictionary_id), envelope.body, uncompressed_len)?;
                 StoreRecord::decode_body(envelope.kind, &body)
             }
+        }?;
+        if record.subject() != envelope.subject {
+            return Err(CodecError::Malformed("the envelope's subject differs from the body's"));
         }
+        Ok(record)
     }
 
     fn compress(&self, dictionary: Option<u32>, body: &[u8]) -> Option<Vec<u8>> {
@@ -285,9 +342,21 @@ impl Codec {
     }
 }
 
-fn plain(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + body.len());
-    envelope::write_header(&mut out, kind, SCHEMA_VERSION, Compression::None);
+fn checked_envelope(bytes: &[u8]) -> Result<envelope::Envelope<'_>, CodecError> {
+    let envelope = envelope::parse(bytes)?;
+    if RecordKind::from_code(envelope.kind).is_none() {
+        return Err(CodecError::UnknownKind(envelope.kind));
+    }
+    if envelope.schema_version == 0 || envelope.schema_version > SCHEMA_VERSION {
+        let (kind, version) = (envelope.kind, envelope.schema_version);
+        return Err(CodecError::UnsupportedVersion { kind, version, supported: SCHEMA_VERSION });
+    }
+    Ok(envelope)
+}
+
+fn plain(record: &StoreRecord, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body.len());
+    envelope::write_header(&mut out, record.kind(), SCHEMA_VERSION, record.subject(), Compression::None);
     out.extend_from_slice(body);
     out
 }

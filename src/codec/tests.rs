@@ -85,18 +85,21 @@ fn a_record_needing_an_unknown_dictionary_is_a_typed_error() {
 fn malformed_envelopes_are_typed_errors() {
     let codec = Codec::default();
     assert_eq!(codec.decode(&[]), Err(CodecError::Truncated));
-    assert_eq!(codec.decode(&[99, 1, 0, 0]), Err(CodecError::UnknownKind(99)));
-    assert!(matches!(codec.decode(&[2, 9, 0, 0]), Err(CodecError::UnsupportedVersion { version: 9, .. })));
-    assert!(matches!(codec.decode(&[2, 1, 7, 0]), Err(CodecError::Malformed(_))));
+    assert_eq!(codec.decode(&[99, 1, 0, 0, 0]), Err(CodecError::UnknownKind(99)));
+    assert!(matches!(codec.decode(&[2, 9, 0, 0, 0]), Err(CodecError::UnsupportedVersion { version: 9, .. })));
+    assert!(matches!(codec.decode(&[2, 1, 7, 0, 0]), Err(CodecError::Malformed(_))));
     // An absurd declared length is refused before any allocation.
-    assert!(matches!(codec.decode(&[3, 1, 1, 0, 0xff, 0xff, 0xff, 0xff, 1, 2]), Err(CodecError::TooLarge { .. })));
+    assert!(matches!(
+        codec.decode(&[3, 1, 1, 0, 5, 0xff, 0xff, 0xff, 0xff, 0x0f, 1, 2]),
+        Err(CodecError::TooLarge { .. })
+    ));
     // A length that lies about the frame is refused.
     let good = codec.encode(&sample_records(4)[2]);
     let mut lying = good.clone();
-    if lying[2] == 1 {
-        lying[4] = lying[4].wrapping_add(1);
-        assert_eq!(codec.decode(&lying), Err(CodecError::Decompress));
-    }
+    assert_eq!(lying[2], 1, "a 500-byte delta is compressed");
+    // Byte 5 is the first byte of the declared length (after the one-byte subject).
+    lying[5] ^= 0x01;
+    assert_eq!(codec.decode(&lying), Err(CodecError::Decompress));
 }
 
 #[test]

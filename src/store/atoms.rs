@@ -1,0 +1,416 @@
+//! The atom protocol: begin, complete, fail, execute, reads, and resume.
+
+use prost::Message;
+
+use crate::codec::proto::{self, Delta};
+use crate::codec::{self, StoreRecord};
+use crate::config::Durability;
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::log::Lsn;
+use crate::store::index::{self, AtomEntry, EntryState, StoreIndex};
+use crate::store::types::{
+    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunStatus,
+};
+use crate::store::{Store, now_us, unknown_run};
+
+/// Samples of encoded deltas kept until the store's compression dictionary is trained.
+pub(crate) struct Training {
+    samples: Vec<Vec<u8>>,
+    bytes: usize,
+    done: bool,
+}
+
+impl Training {
+    pub fn new(done: bool) -> Self {
+        Self { samples: Vec::new(), bytes: 0, done }
+    }
+}
+
+impl Store {
+    /// Records that `agent` of `run` starts the atom it calls `key`, depending on `parents`.
+    /// The start is ordered in the log but made durable by the atom's completion (or by any
+    /// later sync), not on its own.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRun`], [`Error::RunFinished`], [`Error::InvalidParent`],
+    /// [`Error::AtomExists`], [`Error::KeyCollision`], and the log's append errors. A refused
+    /// transition leaves the log untouched.
+    pub fn begin_atom(
+        &self,
+        run: RunId,
+        agent: &str,
+        key: &str,
+        parents: &[AtomId],
+        idempotency_key: &str,
+    ) -> Result<AtomId> {
+        let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
+        let record = StoreRecord::AtomStarted(proto::AtomStarted {
+            atom: atom.0,
+            run: run.0,
+            agent: agent.to_owned(),
+            key: key.to_owned(),
+            parents: parents.iter().map(|p| p.0).collect(),
+            idempotency_key: idempotency_key.to_owned(),
+            started_at_unix_us: now_us(),
+        });
+        let appended = self.append(&record, Durability::None);
+        let mut index = self.index.write();
+        match appended {
+            Ok(lsn) => {
+                let entry = index.atom_slot(atom);
+                entry.started_lsn = lsn.get();
+                entry.state = EntryState::Running;
+                Ok(atom)
+            }
+            Err(error) => {
+                let agent_id = index.agent_id(run32, agent).unwrap_or(0);
+                index.atom_keys.remove(&index::atom_key_hash(run32, agent_id, key));
+                index.atom_slot(atom).state = EntryState::Vacant;
+                Err(error)
+            }
+        }
+    }
+
+    /// Validates a new atom and reserves its id and key, so that no other thread can take them.
+    fn reserve_atom(&self, run: RunId, agent: &str, key: &str, parents: &[AtomId]) -> Result<(AtomId, u32)> {
+        let mut index = self.index.write();
+        let run_entry = index.run(run).ok_or_else(|| unknown_run(run))?;
+        if run_entry.status != RunStatus::Running {
+            return Err(Error::RunFinished { run: run.0 });
+        }
+        let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
+        for parent in parents {
+            check_parent(&index, run32, *parent)?;
+        }
+        if let Some(existing) = self.find_atom(&index, run32, agent, key)? {
+            return Err(Error::AtomExists { atom: existing.0 });
+        }
+        let agent_id = index.intern_agent(run32, agent);
+        let hash = index::atom_key_hash(run32, agent_id, key);
+        if index.atom_keys.contains_key(&hash) {
+            return Err(Error::KeyCollision { key: key.to_owned() });
+        }
+        let atom = AtomId(index.atoms.len() as u64 + 1);
+        let id = u32::try_from(atom.0).map_err(|_| Error::KeyCollision { key: key.to_owned() })?;
+        index.atom_keys.insert(hash, id);
+        *index.atom_slot(atom) =
+            AtomEntry { started_lsn: 0, ended_lsn: 0, run: run32, agent: agent_id, state: EntryState::Starting };
+        Ok((atom, run32))
+    }
+
+    /// The atom of (run, agent, key), confirmed against its start record.
+    fn find_atom(&self, index: &StoreIndex, run: u32, agent: &str, key: &str) -> Result<Option<AtomId>> {
+        let Some(agent_id) = index.agent_id(run, agent) else { return Ok(None) };
+        let Some(&id) = index.atom_keys.get(&index::atom_key_hash(run, agent_id, key)) else { return Ok(None) };
+        let atom = AtomId(u64::from(id));
+        let Some(entry) = index.atom(atom) else { return Ok(None) };
+        if entry.state == EntryState::Starting {
+            return Ok(Some(atom));
+        }
+        match self.read_record(entry.started_lsn)? {
+            StoreRecord::AtomStarted(started) if started.key == key && started.agent == agent => Ok(Some(atom)),
+            StoreRecord::AtomStarted(_) => Err(Error::KeyCollision { key: key.to_owned() }),
+            _ => {
+                Err(Error::InconsistentLog { lsn: entry.started_lsn, reason: "an atom's start is not a start record" })
+            }
+        }
+    }
+
+    /// The atom `agent` of `run` calls `key`, if it was begun.
+    ///
+    /// # Errors
+    /// Read errors of the log.
+    pub fn atom_by_key(&self, run: RunId, agent: &str, key: &str) -> Result<Option<AtomId>> {
+        let index = self.index.read();
+        let Ok(run32) = u32::try_from(run.0) else { return Ok(None) };
+        self.find_atom(&index, run32, agent, key)
+    }
+
+    /// Records that `atom` completed with `output`; returns once that is durable.
+    ///
+    /// # Errors
+    /// [`Error::UnknownAtom`], [`Error::InvalidTransition`] (completing twice, or a failed
+    /// atom that is not retryable), and the log's append errors.
+    pub fn complete_atom(&self, atom: AtomId, output: &AtomOutput) -> Result<()> {
+        self.sample_for_dictionary(&output.delta);
+        let record = StoreRecord::AtomCompleted(proto::AtomCompleted {
+            atom: atom.0,
+            delta: Some(output.delta.clone()),
+            result: output.result.clone(),
+            ended_at_unix_us: now_us(),
+        });
+        self.finish_atom(atom, &record, "completed", EntryState::Completed)
+    }
+
+    /// Records that `atom` failed; returns once that is durable.
+    ///
+    /// # Errors
+    /// As [`Store::complete_atom`].
+    pub fn fail_atom(&self, atom: AtomId, failure: &AtomFailure) -> Result<()> {
+        let record = StoreRecord::AtomFailed(proto::AtomFailed {
+            atom: atom.0,
+            error: failure.message.clone(),
+            retryable: failure.retryable,
+            ended_at_unix_us: now_us(),
+        });
+        let state = if failure.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
+        self.finish_atom(atom, &record, "failed", state)
+    }
+
+    fn finish_atom(&self, atom: AtomId, record: &StoreRecord, to: &'static str, state: EntryState) -> Result<()> {
+        let previous = {
+            let mut index = self.index.write();
+            let entry = index.atom_mut(atom).ok_or(Error::UnknownAtom { atom: atom.0 })?;
+            if !entry.state.can_finish() {
+                return Err(Error::InvalidTransition { atom: atom.0, from: state_name(entry.state), to });
+            }
+            std::mem::replace(&mut entry.state, EntryState::Finishing)
+        };
+        // IMPORTANT: Sync makes this record and the atom's start record durable before return.
+        let appended = self.append(record, Durability::Sync);
+        let mut index = self.index.write();
+        let entry = index.atom_slot(atom);
+        match appended {
+            Ok(lsn) => {
+                entry.ended_lsn = lsn.get();
+                entry.state = state;
+                Ok(())
+            }
+            Err(error) => {
+                entry.state = previous;
+                Err(error)
+            }
+        }
+    }
+
+    /// Runs one atom exactly once across crashes. If the atom (`agent` of `run`, called `key`)
+    /// already completed, returns its recorded output without calling `work`. Otherwise records
+    /// it as running, calls `work`, records the completion (or failure) durably, and only then
+    /// returns the output.
+    ///
+    /// One (run, agent, key) must not be executed by two threads at once.
+    ///
+    /// # Errors
+    /// [`Error::AtomFailed`] when `work` fails, or failed for good before; the errors of
+    /// [`Store::begin_atom`] and [`Store::complete_atom`].
+    pub fn execute(
+        &self,
+        run: RunId,
+        agent: &str,
+        key: &str,
+        parents: &[AtomId],
+        work: impl FnOnce(AtomId) -> std::result::Result<AtomOutput, AtomFailure>,
+    ) -> Result<Executed> {
+        let atom = match self.atom_by_key(run, agent, key)? {
+            Some(atom) => match self.replay(atom)? {
+                Some(executed) => return Ok(executed),
+                None => atom,
+            },
+            None => self.begin_atom(run, agent, key, parents, "")?,
+        };
+        match work(atom) {
+            Ok(output) => {
+                self.complete_atom(atom, &output)?;
+                Ok(Executed { atom, output, replayed: false })
+            }
+            Err(failure) => {
+                self.fail_atom(atom, &failure)?;
+                Err(Error::AtomFailed { atom: atom.0, message: failure.message, retryable: failure.retryable })
+            }
+        }
+    }
+
+    /// The recorded outcome of an existing atom: `Some` if it must not run again.
+    fn replay(&self, atom: AtomId) -> Result<Option<Executed>> {
+        let found = self.atom(atom)?;
+        match found.status {
+            AtomStatus::Completed => {
+                let output = found.output.ok_or(Error::InconsistentLog {
+                    lsn: found.started_lsn.get(),
+                    reason: "completed atom without output",
+                })?;
+                Ok(Some(Executed { atom, output, replayed: true }))
+            }
+            AtomStatus::Failed { retryable: false } => {
+                Err(Error::AtomFailed { atom: atom.0, message: found.error.unwrap_or_default(), retryable: false })
+            }
+            AtomStatus::Running | AtomStatus::Failed { retryable: true } => Ok(None),
+        }
+    }
+
+    /// Everything the store knows about `atom`, read from the log.
+    ///
+    /// # Errors
+    /// [`Error::UnknownAtom`], and read or decode errors of the log.
+    pub fn atom(&self, atom: AtomId) -> Result<Atom> {
+        let entry = {
+            let index = self.index.read();
+            *index
+                .atom(atom)
+                .filter(|entry| entry.state.status().is_some())
+                .ok_or(Error::UnknownAtom { atom: atom.0 })?
+        };
+        let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)? else {
+            return Err(Error::InconsistentLog {
+                lsn: entry.started_lsn,
+                reason: "an atom's start is not a start record",
+            });
+        };
+        let mut found = Atom {
+            id: atom,
+            run: RunId(started.run),
+            agent: started.agent,
+            key: started.key,
+            parents: started.parents.into_iter().map(AtomId).collect(),
+            idempotency_key: started.idempotency_key,
+            status: entry.state.status().unwrap_or(AtomStatus::Running),
+            started_at_unix_us: started.started_at_unix_us,
+            ended_at_unix_us: None,
+            output: None,
+            error: None,
+            started_lsn: Lsn::new(entry.started_lsn),
+        };
+        if entry.ended_lsn != 0 && found.status != AtomStatus::Running {
+            match self.read_record(entry.ended_lsn)? {
+                StoreRecord::AtomCompleted(done) => {
+                    found.ended_at_unix_us = Some(done.ended_at_unix_us);
+                    found.output = Some(AtomOutput { delta: done.delta.unwrap_or_default(), result: done.result });
+                }
+                StoreRecord::AtomFailed(failed) => {
+                    found.ended_at_unix_us = Some(failed.ended_at_unix_us);
+                    found.error = Some(failed.error);
+                }
+                _ => {
+                    return Err(Error::InconsistentLog {
+                        lsn: entry.ended_lsn,
+                        reason: "an atom's end is not an end record",
+                    });
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Every atom of `run`, in id order.
+    pub fn run_atoms(&self, run: RunId) -> Vec<AtomId> {
+        self.index.read().run_atoms(run).map(|(atom, _)| atom).collect()
+    }
+
+    /// Every atom of `agent` in `run`, in id order.
+    pub fn agent_atoms(&self, run: RunId, agent: &str) -> Vec<AtomId> {
+        let index = self.index.read();
+        let Some(agent_id) = u32::try_from(run.0).ok().and_then(|run32| index.agent_id(run32, agent)) else {
+            return Vec::new();
+        };
+        index.run_atoms(run).filter(|(_, entry)| entry.agent == agent_id).map(|(atom, _)| atom).collect()
+    }
+
+    /// Atoms of `run` that started and did not complete (running, or failed retryably).
+    pub fn incomplete_atoms(&self, run: RunId) -> Vec<AtomId> {
+        let index = self.index.read();
+        index
+            .run_atoms(run)
+            .filter(|(_, entry)| {
+                matches!(entry.state, EntryState::Running | EntryState::Finishing | EntryState::FailedRetryable)
+            })
+            .map(|(atom, _)| atom)
+            .collect()
+    }
+
+    /// Where each agent of `run` stands: what completed (never to be redone), and where to
+    /// resume.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRun`].
+    pub fn resume(&self, run: RunId) -> Result<ResumeReport> {
+        let index = self.index.read();
+        let status = index.run(run).ok_or_else(|| unknown_run(run))?.status.clone();
+        let mut agents: Vec<(u32, AgentResume)> = Vec::new();
+        for (atom, entry) in index.run_atoms(run) {
+            let at = match agents.iter().position(|(id, _)| *id == entry.agent) {
+                Some(at) => at,
+                None => {
+                    agents.push((entry.agent, empty_resume(index.agent_name(entry.agent))));
+                    agents.len() - 1
+                }
+            };
+            let agent = &mut agents[at].1;
+            match entry.state {
+                EntryState::Completed => {
+                    agent.completed.push(atom);
+                    agent.last_completed = Some(atom);
+                }
+                EntryState::Failed => agent.failed.push(atom),
+                _ => {
+                    agent.first_incomplete.get_or_insert(atom);
+                }
+            }
+        }
+        Ok(ResumeReport { run, status, agents: agents.into_iter().map(|(_, agent)| agent).collect() })
+    }
+
+    /// Keeps encoded deltas until enough are seen, then trains the store's dictionary and
+    /// writes it to the log before any record uses it.
+    fn sample_for_dictionary(&self, delta: &Delta) {
+        let samples = {
+            let mut training = self.training.lock();
+            if training.done {
+                return;
+            }
+            let sample = delta.encode_to_vec();
+            if training.bytes + sample.len() <= limits::DICTIONARY_TRAINING_BYTES_MAX {
+                training.bytes += sample.len();
+                training.samples.push(sample);
+            }
+            if training.samples.len() < limits::DICTIONARY_TRAINING_SAMPLES {
+                return;
+            }
+            training.done = true;
+            std::mem::take(&mut training.samples)
+        };
+        // Training failure (samples too alike or too few) only means no dictionary: records
+        // stay compressed without one.
+        let Some(dictionary) = codec::train_dictionary(&samples) else { return };
+        let id = self.index.read().next_dictionary;
+        let record = StoreRecord::Dictionary(proto::CompressionDictionary { id, dictionary: dictionary.clone() });
+        // IMPORTANT: the dictionary is durable before any record compressed with it exists.
+        if self.append(&record, Durability::Sync).is_ok() {
+            self.index.write().next_dictionary = id + 1;
+            self.codec.add_dictionary(id, &dictionary);
+        }
+    }
+}
+
+fn check_parent(index: &StoreIndex, run: u32, parent: AtomId) -> Result<()> {
+    let entry = index.atom(parent).ok_or(Error::InvalidParent { parent: parent.0, reason: "no such atom" })?;
+    if entry.run != run {
+        return Err(Error::InvalidParent { parent: parent.0, reason: "it belongs to another run" });
+    }
+    if entry.state == EntryState::Starting {
+        return Err(Error::InvalidParent { parent: parent.0, reason: "its start is not yet recorded" });
+    }
+    Ok(())
+}
+
+fn empty_resume(agent: &str) -> AgentResume {
+    AgentResume {
+        agent: agent.to_owned(),
+        completed: Vec::new(),
+        last_completed: None,
+        first_incomplete: None,
+        failed: Vec::new(),
+    }
+}
+
+fn state_name(state: EntryState) -> &'static str {
+    match state {
+        EntryState::Vacant => "vacant",
+        EntryState::Starting => "starting",
+        EntryState::Running => "running",
+        EntryState::Finishing => "finishing",
+        EntryState::Completed => "completed",
+        EntryState::Failed => "failed",
+        EntryState::FailedRetryable => "failed (retryable)",
+    }
+}

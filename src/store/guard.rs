@@ -1,0 +1,107 @@
+//! Idempotency guards: a side effect runs at most once per key, across crashes.
+//!
+//! `GuardStarted` is written durably before the effect runs and `GuardCompleted` (with the
+//! effect's result) after. A later call with a completed key returns the recorded result; a
+//! key that started but never completed is *in doubt* (the process died during the effect):
+//! running it again could repeat it, so the caller gets [`Error::GuardInDoubt`] and decides,
+//! using the key with the external system, then records the outcome with
+//! [`Store::resolve_guard`].
+
+use crate::codec::StoreRecord;
+use crate::codec::proto;
+use crate::config::Durability;
+use crate::error::{Error, Result};
+use crate::store::index::{self, GuardEntry};
+use crate::store::types::AtomId;
+use crate::store::{Store, now_us};
+
+impl Store {
+    /// The idempotency key of `operation` inside `atom`:
+    /// `"<run name>/<agent>/<atom key>/<operation>"`. Deterministic, so the same step of a
+    /// resumed agent derives the same key; pass it to external APIs that accept one.
+    ///
+    /// # Errors
+    /// [`Error::UnknownAtom`] and the log's read errors.
+    pub fn guard_key(&self, atom: AtomId, operation: &str) -> Result<String> {
+        let found = self.atom(atom)?;
+        let run_name = self.index.read().run(found.run).map(|run| run.name.clone()).unwrap_or_default();
+        Ok(format!("{run_name}/{}/{}/{operation}", found.agent, found.key))
+    }
+
+    /// Runs `effect` at most once for (`atom`, `operation`) across crashes and returns its
+    /// result; every later call returns the recorded result without running it. `effect`
+    /// receives the idempotency key.
+    ///
+    /// # Errors
+    /// [`Error::GuardInDoubt`] if an earlier attempt started the effect and never recorded its
+    /// end; [`Error::UnknownAtom`]; the log's errors.
+    pub fn guarded(&self, atom: AtomId, operation: &str, effect: impl FnOnce(&str) -> Vec<u8>) -> Result<Vec<u8>> {
+        let key = self.guard_key(atom, operation)?;
+        let hash = index::guard_hash(&key);
+        if let Some(result) = self.recorded_guard(&key, hash)? {
+            return Ok(result);
+        }
+        // Reserve the key so that a concurrent caller in this process sees it in doubt.
+        {
+            let mut index = self.index.write();
+            if index.guards.contains_key(&hash) {
+                return Err(Error::GuardInDoubt { key });
+            }
+            index.guards.insert(hash, GuardEntry { started_lsn: 0, completed_lsn: 0 });
+        }
+        let started = StoreRecord::GuardStarted(proto::GuardStarted {
+            key: key.clone(),
+            atom: atom.get(),
+            operation: operation.to_owned(),
+            started_at_unix_us: now_us(),
+        });
+        // IMPORTANT: the intent is durable before the effect runs: at most once.
+        let lsn = match self.append(&started, Durability::Sync) {
+            Ok(lsn) => lsn,
+            Err(error) => {
+                self.index.write().guards.remove(&hash);
+                return Err(error);
+            }
+        };
+        self.index.write().guards.insert(hash, GuardEntry { started_lsn: lsn.get(), completed_lsn: 0 });
+        let result = effect(&key);
+        self.record_guard(&key, hash, &result)?;
+        Ok(result)
+    }
+
+    /// Records the outcome of an in-doubt guard after the caller checked the external system.
+    ///
+    /// # Errors
+    /// The log's errors.
+    pub fn resolve_guard(&self, key: &str, result: &[u8]) -> Result<()> {
+        self.record_guard(key, index::guard_hash(key), result)
+    }
+
+    fn record_guard(&self, key: &str, hash: u64, result: &[u8]) -> Result<()> {
+        let completed = StoreRecord::GuardCompleted(proto::GuardCompleted {
+            key: key.to_owned(),
+            result: result.to_vec(),
+            ended_at_unix_us: now_us(),
+        });
+        let lsn = self.append(&completed, Durability::Sync)?;
+        let mut index = self.index.write();
+        let entry = index.guards.entry(hash).or_insert(GuardEntry { started_lsn: lsn.get(), completed_lsn: 0 });
+        entry.completed_lsn = lsn.get();
+        Ok(())
+    }
+
+    /// The recorded result of a completed guard; [`Error::GuardInDoubt`] for a started one.
+    fn recorded_guard(&self, key: &str, hash: u64) -> Result<Option<Vec<u8>>> {
+        let Some(entry) = self.index.read().guards.get(&hash).copied() else { return Ok(None) };
+        if entry.completed_lsn == 0 {
+            return Err(Error::GuardInDoubt { key: key.to_owned() });
+        }
+        match self.read_record(entry.completed_lsn)? {
+            StoreRecord::GuardCompleted(done) if done.key == key => Ok(Some(done.result)),
+            StoreRecord::GuardCompleted(_) => Err(Error::KeyCollision { key: key.to_owned() }),
+            _ => {
+                Err(Error::InconsistentLog { lsn: entry.completed_lsn, reason: "a guard's end is not a guard record" })
+            }
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The store's in-memory index: runs, agents, atoms and guards, rebuilt from the log on open.
+//! Everything large stays in the log; the index keeps LSNs to find it, within a fixed budget
+//! of bytes per atom (`docs/ARCHITECTURE.md`, "Store index").
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use crate::store::types::{AtomId, AtomStatus, RunId, RunStatus};
+
+/// Where an atom is, including the transient states that keep two threads from writing
+/// conflicting transitions for the same atom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EntryState {
+    /// No atom has this id (its start was never written, or failed to be).
+    Vacant,
+    /// Its start record is being appended.
+    Starting,
+    /// Started; not finished.
+    Running,
+    /// A completion or failure record is being appended.
+    Finishing,
+    Completed,
+    Failed,
+    FailedRetryable,
+}
+
+impl EntryState {
+    /// The public status, for entries whose start is durable.
+    pub fn status(self) -> Option<AtomStatus> {
+        match self {
+            EntryState::Running | EntryState::Finishing => Some(AtomStatus::Running),
+            EntryState::Completed => Some(AtomStatus::Completed),
+            EntryState::Failed => Some(AtomStatus::Failed { retryable: false }),
+            EntryState::FailedRetryable => Some(AtomStatus::Failed { retryable: true }),
+            EntryState::Vacant | EntryState::Starting => None,
+        }
+    }
+
+    /// Whether a completion or failure may be recorded now.
+    pub fn can_finish(self) -> bool {
+        matches!(self, EntryState::Running | EntryState::FailedRetryable)
+    }
+}
+
+/// One atom: 32 bytes. The key, parents and output live in the log at `started_lsn` and
+/// `ended_lsn`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AtomEntry {
+    pub started_lsn: u64,
+    /// LSN of the completion or failure record; 0 while running.
+    pub ended_lsn: u64,
+    pub run: u32,
+    pub agent: u32,
+    pub state: EntryState,
+}
+
+impl AtomEntry {
+    const VACANT: AtomEntry = AtomEntry { started_lsn: 0, ended_lsn: 0, run: 0, agent: 0, state: EntryState::Vacant };
+}
+
+/// One run.
+#[derive(Clone, Debug)]
+pub(crate) struct RunEntry {
+    pub name: String,
+    pub status: RunStatus,
+}
+
+/// One guarded side effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GuardEntry {
+    /// LSN of the start record; 0 while it is being appended.
+    pub started_lsn: u64,
+    /// LSN of the completion record; 0 if none.
+    pub completed_lsn: u64,
+}
+
+/// The index.
+#[derive(Debug, Default)]
+pub(crate) struct StoreIndex {
+    /// Atom `n` is at `atoms[n - 1]`.
+    pub atoms: Vec<AtomEntry>,
+    /// Hash of (run, agent, key) → atom id; a hit is confirmed against the log.
+    pub atom_keys: HashMap<u64, u32>,
+    /// Run `n` is at `runs[n - 1]`.
+    pub runs: Vec<RunEntry>,
+    pub run_names: HashMap<String, u32>,
+    /// Agent `n` is at `agents[n - 1]`: (run, name).
+    pub agents: Vec<(u32, Box<str>)>,
+    pub agent_ids: HashMap<(u32, Box<str>), u32>,
+    /// Hash of the guard key → entry; a hit is confirmed against the log.
+    pub guards: HashMap<u64, GuardEntry>,
+    pub next_dictionary: u32,
+}
+
+/// Hash of an atom's identity within the store.
+pub(crate) fn atom_key_hash(run: u32, agent: u32, key: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (run, agent, key).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Hash of a guard key.
+pub(crate) fn guard_hash(key: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl StoreIndex {
+    /// The entry of `atom`, if the id was ever assigned.
+    pub fn atom(&self, atom: AtomId) -> Option<&AtomEntry> {
+        let at = usize::try_from(atom.0.checked_sub(1)?).ok()?;
+        self.atoms.get(at).filter(|entry| entry.state != EntryState::Vacant)
+    }
+
+    /// The entry of `atom`, mutably.
+    pub fn atom_mut(&mut self, atom: AtomId) -> Option<&mut AtomEntry> {
+        let at = usize::try_from(atom.0.checked_sub(1)?).ok()?;
+        self.atoms.get_mut(at).filter(|entry| entry.state != EntryState::Vacant)
+    }
+
+    /// Makes room for atom `atom` and returns its entry (rebuild and new atoms).
+    pub fn atom_slot(&mut self, atom: AtomId) -> &mut AtomEntry {
+        let at = usize::try_from(atom.0 - 1).expect("atom ids fit in memory");
+        if self.atoms.len() <= at {
+            self.atoms.resize(at + 1, AtomEntry::VACANT);
+        }
+        &mut self.atoms[at]
+    }
+
+    /// The run entry.
+    pub fn run(&self, run: RunId) -> Option<&RunEntry> {
+        self.runs.get(usize::try_from(run.0.checked_sub(1)?).ok()?)
+    }
+
+    /// The run entry, mutably.
+    pub fn run_mut(&mut self, run: RunId) -> Option<&mut RunEntry> {
+        self.runs.get_mut(usize::try_from(run.0.checked_sub(1)?).ok()?)
+    }
+
+    /// The agent id for (run, name), creating it.
+    pub fn intern_agent(&mut self, run: u32, name: &str) -> u32 {
+        if let Some(id) = self.agent_ids.get(&(run, Box::from(name))) {
+            return *id;
+        }
+        self.agents.push((run, Box::from(name)));
+        let id = u32::try_from(self.agents.len()).expect("fewer than 2^32 agents");
+        self.agent_ids.insert((run, Box::from(name)), id);
+        id
+    }
+
+    /// The agent id for (run, name), if it exists.
+    pub fn agent_id(&self, run: u32, name: &str) -> Option<u32> {
+        self.agent_ids.get(&(run, Box::from(name))).copied()
+    }
+
+    /// The name of agent `agent`.
+    pub fn agent_name(&self, agent: u32) -> &str {
+        self.agents.get(agent as usize - 1).map_or("", |(_, name)| name)
+    }
+
+    /// Ids of every atom of `run` whose start is durable, in id order.
+    pub fn run_atoms(&self, run: RunId) -> impl Iterator<Item = (AtomId, &AtomEntry)> {
+        self.atoms
+            .iter()
+            .enumerate()
+            .filter(move |(_, entry)| u64::from(entry.run) == run.0 && entry.state.status().is_some())
+            .map(|(at, entry)| (AtomId(at as u64 + 1), entry))
+    }
+
+    /// Approximate heap bytes held by the index (capacity-based).
+    pub fn heap_bytes(&self) -> usize {
+        let atoms = self.atoms.capacity() * std::mem::size_of::<AtomEntry>();
+        let keys = self.atom_keys.capacity() * (std::mem::size_of::<(u64, u32)>() + 1);
+        let guards = self.guards.capacity() * (std::mem::size_of::<(u64, GuardEntry)>() + 1);
+        let runs = self.runs.capacity() * std::mem::size_of::<RunEntry>()
+            + self.runs.iter().map(|r| r.name.len()).sum::<usize>();
+        let agents = self.agents.iter().map(|(_, name)| 2 * (name.len() + 24)).sum::<usize>();
+        atoms + keys + guards + runs + agents
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<AtomEntry>() == 32);

@@ -1,0 +1,196 @@
+//! [`Store`]: runs, agents and atoms on top of the [`Log`]. Every write is a log record (see
+//! `continuum.proto`); the in-memory index is rebuilt from the log on open.
+//!
+//! The atom protocol: `begin` writes a start record (ordered, not synced on its own), the
+//! closure runs, `complete` or `fail` writes the end record with `Sync` durability, which also
+//! makes the start durable; only then is the result handed back. After a crash, [`Store::resume`]
+//! tells each agent where it stands and [`Store::execute`] returns recorded outputs instead of
+//! running completed atoms again.
+
+mod atoms;
+mod guard;
+mod index;
+mod rebuild;
+mod types;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::codec::{Codec, StoreRecord};
+use crate::config::{Durability, RecoveryMode};
+use crate::error::{Error, Result};
+use crate::log::{Log, LogBuilder, Lsn};
+use crate::storage::Storage;
+
+use index::StoreIndex;
+
+pub use types::{
+    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
+};
+
+/// Builds a [`Store`]: `Store::builder(dir).segment_bytes(…).open()?`.
+#[must_use = "a builder does nothing until `open` is called"]
+pub struct StoreBuilder {
+    log: LogBuilder,
+}
+
+impl StoreBuilder {
+    /// Size of each log segment; see [`Config::segment_bytes`](crate::Config::segment_bytes).
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.log = self.log.segment_bytes(bytes);
+        self
+    }
+
+    /// How recovery treats invalid bytes; see [`RecoveryMode`].
+    pub fn recovery_mode(mut self, mode: RecoveryMode) -> Self {
+        self.log = self.log.recovery_mode(mode);
+        self
+    }
+
+    /// The file system to use (tests use [`SimStorage`](crate::storage::sim::SimStorage)).
+    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.log = self.log.storage(storage);
+        self
+    }
+
+    /// Opens the log (running its recovery) and rebuilds the index from it.
+    ///
+    /// # Errors
+    /// Everything [`LogBuilder::open`] returns, plus [`Error::Codec`] and
+    /// [`Error::InconsistentLog`] for records the index cannot take.
+    pub fn open(self) -> Result<Store> {
+        let log = self.log.open()?;
+        let codec = Codec::default();
+        let index = rebuild::rebuild(&log, &codec)?;
+        let trained = codec.current_dictionary().is_some();
+        Ok(Store { log, codec, index: RwLock::new(index), training: Mutex::new(atoms::Training::new(trained)) })
+    }
+}
+
+/// The continuity store. `Send + Sync`: share it between agent threads behind an `Arc`.
+pub struct Store {
+    log: Log,
+    codec: Codec,
+    index: RwLock<StoreIndex>,
+    training: Mutex<atoms::Training>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("log", &self.log).finish()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir` with default settings.
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::open`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::builder(dir).open()
+    }
+
+    /// A builder for a store in `dir`.
+    pub fn builder(dir: impl AsRef<Path>) -> StoreBuilder {
+        StoreBuilder { log: Log::builder(dir) }
+    }
+
+    /// The underlying log.
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+
+    /// Creates a run, or returns the existing run of that name.
+    ///
+    /// # Errors
+    /// The log's append errors.
+    pub fn create_run(&self, spec: RunSpec) -> Result<RunId> {
+        if let Some(run) = self.run_id(&spec.name) {
+            return Ok(run);
+        }
+        // Run creation is rare: serialising it under the index lock keeps run numbers dense.
+        let mut index = self.index.write();
+        if let Some(id) = index.run_names.get(&spec.name) {
+            return Ok(RunId(u64::from(*id)));
+        }
+        let run = index.runs.len() as u64 + 1;
+        let record = StoreRecord::RunCreated(crate::codec::proto::RunCreated {
+            run,
+            run_name: spec.name.clone(),
+            pipeline: spec.pipeline,
+            pipeline_version: spec.pipeline_version,
+            environment: spec.environment.into_iter().collect(),
+            created_at_unix_us: now_us(),
+        });
+        self.append(&record, Durability::Sync)?;
+        let id = u32::try_from(run).map_err(|_| Error::UnknownRun { run: spec.name.clone() })?;
+        index.run_names.insert(spec.name.clone(), id);
+        index.runs.push(index::RunEntry { name: spec.name, status: RunStatus::Running });
+        Ok(RunId(run))
+    }
+
+    /// The run named `name`.
+    pub fn run_id(&self, name: &str) -> Option<RunId> {
+        self.index.read().run_names.get(name).map(|id| RunId(u64::from(*id)))
+    }
+
+    /// A run's status.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRun`].
+    pub fn run_status(&self, run: RunId) -> Result<RunStatus> {
+        let index = self.index.read();
+        index.run(run).map(|entry| entry.status.clone()).ok_or_else(|| unknown_run(run))
+    }
+
+    /// Marks a run finished, with a human-readable hint for whoever resumes or debugs it.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRun`], [`Error::RunFinished`], the log's append errors.
+    pub fn finish_run(&self, run: RunId, success: bool, resume_hint: &str) -> Result<()> {
+        let mut index = self.index.write();
+        let entry = index.run(run).ok_or_else(|| unknown_run(run))?;
+        if entry.status != RunStatus::Running {
+            return Err(Error::RunFinished { run: run.0 });
+        }
+        let record = StoreRecord::RunTerminal(crate::codec::proto::RunTerminal {
+            run: run.0,
+            success,
+            resume_hint: resume_hint.to_owned(),
+            ended_at_unix_us: now_us(),
+        });
+        self.append(&record, Durability::Sync)?;
+        if let Some(entry) = index.run_mut(run) {
+            entry.status = RunStatus::Finished { success, resume_hint: resume_hint.to_owned() };
+        }
+        Ok(())
+    }
+
+    /// Bytes of memory the in-memory index holds (capacity-based estimate).
+    pub fn index_heap_bytes(&self) -> usize {
+        self.index.read().heap_bytes()
+    }
+
+    fn append(&self, record: &StoreRecord, durability: Durability) -> Result<Lsn> {
+        let bytes = self.codec.encode(record);
+        self.log.append_with(&bytes, durability)
+    }
+
+    fn read_record(&self, lsn: u64) -> Result<StoreRecord> {
+        let bytes =
+            self.log.read(Lsn::new(lsn))?.ok_or(Error::InconsistentLog { lsn, reason: "indexed record is missing" })?;
+        self.codec.decode(&bytes).map_err(|source| Error::Codec { lsn, source })
+    }
+}
+
+fn unknown_run(run: RunId) -> Error {
+    Error::UnknownRun { run: run.to_string() }
+}
+
+/// Microseconds since the Unix epoch (0 if the clock is before it).
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,87 @@
+//! Rebuilding the store index from the log on open: one pass, reading only envelopes and the
+//! small start records; atom outputs are never decompressed.
+
+use crate::codec::{Codec, RecordKind, StoreRecord};
+use crate::error::{Error, Result};
+use crate::log::{Log, Lsn};
+use crate::store::index::{self, EntryState, GuardEntry, RunEntry, StoreIndex};
+use crate::store::types::{AtomId, RunId, RunStatus};
+
+/// Replays every record of `log` into a fresh index, loading dictionaries into `codec`.
+pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
+    let mut index = StoreIndex { next_dictionary: 1, ..StoreIndex::default() };
+    for item in log.iter_from(Lsn::FIRST)? {
+        let (lsn, bytes) = item?;
+        let lsn = lsn.get();
+        let codec_error = |source| Error::Codec { lsn, source };
+        let (kind, subject) = codec.peek(&bytes).map_err(codec_error)?;
+        match kind {
+            RecordKind::AtomCompleted => finish(&mut index, lsn, subject, EntryState::Completed)?,
+            RecordKind::AtomFailed => {
+                let StoreRecord::AtomFailed(failed) = codec.decode(&bytes).map_err(codec_error)? else {
+                    return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
+                };
+                let state = if failed.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
+                finish(&mut index, lsn, subject, state)?;
+            }
+            _ => apply(&mut index, codec, lsn, codec.decode(&bytes).map_err(codec_error)?)?,
+        }
+    }
+    Ok(index)
+}
+
+/// Applies a record that needs its body.
+fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -> Result<()> {
+    match record {
+        StoreRecord::RunCreated(run) => {
+            let id = u32::try_from(run.run).ok().filter(|id| *id as usize == index.runs.len() + 1);
+            let id = id.ok_or(Error::InconsistentLog { lsn, reason: "run numbers are not dense" })?;
+            index.run_names.insert(run.run_name.clone(), id);
+            index.runs.push(RunEntry { name: run.run_name, status: RunStatus::Running });
+        }
+        StoreRecord::AtomStarted(started) => {
+            let run =
+                u32::try_from(started.run).map_err(|_| Error::InconsistentLog { lsn, reason: "run out of range" })?;
+            if index.run(RunId(started.run)).is_none() || started.atom == 0 {
+                return Err(Error::InconsistentLog { lsn, reason: "atom of an unknown run" });
+            }
+            let agent = index.intern_agent(run, &started.agent);
+            let id =
+                u32::try_from(started.atom).map_err(|_| Error::InconsistentLog { lsn, reason: "atom out of range" })?;
+            index.atom_keys.insert(index::atom_key_hash(run, agent, &started.key), id);
+            *index.atom_slot(AtomId(started.atom)) =
+                index::AtomEntry { started_lsn: lsn, ended_lsn: 0, run, agent, state: EntryState::Running };
+        }
+        StoreRecord::RunTerminal(terminal) => {
+            let entry = index
+                .run_mut(RunId(terminal.run))
+                .ok_or(Error::InconsistentLog { lsn, reason: "end of an unknown run" })?;
+            entry.status = RunStatus::Finished { success: terminal.success, resume_hint: terminal.resume_hint };
+        }
+        StoreRecord::GuardStarted(guard) => {
+            index.guards.insert(index::guard_hash(&guard.key), GuardEntry { started_lsn: lsn, completed_lsn: 0 });
+        }
+        StoreRecord::GuardCompleted(guard) => {
+            let entry = index
+                .guards
+                .entry(index::guard_hash(&guard.key))
+                .or_insert(GuardEntry { started_lsn: lsn, completed_lsn: 0 });
+            entry.completed_lsn = lsn;
+        }
+        StoreRecord::Dictionary(dictionary) => {
+            codec.add_dictionary(dictionary.id, &dictionary.dictionary);
+            index.next_dictionary = index.next_dictionary.max(dictionary.id + 1);
+        }
+        StoreRecord::AtomCompleted(_) | StoreRecord::AtomFailed(_) => {
+            return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
+        }
+    }
+    Ok(())
+}
+
+fn finish(index: &mut StoreIndex, lsn: u64, atom: u64, state: EntryState) -> Result<()> {
+    let entry = index.atom_mut(AtomId(atom)).ok_or(Error::InconsistentLog { lsn, reason: "end of an unknown atom" })?;
+    entry.ended_lsn = lsn;
+    entry.state = state;
+    Ok(())
+}

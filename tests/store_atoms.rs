@@ -1,0 +1,187 @@
+//! The atom protocol end to end on the real file system: runs, atoms as a DAG, every invalid
+//! transition refused with a typed error and the log untouched, execute() never re-running a
+//! completed atom across reopen, guarded effects running once, and resume reports.
+
+use std::cell::Cell;
+
+use continuum::synthetic::Transcript;
+use continuum::{AtomFailure, AtomOutput, AtomStatus, Error, RunSpec, RunStatus, Store};
+
+fn output(seed: u64) -> AtomOutput {
+    AtomOutput { delta: Transcript::new(seed).next_delta(500), result: format!("result {seed}").into_bytes() }
+}
+
+#[test]
+fn atoms_form_a_dag_and_survive_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (run, a, b, c) = {
+        let store = Store::open(dir.path()).expect("open");
+        let run =
+            store.create_run(RunSpec::new("run-1").pipeline("research", "1.0").env("host", "node-7")).expect("run");
+        assert_eq!(store.create_run(RunSpec::new("run-1")).expect("same run"), run);
+        let a = store.begin_atom(run, "planner", "step-1", &[], "").expect("a");
+        store.complete_atom(a, &output(1)).expect("complete a");
+        let b = store.begin_atom(run, "researcher", "step-1", &[a], "idem-b").expect("b");
+        let c = store.begin_atom(run, "writer", "step-1", &[a, b], "").expect("c");
+        store.complete_atom(b, &output(2)).expect("complete b");
+        store.fail_atom(c, &AtomFailure { message: "rate limited".into(), retryable: true }).expect("fail c");
+        (run, a, b, c)
+    };
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.run_id("run-1"), Some(run));
+    let b_found = store.atom(b).expect("b");
+    assert_eq!(b_found.parents, vec![a]);
+    assert_eq!(b_found.idempotency_key, "idem-b");
+    assert_eq!(b_found.status, AtomStatus::Completed);
+    assert_eq!(b_found.output, Some(output(2)));
+    assert_eq!(store.atom(c).expect("c").status, AtomStatus::Failed { retryable: true });
+    assert_eq!(store.run_atoms(run), vec![a, b, c]);
+    assert_eq!(store.agent_atoms(run, "researcher"), vec![b]);
+    assert_eq!(store.incomplete_atoms(run), vec![c]);
+    // A retryable failure may complete on a later attempt.
+    store.complete_atom(c, &output(3)).expect("retry c");
+    store.finish_run(run, true, "done").expect("finish");
+    assert_eq!(
+        store.run_status(run).expect("status"),
+        RunStatus::Finished { success: true, resume_hint: "done".into() }
+    );
+}
+
+#[test]
+fn invalid_transitions_are_typed_errors_and_leave_the_log_untouched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let other = store.create_run(RunSpec::new("other")).expect("run");
+    let a = store.begin_atom(run, "agent", "a", &[], "").expect("a");
+    store.complete_atom(a, &output(1)).expect("complete");
+    let before = store.log().next_lsn();
+    assert!(matches!(store.complete_atom(a, &output(2)), Err(Error::InvalidTransition { .. })));
+    assert!(matches!(
+        store.fail_atom(a, &AtomFailure { message: "x".into(), retryable: false }),
+        Err(Error::InvalidTransition { .. })
+    ));
+    assert!(matches!(
+        store.complete_atom(continuum::AtomId::from_raw(999), &output(2)),
+        Err(Error::UnknownAtom { .. })
+    ));
+    assert!(matches!(store.begin_atom(run, "agent", "a", &[], ""), Err(Error::AtomExists { .. })));
+    assert!(matches!(
+        store.begin_atom(run, "agent", "b", &[continuum::AtomId::from_raw(42)], ""),
+        Err(Error::InvalidParent { .. })
+    ));
+    assert!(matches!(store.begin_atom(other, "agent", "b", &[a], ""), Err(Error::InvalidParent { .. })));
+    assert!(matches!(
+        store.begin_atom(continuum::RunId::from_raw(77), "agent", "b", &[], ""),
+        Err(Error::UnknownRun { .. })
+    ));
+    assert_eq!(store.log().next_lsn(), before, "refused transitions write nothing");
+    store.finish_run(run, false, "stopped").expect("finish");
+    assert!(matches!(store.begin_atom(run, "agent", "c", &[], ""), Err(Error::RunFinished { .. })));
+    assert!(matches!(store.finish_run(run, true, ""), Err(Error::RunFinished { .. })));
+}
+
+#[test]
+fn execute_never_runs_a_completed_atom_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let calls = Cell::new(0);
+    let work = |_| {
+        calls.set(calls.get() + 1);
+        Ok(output(7))
+    };
+    {
+        let store = Store::open(dir.path()).expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let first = store.execute(run, "agent", "step-1", &[], work).expect("execute");
+        assert!(!first.replayed);
+        let again = store.execute(run, "agent", "step-1", &[], work).expect("execute again");
+        assert!(again.replayed);
+        assert_eq!(again.output, first.output);
+    }
+    let store = Store::open(dir.path()).expect("reopen");
+    let run = store.run_id("r").expect("run");
+    let replayed = store.execute(run, "agent", "step-1", &[], work).expect("execute after reopen");
+    assert!(replayed.replayed);
+    assert_eq!(replayed.output, output(7));
+    assert_eq!(calls.get(), 1, "the closure ran exactly once");
+    // A failure is recorded; a permanent one is returned without running again.
+    let failing = |_| Err(AtomFailure { message: "bad input".into(), retryable: false });
+    assert!(matches!(
+        store.execute(run, "agent", "step-2", &[], failing),
+        Err(Error::AtomFailed { retryable: false, .. })
+    ));
+    assert!(matches!(store.execute(run, "agent", "step-2", &[], work), Err(Error::AtomFailed { .. })));
+    assert_eq!(calls.get(), 1);
+}
+
+#[test]
+fn guarded_effects_run_once_per_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let effects = Cell::new(0);
+    let (run, atom) = {
+        let store = Store::open(dir.path()).expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let atom = store.begin_atom(run, "mailer", "step-3", &[], "").expect("atom");
+        let key = store.guard_key(atom, "send_email").expect("key");
+        assert_eq!(key, "r/mailer/step-3/send_email");
+        let result = store
+            .guarded(atom, "send_email", |key| {
+                effects.set(effects.get() + 1);
+                format!("sent with {key}").into_bytes()
+            })
+            .expect("guarded");
+        assert_eq!(result, b"sent with r/mailer/step-3/send_email");
+        (run, atom)
+    };
+    let store = Store::open(dir.path()).expect("reopen");
+    let again = store.guarded(atom, "send_email", |_| {
+        effects.set(effects.get() + 1);
+        Vec::new()
+    });
+    assert_eq!(again.expect("recorded"), b"sent with r/mailer/step-3/send_email");
+    assert_eq!(effects.get(), 1);
+    let _ = run;
+}
+
+#[test]
+fn resume_reports_each_agent_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let a1 = store.begin_atom(run, "a", "1", &[], "").expect("a1");
+    store.complete_atom(a1, &output(1)).expect("c");
+    let a2 = store.begin_atom(run, "a", "2", &[a1], "").expect("a2");
+    store.complete_atom(a2, &output(2)).expect("c");
+    let a3 = store.begin_atom(run, "a", "3", &[a2], "").expect("a3");
+    let b1 = store.begin_atom(run, "b", "1", &[], "").expect("b1");
+    store.fail_atom(b1, &AtomFailure { message: "no".into(), retryable: false }).expect("f");
+    let report = store.resume(run).expect("resume");
+    let a = report.agents.iter().find(|agent| agent.agent == "a").expect("agent a");
+    assert_eq!(a.completed, vec![a1, a2]);
+    assert_eq!(a.last_completed, Some(a2));
+    assert_eq!(a.first_incomplete, Some(a3));
+    let b = report.agents.iter().find(|agent| agent.agent == "b").expect("agent b");
+    assert_eq!(b.failed, vec![b1]);
+    assert_eq!(b.first_incomplete, None);
+}
+
+#[test]
+fn a_dictionary_is_trained_and_used_across_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut transcript = Transcript::new(5);
+    let outputs: Vec<AtomOutput> =
+        (0..2_100).map(|i| AtomOutput { delta: transcript.next_delta(500), result: vec![i as u8] }).collect();
+    {
+        let store = Store::builder(dir.path()).open().expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        for (i, out) in outputs.iter().enumerate() {
+            let atom = store.begin_atom(run, "agent", &format!("step-{i}"), &[], "").expect("begin");
+            store.complete_atom(atom, out).expect("complete");
+        }
+    }
+    let store = Store::open(dir.path()).expect("reopen");
+    let run = store.run_id("r").expect("run");
+    for (i, atom) in store.run_atoms(run).into_iter().enumerate() {
+        assert_eq!(store.atom(atom).expect("atom").output.as_ref(), Some(&outputs[i]));
+    }
+}
