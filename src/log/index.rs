@@ -12,6 +12,9 @@ use crate::log::record::{self, FRAME_HEADER_BYTES};
 use crate::log::segment::SEGMENT_HEADER_BYTES;
 use crate::storage::{ReadView, StorageFile};
 
+/// First positioned read of a cursor on the active segment.
+const READ_WINDOW_BYTES_MIN: usize = 4 * 1024;
+
 /// One entry of a segment's sparse index: the frame starting at `offset` begins with `lsn`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SparseEntry {
@@ -89,13 +92,16 @@ pub(crate) struct FrameCursor {
     pos: u64,
     window: Bytes,
     window_start: u64,
+    /// Bytes the next positioned read fetches: small for point reads, doubling as a scan goes
+    /// on, up to `READ_CHUNK_BYTES_MAX`.
+    window_bytes: usize,
 }
 
 impl FrameCursor {
     /// A cursor at the indexed frame at or before `lsn`.
     pub fn seek(meta: SegmentMeta, lsn: u64) -> Self {
         let pos = meta.seek_offset(lsn);
-        Self { meta, pos, window: Bytes::new(), window_start: 0 }
+        Self { meta, pos, window: Bytes::new(), window_start: 0, window_bytes: READ_WINDOW_BYTES_MIN }
     }
 
     /// The next frame, or `None` at the published end.
@@ -140,7 +146,8 @@ impl FrameCursor {
             SegmentBytes::Active(file) => {
                 let window_end = self.window_start + self.window.len() as u64;
                 if offset < self.window_start || end > window_end {
-                    let want = (len.max(limits::READ_CHUNK_BYTES_MAX) as u64).min(self.meta.data_end - offset);
+                    let want = (len.max(self.window_bytes) as u64).min(self.meta.data_end - offset);
+                    self.window_bytes = (self.window_bytes * 2).min(limits::READ_CHUNK_BYTES_MAX);
                     let mut buf = vec![0u8; want as usize];
                     file.read_exact_at(&mut buf, offset)
                         .map_err(|e| Error::io("read", self.meta.path.to_path_buf(), e))?;

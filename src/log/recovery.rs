@@ -335,7 +335,7 @@ enum Invalid {
 /// Classifies the bytes from `at`, where no valid frame starts.
 fn classify_invalid(bytes: &[u8], at: usize, salt: u64, next_lsn: u64, is_last: bool) -> Invalid {
     let rest = &bytes[at..];
-    let Some(last_nonzero) = rest.iter().rposition(|&b| b != 0) else {
+    let Some(last_nonzero) = last_nonzero(rest) else {
         return Invalid::End;
     };
     // A frame whose header verifies owns its payload: a frame image inside it is record bytes.
@@ -378,6 +378,22 @@ fn find_next_valid(bytes: &[u8], from: usize, salt: u64, next_lsn: u64) -> Optio
             return Some(at);
         }
         at += FRAME_ALIGN_BYTES;
+    }
+    None
+}
+
+/// Index of the last non-zero byte. The preallocated tail of a segment is usually tens of
+/// megabytes of zeros, so this compares whole pages (`memcmp`) rather than single bytes.
+fn last_nonzero(bytes: &[u8]) -> Option<usize> {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    let mut end = bytes.len();
+    while end > 0 {
+        let start = end.saturating_sub(ZEROS.len());
+        let chunk = &bytes[start..end];
+        if chunk != &ZEROS[..chunk.len()] {
+            return chunk.iter().rposition(|&b| b != 0).map(|at| start + at);
+        }
+        end = start;
     }
     None
 }
@@ -458,6 +474,19 @@ fn cut_tail(file: &dyn StorageFile, path: &Path, data_end: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_nonzero_finds_the_last_set_byte_across_pages() {
+        let mut bytes = vec![0u8; 10_000];
+        assert_eq!(last_nonzero(&bytes), None);
+        bytes[0] = 1;
+        assert_eq!(last_nonzero(&bytes), Some(0));
+        bytes[5000] = 9;
+        assert_eq!(last_nonzero(&bytes), Some(5000));
+        bytes[9999] = 3;
+        assert_eq!(last_nonzero(&bytes), Some(9999));
+        assert_eq!(last_nonzero(&[]), None);
+    }
 
     #[test]
     fn zero_sector_detection_respects_alignment() {

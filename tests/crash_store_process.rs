@@ -1,0 +1,148 @@
+//! Real-process crash test of the store: a child process runs an agent plan through
+//! `Store::execute` (a guarded side effect every fifth step, recorded in a "world" file the
+//! way an external API would record it) and reports on stdout each atom it starts and each
+//! one acknowledged; the parent kills it with SIGKILL at random moments and starts it again,
+//! and the agent resumes. Checks invariant 8 under real crashes: no atom's closure runs after
+//! its acknowledgement, every acknowledged atom is complete after reopen, and every effect
+//! happens exactly once. `CONTINUUM_CRASH_ITERATIONS` raises the number of kills (default 20).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use continuum::synthetic::Transcript;
+use continuum::{AtomFailure, AtomOutput, Error, RunSpec, Store};
+
+const STEPS: u64 = 3_000;
+const CHILD_ENV: &str = "CONTINUUM_STORE_CRASH_CHILD_DIR";
+
+/// Runs the plan; `report` gets "RUN key" before each closure and "ACK key" after each ack.
+fn run_plan(dir: &Path, mut report: impl FnMut(&str)) -> continuum::Result<()> {
+    let store = Store::open(dir)?;
+    let run = store.create_run(RunSpec::new("crash-run"))?;
+    let mut parents = Vec::new();
+    for step in 0..STEPS {
+        let key = format!("step-{step}");
+        let executed = store.execute(run, "agent", &key, &parents, |atom| {
+            report(&format!("RUN {key}"));
+            if step % 5 == 0 {
+                effect(&store, dir, atom).map_err(|e| AtomFailure { message: e.to_string(), retryable: true })?;
+            }
+            Ok(AtomOutput { delta: Transcript::new(step).next_delta(400), result: key.clone().into_bytes() })
+        })?;
+        report(&format!("ACK {key}"));
+        parents = vec![executed.atom];
+    }
+    Ok(())
+}
+
+/// A side effect recorded durably in the world file, which outlives the agent.
+fn effect(store: &Store, dir: &Path, atom: continuum::AtomId) -> continuum::Result<()> {
+    let world = dir.join("world.txt");
+    let perform = |key: &str| {
+        let mut file = OpenOptions::new().create(true).append(true).open(&world).expect("world file");
+        writeln!(file, "{key}").expect("world write");
+        file.sync_all().expect("world sync");
+        b"done".to_vec()
+    };
+    match store.guarded(atom, "charge", perform) {
+        Ok(_) => Ok(()),
+        Err(Error::GuardInDoubt { key }) => {
+            let seen = std::fs::read_to_string(&world).unwrap_or_default().lines().any(|line| line == key);
+            let result = if seen { b"done".to_vec() } else { perform(&key) };
+            store.resolve_guard(&key, &result)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+#[test]
+fn store_crash_child() {
+    let Ok(dir) = std::env::var(CHILD_ENV) else { return };
+    let stdout = std::io::stdout();
+    println!();
+    run_plan(Path::new(&dir), |line| {
+        let mut out = stdout.lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    })
+    .expect("child plan");
+    println!("FINISHED");
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[test]
+fn sigkill_never_reruns_acknowledged_atoms_nor_repeats_effects() {
+    let iterations: u32 = std::env::var("CONTINUUM_CRASH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut seed = 0x5eed_u64;
+    let mut acknowledged = BTreeSet::new();
+    let mut runs_after_ack = Vec::new();
+    let mut finished = false;
+    for _ in 0..iterations {
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "store_crash_child", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let reader =
+            std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
+        std::thread::sleep(Duration::from_millis(50 + splitmix(&mut seed) % 300));
+        let _ = child.kill();
+        let _ = child.wait();
+        for line in reader.join().expect("reader") {
+            if let Some(key) = line.strip_prefix("ACK ") {
+                acknowledged.insert(key.to_owned());
+            } else if let Some(key) = line.strip_prefix("RUN ") {
+                if acknowledged.contains(key) {
+                    runs_after_ack.push(key.to_owned());
+                }
+            } else if line == "FINISHED" {
+                finished = true;
+            }
+        }
+        // Every acknowledged atom is complete in the reopened store.
+        let store = Store::open(dir.path()).expect("reopen after SIGKILL");
+        let run = store.run_id("crash-run").expect("run exists once anything was acknowledged");
+        for key in &acknowledged {
+            let atom = store.atom_by_key(run, "agent", key).expect("lookup").expect("acknowledged atom exists");
+            assert_eq!(store.atom(atom).expect("atom").status, continuum::AtomStatus::Completed, "{key}");
+        }
+        if finished {
+            break;
+        }
+    }
+    // Finish the plan in this process; nothing acknowledged may run again.
+    run_plan(dir.path(), |line| {
+        if let Some(key) = line.strip_prefix("RUN ").filter(|key| acknowledged.contains(*key)) {
+            runs_after_ack.push(key.to_owned());
+        }
+    })
+    .expect("finish the plan");
+    assert!(runs_after_ack.is_empty(), "acknowledged atoms ran again: {runs_after_ack:?}");
+    let world = std::fs::read_to_string(dir.path().join("world.txt")).unwrap_or_default();
+    let mut effects: BTreeMap<&str, u32> = BTreeMap::new();
+    for line in world.lines() {
+        *effects.entry(line).or_default() += 1;
+    }
+    assert_eq!(effects.len() as u64, STEPS.div_ceil(5), "every effect happened");
+    assert!(effects.values().all(|count| *count == 1), "an effect happened twice: {effects:?}");
+    eprintln!(
+        "{iterations} SIGKILLs: {} atoms acknowledged before the last kill, {} effects, none repeated",
+        acknowledged.len(),
+        effects.len()
+    );
+}
