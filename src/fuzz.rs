@@ -50,6 +50,17 @@ fn place_segment(storage: &SimStorage, dir: &Path, data: &[u8]) -> std::io::Resu
     storage.sync_dir(dir)
 }
 
+/// Decodes `data` as a store record, with and without a dictionary loaded. Must never panic
+/// nor allocate without bound; a record that decodes must encode and decode to itself.
+pub fn decode_record(data: &[u8]) {
+    let codec = crate::codec::Codec::default();
+    let _ = codec.peek(data);
+    if let Ok(record) = codec.decode(data) {
+        let again = codec.decode(&codec.encode(&record));
+        assert_eq!(again.as_ref(), Ok(&record), "a decoded record round-trips");
+    }
+}
+
 /// Hand-made seed inputs: `(target, file name, bytes)`. Valid frames and segments, so that the
 /// fuzzers start from inputs that reach deep into the decoders.
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
@@ -64,6 +75,33 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     }
     for (i, records) in [1usize, 3, 40].into_iter().enumerate() {
         seeds.push(("recover_segment", format!("seed-{i}"), segment_with(records)));
+    }
+    let codec = crate::codec::Codec::default();
+    let mut transcript = crate::synthetic::Transcript::new(1);
+    let records = [
+        crate::codec::StoreRecord::AtomCompleted(crate::codec::proto::AtomCompleted {
+            atom: 9,
+            delta: Some(transcript.next_delta(500)),
+            result: b"ok".to_vec(),
+            ended_at_unix_us: 1,
+        }),
+        crate::codec::StoreRecord::AtomStarted(crate::codec::proto::AtomStarted {
+            atom: 10,
+            run: 1,
+            agent: "planner".into(),
+            key: "step-1".into(),
+            parents: vec![9],
+            ..Default::default()
+        }),
+        crate::codec::StoreRecord::GuardStarted(crate::codec::proto::GuardStarted {
+            key: "r/a/k/op".into(),
+            atom: 10,
+            operation: "op".into(),
+            started_at_unix_us: 3,
+        }),
+    ];
+    for (i, record) in records.iter().enumerate() {
+        seeds.push(("decode_record", format!("seed-{i}"), codec.encode(record)));
     }
     seeds
 }

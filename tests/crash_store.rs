@@ -53,7 +53,11 @@ fn run_agent(store: &Store, world: &RefCell<World>) -> continuum::Result<()> {
 }
 
 /// Books something through an API that accepts idempotency keys.
-fn guarded_effect(store: &Store, world: &RefCell<World>, atom: continuum::AtomId) -> Result<(), continuum::AtomFailure> {
+fn guarded_effect(
+    store: &Store,
+    world: &RefCell<World>,
+    atom: continuum::AtomId,
+) -> Result<(), continuum::AtomFailure> {
     let failure = |error: Error| continuum::AtomFailure { message: error.to_string(), retryable: true };
     let perform = |key: &str| {
         *world.borrow_mut().effects.entry(key.to_owned()).or_default() += 1;
@@ -97,7 +101,10 @@ fn no_completed_atom_reruns_and_every_effect_happens_once_across_crashes() {
             run_agent(&store, &world).unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));
             let world = world.borrow();
             for key in &acknowledged_before {
-                assert_eq!(world.runs[key], 1, "crash at {crash_at} ({damage:?}): {key} ran again after it was acknowledged");
+                assert_eq!(
+                    world.runs[key], 1,
+                    "crash at {crash_at} ({damage:?}): {key} ran again after it was acknowledged"
+                );
             }
             for (key, count) in &world.effects {
                 assert_eq!(*count, 1, "crash at {crash_at} ({damage:?}): effect {key} happened {count} times");

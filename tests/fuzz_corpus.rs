@@ -34,6 +34,13 @@ fn recover_segment_corpus_never_panics() {
     eprintln!("recover_segment: {count} inputs");
 }
 
+#[test]
+fn decode_record_corpus_never_panics() {
+    let count = replay("decode_record", continuum::fuzz::decode_record);
+    assert!(count > 0, "the decode_record corpus must not be empty");
+    eprintln!("decode_record: {count} inputs");
+}
+
 /// Writes the hand-made seeds. Run with `cargo test --test fuzz_corpus -- --ignored` after a
 /// format change, then commit `fuzz/corpus/`.
 #[test]

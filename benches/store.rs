@@ -1,0 +1,187 @@
+//! Benchmarks of the atom store against the raw log, side by side in one run.
+//!
+//! - `atom_sync/{raw_log,store}/{1,16}`: one atom = begin + complete with a realistic ~500-byte
+//!   delta and `Sync` durability, on the real disk. The raw log appends the same bytes the
+//!   store writes (start record unsynced, completion synced).
+//! - `atom_cpu/{raw_log,store}`: the same on tmpfs (`/dev/shm`), where `fdatasync` costs almost
+//!   nothing, so the difference is the store's CPU cost per atom (encoding, compression, index).
+//! - A summary block (stderr) prints the per-atom overhead, bytes on disk per atom after a
+//!   realistic run with its trained dictionary, and index bytes per atom for 1,000,000 atoms.
+//!
+//! `cargo bench --bench store` (set `CONTINUUM_BENCH_INDEX_ATOMS` to change the 1,000,000).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use continuum::synthetic::Transcript;
+use continuum::{AtomOutput, Durability, Log, RunSpec, Store};
+use criterion::{BenchmarkId, Criterion, Throughput};
+
+fn outputs(count: usize) -> Vec<AtomOutput> {
+    let mut transcript = Transcript::new(42);
+    (0..count)
+        .map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("ok {i}").into_bytes() })
+        .collect()
+}
+
+/// A store on `dir` with a run, warmed up past dictionary training.
+fn warm_store(dir: &Path, outputs: &[AtomOutput]) -> (Store, continuum::RunId) {
+    let store = Store::open(dir).expect("open store");
+    let run = store.create_run(RunSpec::new("bench")).expect("run");
+    for (i, output) in outputs.iter().enumerate().take(2_100) {
+        let atom = store.begin_atom(run, "warmup", &format!("w{i}"), &[], "").expect("begin");
+        store.complete_atom(atom, output).expect("complete");
+    }
+    (store, run)
+}
+
+/// The bytes the store writes for one atom, for the raw-log baseline.
+fn sample_records(dir: &Path, outputs: &[AtomOutput]) -> (Vec<u8>, Vec<u8>) {
+    let (store, run) = warm_store(dir, outputs);
+    let atom = store.begin_atom(run, "agent", "sample", &[], "").expect("begin");
+    store.complete_atom(atom, &outputs[7]).expect("complete");
+    let next = store.log().next_lsn().get();
+    let start = store.log().read(continuum::Lsn::new(next - 2)).expect("read").expect("start").to_vec();
+    let end = store.log().read(continuum::Lsn::new(next - 1)).expect("read").expect("end").to_vec();
+    (start, end)
+}
+
+fn raw_atoms(log: &Log, start: &[u8], end: &[u8], count: u64) {
+    for _ in 0..count {
+        log.append_with(start, Durability::None).expect("append");
+        log.append_with(end, Durability::Sync).expect("append");
+    }
+}
+
+fn store_atoms(store: &Store, run: continuum::RunId, outputs: &[AtomOutput], thread: usize, from: u64, count: u64) {
+    for i in from..from + count {
+        let atom = store.begin_atom(run, &format!("agent-{thread}"), &format!("s{i}"), &[], "").expect("begin");
+        store.complete_atom(atom, &outputs[i as usize % outputs.len()]).expect("complete");
+    }
+}
+
+fn parallel(threads: usize, per_thread: u64, work: impl Fn(usize, u64) + Sync) -> Duration {
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for thread in 0..threads {
+            let work = &work;
+            scope.spawn(move || work(thread, per_thread));
+        }
+    });
+    started.elapsed()
+}
+
+fn bench_atoms(c: &mut Criterion, group_name: &str, root: &Path, threads_list: &[usize]) -> Vec<(String, f64)> {
+    let outputs = outputs(4_096);
+    let sample_dir = tempfile::tempdir_in(root).expect("dir");
+    let (start, end) = sample_records(sample_dir.path(), &outputs);
+    let log_dir = tempfile::tempdir_in(root).expect("dir");
+    let log = Log::open(log_dir.path()).expect("log");
+    let store_dir = tempfile::tempdir_in(root).expect("dir");
+    let (store, run) = warm_store(store_dir.path(), &outputs);
+    let counter = std::sync::atomic::AtomicU64::new(0);
+    let mut group = c.benchmark_group(group_name);
+    group.sample_size(10).measurement_time(Duration::from_secs(4)).throughput(Throughput::Elements(1));
+    let mut figures = Vec::new();
+    for &threads in threads_list {
+        let mut per_atom = [0.0f64; 2];
+        group.bench_function(BenchmarkId::new("raw_log", threads), |b| {
+            b.iter_custom(|iters| {
+                let per = iters.div_ceil(threads as u64);
+                let elapsed = parallel(threads, per, |_, n| raw_atoms(&log, &start, &end, n));
+                per_atom[0] = elapsed.as_secs_f64() * 1e6 / (per * threads as u64) as f64;
+                elapsed.mul_f64(iters as f64 / (per * threads as u64) as f64)
+            })
+        });
+        group.bench_function(BenchmarkId::new("store", threads), |b| {
+            b.iter_custom(|iters| {
+                let per = iters.div_ceil(threads as u64);
+                let elapsed = parallel(threads, per, |t, n| {
+                    let from = counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    store_atoms(&store, run, &outputs, t, from, n);
+                });
+                per_atom[1] = elapsed.as_secs_f64() * 1e6 / (per * threads as u64) as f64;
+                elapsed.mul_f64(iters as f64 / (per * threads as u64) as f64)
+            })
+        });
+        figures.push((format!("{group_name} {threads} thread(s): raw log µs/atom"), per_atom[0]));
+        figures.push((format!("{group_name} {threads} thread(s): store µs/atom"), per_atom[1]));
+        figures
+            .push((format!("{group_name} {threads} thread(s): store − raw log, µs/atom"), per_atom[1] - per_atom[0]));
+    }
+    group.finish();
+    figures
+}
+
+/// Bytes on disk per atom for a realistic run of `count` atoms, with the trained dictionary.
+fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64) {
+    let outputs = outputs(count);
+    let dir = tempfile::tempdir_in(root).expect("dir");
+    let store = Store::open(dir.path()).expect("store");
+    let run = store.create_run(RunSpec::new("space")).expect("run");
+    let mut measured_from = 0;
+    let mut parents = Vec::new();
+    for (i, output) in outputs.iter().enumerate() {
+        if i == 2_100 {
+            measured_from = store.log().segments().iter().map(|s| s.data_bytes).sum::<u64>();
+        }
+        let atom = store.begin_atom(run, "researcher", &format!("step-{i}"), &parents, "").expect("begin");
+        store.complete_atom(atom, output).expect("complete");
+        parents = vec![atom];
+    }
+    let total: u64 = store.log().segments().iter().map(|s| s.data_bytes).sum();
+    let delta_bytes: usize = outputs.iter().map(|o| prost::Message::encoded_len(&o.delta)).sum();
+    let steady = (total - measured_from) as f64 / (count - 2_100) as f64;
+    (total as f64 / count as f64, steady, delta_bytes as f64 / count as f64)
+}
+
+/// Index heap bytes per atom for `count` atoms (tiny outputs: the index does not hold them).
+fn index_bytes_per_atom(root: &Path, count: u64) -> (f64, Duration) {
+    let dir = tempfile::tempdir_in(root).expect("dir");
+    {
+        let store = Store::open(dir.path()).expect("store");
+        let run = store.create_run(RunSpec::new("big")).expect("run");
+        let empty = AtomOutput::default();
+        let mut parents = Vec::new();
+        for i in 0..count {
+            let atom = store.begin_atom(run, "agent", &format!("{i}"), &parents, "").expect("begin");
+            store.complete_atom(atom, &empty).expect("complete");
+            parents = vec![atom];
+        }
+    }
+    let started = Instant::now();
+    let store = Store::open(dir.path()).expect("reopen");
+    let rebuild = started.elapsed();
+    (store.index_heap_bytes() as f64 / count as f64, rebuild)
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    let disk = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp");
+    std::fs::create_dir_all(&disk).expect("bench dir");
+    let shm = Path::new("/dev/shm");
+    let mut figures = bench_atoms(&mut criterion, "atom_sync", &disk, &[1, 16]);
+    if shm.is_dir() {
+        figures.extend(bench_atoms(&mut criterion, "atom_cpu", shm, &[1]));
+    }
+    let test_mode = std::env::args().any(|a| a == "--test");
+    let atoms = if test_mode { 2_200 } else { 12_000 };
+    let (all, steady, delta) = bytes_per_atom(if shm.is_dir() { shm } else { &disk }, atoms);
+    let index_atoms = std::env::var("CONTINUUM_BENCH_INDEX_ATOMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if test_mode { 10_000 } else { 1_000_000 });
+    let (index, rebuild) = index_bytes_per_atom(if shm.is_dir() { shm } else { &disk }, index_atoms);
+    eprintln!("==== summary: store ====");
+    for (name, value) in figures {
+        eprintln!("  {name:<55} {value:>9.2}");
+    }
+    eprintln!("  delta size (protobuf, before compression)               {delta:>9.1} bytes/atom");
+    eprintln!("  on disk, {atoms} atoms, everything                     {all:>9.1} bytes/atom");
+    eprintln!("  on disk, after the dictionary is trained                {steady:>9.1} bytes/atom (goal <= 150)");
+    eprintln!("  index for {index_atoms} atoms                           {index:>9.1} bytes/atom (goal <= 64)");
+    eprintln!("  index rebuild on open for {index_atoms} atoms           {:>9.1} ms", rebuild.as_secs_f64() * 1e3);
+    eprintln!("==== end store ====");
+    criterion.final_summary();
+}
