@@ -11,7 +11,6 @@
 //! `cargo bench --bench store` (set `CONTINUUM_BENCH_INDEX_ATOMS` to change the 1,000,000).
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use continuum::synthetic::Transcript;
