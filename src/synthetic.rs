@@ -70,29 +70,47 @@ const WORDS: &[&str] = &[
 const TOOLS: &[&str] = &["web_search", "read_file", "run_sql", "http_get", "calendar_lookup", "send_email"];
 const ROLES: &[&str] = &["assistant", "tool", "user"];
 
-/// A seeded generator of agent deltas (splitmix64; the same seed gives the same transcript).
+/// SplitMix64: a tiny seedable PRNG, so that every simulated crash, transcript and fault
+/// schedule replays from one number.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`; 0 when `n` is 0.
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+/// A seeded generator of agent deltas (the same seed gives the same transcript).
 #[derive(Debug, Clone)]
 pub struct Transcript {
-    state: u64,
+    rng: SplitMix64,
     step: u64,
 }
 
 impl Transcript {
     /// A transcript generator for `seed`.
     pub fn new(seed: u64) -> Self {
-        Self { state: seed ^ 0x9e37_79b9_7f4a_7c15, step: 0 }
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        Self { rng: SplitMix64::new(seed ^ 0x9e37_79b9_7f4a_7c15), step: 0 }
     }
 
     fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
+        self.rng.below(n)
     }
 
     fn sentence(&mut self, words: u64) -> String {

@@ -19,6 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use continuum::synthetic::SplitMix64;
 use continuum::{Durability, Log, Lsn};
 
 /// Store directory of the child; set only in the child.
@@ -355,26 +356,4 @@ fn env_u64(name: &str) -> Option<u64> {
 fn time_seed() -> u64 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("the clock should be after 1970");
     now.as_secs() ^ u64::from(now.subsec_nanos()) ^ u64::from(std::process::id())
-}
-
-/// SplitMix64: a tiny, seedable, good-enough PRNG, so failures replay from one number.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n`; `n` must be positive.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
 }

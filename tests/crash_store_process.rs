@@ -73,19 +73,11 @@ fn store_crash_child() {
     println!("FINISHED");
 }
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 #[test]
 fn sigkill_never_reruns_acknowledged_atoms_nor_repeats_effects() {
     let iterations: u32 = std::env::var("CONTINUUM_CRASH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut seed = 0x5eed_u64;
+    let mut rng = continuum::synthetic::SplitMix64::new(0x5eed);
     let mut acknowledged = BTreeSet::new();
     let mut runs_after_ack = Vec::new();
     let mut finished = false;
@@ -100,7 +92,7 @@ fn sigkill_never_reruns_acknowledged_atoms_nor_repeats_effects() {
         let stdout = child.stdout.take().expect("piped stdout");
         let reader =
             std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
-        std::thread::sleep(Duration::from_millis(50 + splitmix(&mut seed) % 300));
+        std::thread::sleep(Duration::from_millis(50 + rng.below(300)));
         let _ = child.kill();
         let _ = child.wait();
         for line in reader.join().expect("reader") {

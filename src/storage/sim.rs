@@ -562,7 +562,7 @@ fn add_garbage(file: &mut Vec<u8>, tail: Tail, durable_len: usize, rng: &mut Rng
     if durable_len > writable_end {
         end = end.min(writable_end);
     }
-    let garbage: Vec<u8> = (tail.at..end).map(|_| rng.byte()).collect();
+    let garbage: Vec<u8> = (tail.at..end).map(|_| rng.next_u64() as u8).collect();
     write_into(file, tail.at, &garbage);
 }
 
@@ -623,7 +623,7 @@ struct State {
 impl State {
     fn new(seed: u64) -> Self {
         Self {
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             epoch: 0,
             ops: 0,
             halt_at: None,
@@ -872,27 +872,8 @@ fn eio() -> io::Error {
 }
 
 /// SplitMix64: small, fast and good enough for choosing damage.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n`; 0 when `n` is 0.
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
-    }
-
-    fn byte(&mut self) -> u8 {
-        self.next().to_le_bytes()[0]
-    }
-}
+/// The simulator's random numbers.
+type Rng = crate::synthetic::SplitMix64;
 
 #[cfg(test)]
 #[expect(clippy::unwrap_used, reason = "a failed call should fail the test loudly")]
