@@ -236,15 +236,43 @@ impl Codec {
     /// Encodes `record` into its envelope, compressing when that makes it smaller.
     pub fn encode(&self, record: &StoreRecord) -> Vec<u8> {
         let body = record.encode_body();
-        let dictionary = match record {
-            StoreRecord::Dictionary(_) => return plain(record, &body),
-            _ => self.current_dictionary(),
-        };
-        if body.len() < limits::COMPRESSION_MIN_BYTES {
-            return plain(record, &body);
+        let compressible = !matches!(record, StoreRecord::Dictionary(_));
+        self.wrap(record.kind(), record.subject(), &body, compressible)
+    }
+
+    /// Encodes an `AtomCompleted` record from borrowed parts: the same bytes as
+    /// [`Codec::encode`] of the owned record, without cloning the delta on the hot path.
+    pub fn encode_completion(&self, atom: u64, delta: &proto::Delta, result: &[u8], ended_at_unix_us: u64) -> Vec<u8> {
+        use prost::encoding::{WireType, encode_key, encode_varint, message, uint64};
+        let mut body = Vec::with_capacity(delta.encoded_len() + result.len() + 32);
+        if atom != 0 {
+            uint64::encode(1, &atom, &mut body);
         }
-        let Some(compressed) = self.compress(dictionary, &body) else {
-            return plain(record, &body);
+        message::encode(2, delta, &mut body);
+        if !result.is_empty() {
+            encode_key(3, WireType::LengthDelimited, &mut body);
+            encode_varint(result.len() as u64, &mut body);
+            body.extend_from_slice(result);
+        }
+        if ended_at_unix_us != 0 {
+            uint64::encode(4, &ended_at_unix_us, &mut body);
+        }
+        self.wrap(kind::ATOM_COMPLETED, atom, &body, true)
+    }
+
+    /// Puts `body` in an envelope, compressed when allowed and worthwhile.
+    fn wrap(&self, kind: u8, subject: u64, body: &[u8], compressible: bool) -> Vec<u8> {
+        let dictionary = self.current_dictionary();
+        let compressed = if compressible && body.len() >= limits::COMPRESSION_MIN_BYTES {
+            self.compress(dictionary, body).filter(|compressed| compressed.len() + 6 < body.len())
+        } else {
+            None
+        };
+        let Some(compressed) = compressed else {
+            let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body.len());
+            envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, Compression::None);
+            out.extend_from_slice(body);
+            return out;
         };
         let uncompressed_len = u32::try_from(body.len()).unwrap_or(u32::MAX);
         let compression = match dictionary {
@@ -252,10 +280,7 @@ impl Codec {
             None => Compression::Zstd { uncompressed_len },
         };
         let mut out = Vec::with_capacity(24 + compressed.len());
-        envelope::write_header(&mut out, record.kind(), SCHEMA_VERSION, record.subject(), compression);
-        if compressed.len() + 6 >= body.len() {
-            return plain(record, &body);
-        }
+        envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, compression);
         out.extend_from_slice(&compressed);
         out
     }
@@ -352,13 +377,6 @@ fn checked_envelope(bytes: &[u8]) -> Result<envelope::Envelope<'_>, CodecError> 
         return Err(CodecError::UnsupportedVersion { kind, version, supported: SCHEMA_VERSION });
     }
     Ok(envelope)
-}
-
-fn plain(record: &StoreRecord, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body.len());
-    envelope::write_header(&mut out, record.kind(), SCHEMA_VERSION, record.subject(), Compression::None);
-    out.extend_from_slice(body);
-    out
 }
 
 /// Trains a dictionary on `samples`; `None` if zstd cannot (too few or too similar samples).

@@ -166,3 +166,21 @@ proptest! {
         let _ = Codec::default().decode(&bytes);
     }
 }
+
+#[test]
+fn the_borrowed_completion_encoding_equals_the_owned_one() {
+    let codec = Codec::default();
+    let mut transcript = Transcript::new(11);
+    for (atom, result, ended) in [(1u64, b"ok".to_vec(), 5u64), (0, Vec::new(), 0), (u64::MAX, vec![0; 300], 1)] {
+        let delta = transcript.next_delta(500);
+        let owned = StoreRecord::AtomCompleted(AtomCompleted {
+            atom,
+            delta: Some(delta.clone()),
+            result: result.clone(),
+            ended_at_unix_us: ended,
+        });
+        let borrowed = codec.encode_completion(atom, &delta, &result, ended);
+        assert_eq!(borrowed, codec.encode(&owned));
+        assert_eq!(codec.decode(&borrowed), Ok(owned));
+    }
+}

@@ -134,13 +134,8 @@ impl Store {
     /// atom that is not retryable), and the log's append errors.
     pub fn complete_atom(&self, atom: AtomId, output: &AtomOutput) -> Result<()> {
         self.sample_for_dictionary(&output.delta);
-        let record = StoreRecord::AtomCompleted(proto::AtomCompleted {
-            atom: atom.0,
-            delta: Some(output.delta.clone()),
-            result: output.result.clone(),
-            ended_at_unix_us: now_us(),
-        });
-        self.finish_atom(atom, &record, "completed", EntryState::Completed)
+        let bytes = self.codec.encode_completion(atom.0, &output.delta, &output.result, now_us());
+        self.finish_atom(atom, &bytes, "completed", EntryState::Completed)
     }
 
     /// Records that `atom` failed; returns once that is durable.
@@ -155,10 +150,11 @@ impl Store {
             ended_at_unix_us: now_us(),
         });
         let state = if failure.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
-        self.finish_atom(atom, &record, "failed", state)
+        self.finish_atom(atom, &self.codec.encode(&record), "failed", state)
     }
 
-    fn finish_atom(&self, atom: AtomId, record: &StoreRecord, to: &'static str, state: EntryState) -> Result<()> {
+    /// Appends an encoded end record for `atom`, guarding the transition.
+    fn finish_atom(&self, atom: AtomId, record: &[u8], to: &'static str, state: EntryState) -> Result<()> {
         let previous = {
             let mut index = self.index.write();
             let entry = index.atom_mut(atom).ok_or(Error::UnknownAtom { atom: atom.0 })?;
@@ -168,7 +164,7 @@ impl Store {
             std::mem::replace(&mut entry.state, EntryState::Finishing)
         };
         // IMPORTANT: Sync makes this record and the atom's start record durable before return.
-        let appended = self.append(record, Durability::Sync);
+        let appended = self.log.append_with(record, Durability::Sync);
         let mut index = self.index.write();
         let entry = index.atom_slot(atom);
         match appended {

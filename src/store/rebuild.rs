@@ -27,6 +27,10 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
             _ => apply(&mut index, codec, lsn, codec.decode(&bytes).map_err(codec_error)?)?,
         }
     }
+    // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
+    index.atoms.shrink_to_fit();
+    index.runs.shrink_to_fit();
+    index.agents.shrink_to_fit();
     Ok(index)
 }
 
