@@ -1,8 +1,8 @@
 //! The store's record codec: protobuf messages generated from `continuum.proto`, wrapped in an
-//! envelope ([`envelope`]) that names the record kind and schema version, compressed with zstd
+//! envelope (`envelope.rs`) that names the record kind and schema version, compressed with zstd
 //! and, once the store has trained one, a dictionary made from its own records.
 //!
-//! Encoding and decoding are pure: the [`Codec`] holds only dictionaries and reusable zstd
+//! Encoding and decoding are pure: the `Codec` holds only dictionaries and reusable zstd
 //! contexts. Decoding any bytes returns a record or a [`CodecError`], never panics, and never
 //! allocates more than [`limits::RECORD_DECOMPRESSED_BYTES_MAX`].
 
@@ -87,7 +87,7 @@ pub enum StoreRecord {
     Dictionary(proto::CompressionDictionary),
 }
 
-/// The kind of a store record, as [`Codec::peek`] reports it.
+/// The kind of a store record, as the codec's `peek` reports it from the envelope alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RecordKind {
