@@ -25,7 +25,7 @@ use crate::limits;
 use crate::log::index::{SegmentBytes, SegmentIndex, SegmentMeta, SparseEntry};
 use crate::log::record::{self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_RECORDS};
 use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader, TEMP_SUFFIX};
-use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::storage::{OpenMode, Storage, StorageFile, WriteMap};
 
 /// Sector size assumed by the torn-write rule (docs/FORMAT.md, media assumptions).
 const SECTOR_BYTES: usize = 512;
@@ -78,6 +78,18 @@ pub(crate) struct ActiveState {
     pub file: Arc<dyn StorageFile>,
     pub data_end: u64,
     pub next_lsn: u64,
+    /// A writable map of the segment, when the storage offers one: appends become copies
+    /// into the page cache instead of `write` calls.
+    pub map: Option<WriteMap>,
+}
+
+impl ActiveState {
+    /// The writer's state for a segment, mapped for writing when possible.
+    pub fn new(header: SegmentHeader, path: PathBuf, file: Arc<dyn StorageFile>, data_end: u64, next_lsn: u64) -> Self {
+        // A segment that cannot be mapped is written with positioned writes instead.
+        let map = file.writable_map().ok().flatten();
+        Self { header, path, file, data_end, next_lsn, map }
+    }
 }
 
 /// How one segment's bytes ended.
@@ -135,13 +147,7 @@ fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> R
     let header =
         SegmentHeader { seq: 1, first_lsn: 1, segment_bytes: config.segment_bytes, store_id: segment::new_store_id() };
     let created = segment::create(storage, dir, header)?;
-    let active = ActiveState {
-        header,
-        path: created.path,
-        file: created.file,
-        data_end: SEGMENT_HEADER_BYTES as u64,
-        next_lsn: 1,
-    };
+    let active = ActiveState::new(header, created.path, created.file, SEGMENT_HEADER_BYTES as u64, 1);
     let mut index = SegmentIndex::default();
     index.segments.push(active_meta(&active, Vec::new(), Vec::new()));
     Ok(Recovered { index, active, report: RecoveryReport::default() })
@@ -452,13 +458,7 @@ fn settle_last_tail(
         // wrote but never synced; they are published now, so they must be durable first.
         file.sync_data().map_err(|e| Error::io("fdatasync", path, e))?;
     }
-    Ok(ActiveState {
-        header: *header,
-        path: path.to_path_buf(),
-        file,
-        data_end: scan.data_end,
-        next_lsn: scan.next_lsn,
-    })
+    Ok(ActiveState::new(*header, path.to_path_buf(), file, scan.data_end, scan.next_lsn))
 }
 
 /// Cuts the file at `data_end` and zero-fills it back to the length it had, durably, so that

@@ -6,7 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{DirLock, OpenMode, ReadView, Storage, StorageFile};
+use super::{DirLock, OpenMode, ReadView, Storage, StorageFile, WriteMap};
 
 /// The operating system's file system.
 #[derive(Debug, Default, Clone, Copy)]
@@ -117,6 +117,16 @@ impl StorageFile for RealFile {
             }
             Err(errno) => Err(errno.into()),
         }
+    }
+
+    fn writable_map(&self) -> io::Result<Option<WriteMap>> {
+        let len = self.len()?;
+        // Reserve every block again (a no-op when they are): without the reservation a write
+        // through the map could hit a full disk as SIGBUS instead of an error.
+        if len == 0 || rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::empty(), 0, len).is_err() {
+            return Ok(None);
+        }
+        crate::storage::mmap::map_writable(&self.file).map(Some)
     }
 
     fn view(&self) -> io::Result<ReadView> {

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use file::FileStorage;
+pub use mmap::WriteMap;
 pub use view::ReadView;
 
 /// How [`Storage::open`] opens a file.
@@ -92,6 +93,14 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// Reserves disk space so that writes below `len` cannot fail with `ENOSPC`, extending the
     /// file with zeros to at least `len` bytes.
     fn allocate(&self, len: u64) -> io::Result<()>;
+
+    /// A writable shared map of the whole file, if the implementation offers one and the
+    /// file's blocks are reserved (so that writes through it cannot run out of space). Bytes
+    /// written through it are visible to positioned reads at once and durable after
+    /// [`StorageFile::sync_data`], exactly as written ones.
+    fn writable_map(&self) -> io::Result<Option<WriteMap>> {
+        Ok(None)
+    }
 
     /// A read-only view of the whole file as it is now (a memory map for real files).
     ///
