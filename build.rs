@@ -4,6 +4,7 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=src/codec/continuum.proto");
     let descriptors = protox::compile(["continuum.proto"], ["src/codec"])?;
-    prost_build::Config::new().compile_fds(descriptors)?;
+    // BTreeMap for every map field, so that encoding is deterministic (byte-identical contexts).
+    prost_build::Config::new().btree_map(["."]).compile_fds(descriptors)?;
     Ok(())
 }

@@ -24,6 +24,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod context;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzz;
@@ -36,6 +37,7 @@ pub mod synthetic;
 
 pub use codec::proto::Delta;
 pub use config::{Config, Durability, RecoveryMode};
+pub use context::Context;
 pub use error::{CorruptionKind, Error, Result};
 pub use log::{Log, LogBuilder, Lsn, LsnRange, RecoveryReport};
 pub use store::{

@@ -165,6 +165,7 @@ impl Transcript {
                     change: Some(state_change::Change::Set(step.to_string().into_bytes())),
                 },
             ],
+            ..Delta::default()
         }
     }
 }

@@ -118,7 +118,8 @@ fn every_truncation_and_bit_flip_decodes_or_errs_without_panicking() {
     }
 }
 
-fn arb_delta() -> impl Strategy<Value = Delta> {
+/// Random deltas of every shape, shared with the context tests.
+pub(crate) fn arb_delta() -> impl Strategy<Value = Delta> {
     let message =
         (any::<String>(), any::<String>(), proptest::option::of((any::<String>(), any::<String>(), any::<String>())))
             .prop_map(|(role, content, call)| ChatMessage {
@@ -139,18 +140,28 @@ fn arb_delta() -> impl Strategy<Value = Delta> {
             }),
         },
     );
+    let summarization = (0u32..8, 0u32..8, any::<String>(), any::<String>())
+        .prop_map(|(from, to, role, summary)| Summarization { from, to, role, summary });
     (
         proptest::collection::vec(message, 0..4),
         proptest::collection::vec(output, 0..3),
         proptest::collection::vec(result, 0..3),
         proptest::collection::vec(change, 0..6),
+        0u32..4,
+        proptest::collection::vec(summarization, 0..2),
     )
-        .prop_map(|(messages, tool_outputs, intermediate_results, state_changes)| Delta {
-            messages,
-            tool_outputs,
-            intermediate_results,
-            state_changes,
-        })
+        .prop_map(
+            |(messages, tool_outputs, intermediate_results, state_changes, drop_oldest_messages, summarizations)| {
+                Delta {
+                    messages,
+                    tool_outputs,
+                    intermediate_results,
+                    state_changes,
+                    drop_oldest_messages,
+                    summarizations,
+                }
+            },
+        )
 }
 
 proptest! {
