@@ -30,6 +30,7 @@ pub mod error;
 pub mod fuzz;
 pub mod limits;
 pub mod log;
+pub(crate) mod snapshot;
 pub mod storage;
 pub mod store;
 #[doc(hidden)]

@@ -10,6 +10,9 @@ pub const BATCH_BYTES_MAX: u32 = 32 * 1024 * 1024;
 /// allocation, so a corrupt or hostile length can never make decompression allocate more.
 pub const RECORD_DECOMPRESSED_BYTES_MAX: u32 = 16 * 1024 * 1024;
 
+/// Largest decompressed snapshot (a context), in bytes; a snapshot declaring more is refused.
+pub const SNAPSHOT_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
 /// Store records shorter than this are stored uncompressed (zstd's frame overhead wins).
 pub const COMPRESSION_MIN_BYTES: usize = 64;
 

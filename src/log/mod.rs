@@ -386,6 +386,11 @@ impl Log {
         &self.inner.report
     }
 
+    /// The file system the log writes through.
+    pub(crate) fn storage(&self) -> &Arc<dyn Storage> {
+        &self.inner.storage
+    }
+
     /// The store directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir

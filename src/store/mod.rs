@@ -11,6 +11,7 @@ mod atoms;
 mod guard;
 mod index;
 mod rebuild;
+mod replay;
 mod types;
 
 use std::path::Path;
@@ -27,6 +28,7 @@ use crate::storage::Storage;
 
 use index::StoreIndex;
 
+pub use replay::{Rebuilt, SnapshotFallback};
 pub use types::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
 };
@@ -66,7 +68,14 @@ impl StoreBuilder {
         let codec = Codec::default();
         let index = rebuild::rebuild(&log, &codec)?;
         let trained = codec.current_dictionary().is_some();
-        Ok(Store { log, codec, index: RwLock::new(index), training: Mutex::new(atoms::Training::new(trained)) })
+        let snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
+        Ok(Store {
+            log,
+            codec,
+            index: RwLock::new(index),
+            training: Mutex::new(atoms::Training::new(trained)),
+            snapshots: Mutex::new(snapshots),
+        })
     }
 }
 
@@ -76,6 +85,8 @@ pub struct Store {
     codec: Codec,
     index: RwLock<StoreIndex>,
     training: Mutex<atoms::Training>,
+    /// Atoms with a snapshot file.
+    snapshots: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for Store {
