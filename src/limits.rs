@@ -13,6 +13,9 @@ pub const RECORD_DECOMPRESSED_BYTES_MAX: u32 = 16 * 1024 * 1024;
 /// Largest decompressed snapshot (a context), in bytes; a snapshot declaring more is refused.
 pub const SNAPSHOT_BYTES_MAX: u64 = 256 * 1024 * 1024;
 
+/// Most threads a context rebuild decodes deltas on.
+pub const REPLAY_THREADS_MAX: usize = 16;
+
 /// Store records shorter than this are stored uncompressed (zstd's frame overhead wins).
 pub const COMPRESSION_MIN_BYTES: usize = 64;
 

@@ -1,14 +1,25 @@
 //! Rebuilding an agent's context at any atom (its head, or any point of its history: time
 //! travel): the newest usable, valid snapshot on the atom's ancestry, then the deltas of the
 //! completed atoms after it, in DAG order. The DAG order is atom-id order (a topological
-//! order: parents always have smaller ids), so a context is the same however it is rebuilt. A snapshot that fails its SHA-256 or does not decode is never used: the
-//! rebuild falls back to an older one, or to the log from the start, and reports it.
+//! order: parents always have smaller ids), so a context is the same however it is rebuilt.
+//!
+//! The replayer scans the run's records once, in log order (sequential reads, zero-copy from
+//! mapped segments), learns every atom's parents from its small start record, computes the
+//! ancestry, then decompresses and decodes the needed deltas in parallel and applies them in
+//! order. A snapshot that fails its SHA-256 or does not decode is never used: the rebuild falls
+//! back to an older one, or to the log from the start, and reports it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
-use crate::codec::StoreRecord;
+use bytes::Bytes;
+use rayon::prelude::*;
+
+use crate::codec::{CodecError, RecordKind, StoreRecord};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::limits;
+use crate::log::Lsn;
 use crate::snapshot;
 use crate::store::Store;
 use crate::store::index::EntryState;
@@ -36,6 +47,57 @@ pub struct SnapshotFallback {
     pub reason: &'static str,
 }
 
+/// Snapshots tried before a rebuild falls back to the log from the start.
+const SNAPSHOT_CANDIDATES_MAX: usize = 8;
+
+/// What one scan of a run's records learned: each atom's parents, and the raw bytes of each
+/// completion record, by atom id.
+#[derive(Default)]
+struct RunScan {
+    parents: BTreeMap<u64, Vec<u64>>,
+    completions: BTreeMap<u64, Bytes>,
+}
+
+impl RunScan {
+    /// `atom` and all its ancestors, ordered by id.
+    fn ancestry(&self, atom: u64) -> Result<BTreeSet<u64>> {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![atom];
+        while let Some(id) = stack.pop() {
+            if seen.insert(id) {
+                let parents = self.parents.get(&id).ok_or(Error::UnknownAtom { atom: id })?;
+                stack.extend(parents.iter().copied());
+            }
+        }
+        Ok(seen)
+    }
+
+    /// The ancestors of `atom` (itself included) with ids above `snapshot`, if a snapshot of
+    /// `snapshot` can start `atom`'s rebuild: `snapshot` is an ancestor, and every path down
+    /// from `atom` meets it before any smaller id. A snapshot folds its own ancestry in id
+    /// order; under this condition the rest of `atom`'s ancestry all comes after it, so the
+    /// fold order is `atom`'s own id order. (The condition is sufficient, not necessary: some
+    /// merges of branches could use the snapshot but are rebuilt from an older one instead.)
+    fn after_snapshot(&self, atom: u64, snapshot: u64) -> Option<BTreeSet<u64>> {
+        let mut seen = BTreeSet::new();
+        let mut reached = false;
+        let mut stack = vec![atom];
+        while let Some(id) = stack.pop() {
+            if id == snapshot {
+                reached = true;
+                continue;
+            }
+            if id < snapshot {
+                return None;
+            }
+            if seen.insert(id) {
+                stack.extend(self.parents.get(&id)?.iter().copied());
+            }
+        }
+        reached.then_some(seen)
+    }
+}
+
 impl Store {
     /// The context of `atom`'s agent as of `atom`: the fold of the deltas of every completed
     /// atom among `atom` and its ancestors, in DAG order.
@@ -43,24 +105,28 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownAtom`], and read or decode errors of the log.
     pub fn rebuild_context(&self, atom: AtomId) -> Result<Rebuilt> {
-        let ancestry = self.ancestry(atom)?;
-        let candidates: Vec<u64> = {
-            let snapshots = self.snapshots.lock();
-            ancestry.iter().rev().filter(|id| snapshots.contains(id)).copied().collect()
-        };
+        self.rebuild_context_on(atom, replay_pool())
+    }
+
+    /// [`Store::rebuild_context`] decoding on `threads` threads (for measuring the speedup).
+    #[doc(hidden)]
+    pub fn rebuild_context_with_threads(&self, atom: AtomId, threads: usize) -> Result<Rebuilt> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.clamp(1, limits::REPLAY_THREADS_MAX))
+            .build()
+            .map_err(|_| Error::InvalidConfig { reason: "cannot start replay threads".into() })?;
+        self.rebuild_context_on(atom, Some(&pool))
+    }
+
+    fn rebuild_context_on(&self, atom: AtomId, pool: Option<&rayon::ThreadPool>) -> Result<Rebuilt> {
         let mut fallbacks = Vec::new();
-        for candidate in candidates {
-            // A snapshot of S folds S's ancestry in id order. It can start T's rebuild only if
-            // every ancestor of T up to S is also an ancestor of S: then the rest of T's
-            // ancestry comes after S, and the fold order is T's own id order.
-            let covered = self.ancestry(AtomId(candidate))?;
-            if ancestry.range(..=candidate).count() != covered.len() {
-                continue;
-            }
+        for candidate in self.snapshot_candidates(atom) {
+            let scan = self.scan_run(atom, Some(candidate))?;
+            let Some(pending) = scan.after_snapshot(atom.0, candidate) else { continue };
             match self.load_snapshot(candidate)? {
                 Ok(mut context) => {
-                    let pending: Vec<u64> = ancestry.difference(&covered).copied().collect();
-                    let atoms_applied = self.apply_deltas(&mut context, &pending)?;
+                    let pending: Vec<u64> = pending.into_iter().collect();
+                    let atoms_applied = apply_deltas(self, &scan, &mut context, &pending, pool)?;
                     return Ok(Rebuilt { context, snapshot: Some(AtomId(candidate)), fallbacks, atoms_applied });
                 }
                 Err(reason) => {
@@ -73,10 +139,25 @@ impl Store {
                 }
             }
         }
+        let scan = self.scan_run(atom, None)?;
+        let pending: Vec<u64> = scan.ancestry(atom.0)?.into_iter().collect();
         let mut context = Context::new();
-        let pending: Vec<u64> = ancestry.into_iter().collect();
-        let atoms_applied = self.apply_deltas(&mut context, &pending)?;
+        let atoms_applied = apply_deltas(self, &scan, &mut context, &pending, pool)?;
         Ok(Rebuilt { context, snapshot: None, fallbacks, atoms_applied })
+    }
+
+    /// Snapshots that may start `atom`'s rebuild, newest first: of the same run, not after it.
+    fn snapshot_candidates(&self, atom: AtomId) -> Vec<u64> {
+        let index = self.index.read();
+        let Some(run) = index.atom(atom).map(|entry| entry.run) else { return Vec::new() };
+        let snapshots = self.snapshots.lock();
+        snapshots
+            .range(..=atom.0)
+            .rev()
+            .filter(|id| index.atom(AtomId(**id)).is_some_and(|entry| entry.run == run))
+            .take(SNAPSHOT_CANDIDATES_MAX)
+            .copied()
+            .collect()
     }
 
     /// Writes a snapshot of the context as of `atom`, which must have completed.
@@ -103,49 +184,52 @@ impl Store {
         self.snapshots.lock().iter().map(|atom| AtomId(*atom)).collect()
     }
 
-    /// `atom` and all its ancestors, as a set ordered by id (a topological order).
-    fn ancestry(&self, atom: AtomId) -> Result<BTreeSet<u64>> {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![atom.0];
-        while let Some(id) = stack.pop() {
-            if !seen.insert(id) {
-                continue;
+    /// One pass over the log, from the first start record of the run's atoms after `after`
+    /// (all of them for `None`) to `atom`'s last record, keeping the start records' parents
+    /// and the completion records of the run's atoms.
+    fn scan_run(&self, atom: AtomId, after: Option<u64>) -> Result<RunScan> {
+        let (run, from_lsn, to_lsn) = {
+            let index = self.index.read();
+            let entry = index.atom(atom).filter(|e| e.started_lsn != 0).ok_or(Error::UnknownAtom { atom: atom.0 })?;
+            let floor = after.unwrap_or(0);
+            let first = index
+                .run_atoms(crate::store::RunId(u64::from(entry.run)))
+                .filter(|(id, _)| id.0 > floor)
+                .map(|(_, e)| e.started_lsn)
+                .min();
+            (entry.run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
+        };
+        let mut scan = RunScan::default();
+        for item in self.log.iter_from(Lsn::new(from_lsn))? {
+            let (lsn, bytes) = item?;
+            if lsn.get() > to_lsn {
+                break;
             }
-            let started_lsn = self.index.read().atom(AtomId(id)).map(|entry| entry.started_lsn);
-            let started_lsn = started_lsn.filter(|lsn| *lsn != 0).ok_or(Error::UnknownAtom { atom: id })?;
-            match self.read_record(started_lsn)? {
-                StoreRecord::AtomStarted(started) => stack.extend(started.parents),
-                _ => {
-                    return Err(Error::InconsistentLog {
-                        lsn: started_lsn,
-                        reason: "an atom's start is not a start record",
-                    });
-                }
-            }
+            self.scan_record(&mut scan, run, lsn.get(), bytes)?;
         }
-        Ok(seen)
+        Ok(scan)
     }
 
-    /// Applies the deltas of the completed atoms among `atoms` (ascending ids); returns how many.
-    fn apply_deltas(&self, context: &mut Context, atoms: &[u64]) -> Result<usize> {
-        let mut applied = 0;
-        for &id in atoms {
-            let entry = self.index.read().atom(AtomId(id)).copied();
-            let Some(entry) = entry.filter(|entry| entry.state == EntryState::Completed) else { continue };
-            match self.read_record(entry.ended_lsn)? {
-                StoreRecord::AtomCompleted(done) => {
-                    context.apply(&done.delta.unwrap_or_default());
-                    applied += 1;
-                }
-                _ => {
-                    return Err(Error::InconsistentLog {
-                        lsn: entry.ended_lsn,
-                        reason: "a completed atom's end is not a completion",
-                    });
-                }
-            }
+    fn scan_record(&self, scan: &mut RunScan, run: u32, lsn: u64, bytes: Bytes) -> Result<()> {
+        let codec_error = |source: CodecError| Error::Codec { lsn, source };
+        let (kind, subject) = self.codec.peek(&bytes).map_err(codec_error)?;
+        if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted) {
+            return Ok(());
         }
-        Ok(applied)
+        if self.index.read().atom(AtomId(subject)).is_none_or(|e| e.run != run) {
+            return Ok(());
+        }
+        if kind == RecordKind::AtomCompleted {
+            scan.completions.insert(subject, bytes);
+            return Ok(());
+        }
+        match self.codec.decode(&bytes).map_err(codec_error)? {
+            StoreRecord::AtomStarted(started) => {
+                scan.parents.insert(started.atom, started.parents);
+                Ok(())
+            }
+            _ => Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
+        }
     }
 
     /// A verified snapshot's context, or why it cannot be used.
@@ -156,4 +240,50 @@ impl Store {
         };
         Ok(snapshot::decode(&bytes, atom).map_err(|error| error.reason()))
     }
+}
+
+/// Decodes the deltas of the completed atoms among `atoms` (ascending ids) in parallel and
+/// applies them in order; returns how many were applied.
+fn apply_deltas(
+    store: &Store,
+    scan: &RunScan,
+    context: &mut Context,
+    atoms: &[u64],
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<usize> {
+    let completed: Vec<(u64, &Bytes)> = {
+        let index = store.index.read();
+        atoms
+            .iter()
+            .filter(|id| index.atom(AtomId(**id)).is_some_and(|e| e.state == EntryState::Completed))
+            .filter_map(|id| scan.completions.get(id).map(|bytes| (*id, bytes)))
+            .collect()
+    };
+    let decode = |(id, bytes): &(u64, &Bytes)| match store.codec.decode(bytes) {
+        Ok(StoreRecord::AtomCompleted(done)) => Ok(done.delta.unwrap_or_default()),
+        Ok(_) => Err(Error::InconsistentLog { lsn: 0, reason: "a completed atom's end is not a completion" }),
+        Err(source) => Err(Error::Codec { lsn: *id, source }),
+    };
+    let deltas: Vec<Result<_>> = match pool {
+        Some(pool) => pool.install(|| completed.par_iter().map(decode).collect()),
+        None => completed.iter().map(decode).collect(),
+    };
+    for delta in deltas {
+        context.apply(&delta?);
+    }
+    Ok(completed.len())
+}
+
+/// The shared pool rebuilds decode on: one thread per core, at most `REPLAY_THREADS_MAX`.
+fn replay_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(cores.min(limits::REPLAY_THREADS_MAX))
+            .thread_name(|i| format!("continuum-replay-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
 }
