@@ -294,6 +294,21 @@ impl Codec {
         Ok((RecordKind::from_code(envelope.kind).ok_or(CodecError::UnknownKind(envelope.kind))?, envelope.subject))
     }
 
+    /// Decompresses a record's body without decoding it; returns its length (for measuring).
+    ///
+    /// # Errors
+    /// A [`CodecError`] for any malformed input.
+    pub fn decompressed_body_len(&self, bytes: &[u8]) -> Result<usize, CodecError> {
+        let envelope = checked_envelope(bytes)?;
+        match envelope.compression {
+            Compression::None => Ok(envelope.body.len()),
+            Compression::Zstd { uncompressed_len } => Ok(self.decompress(None, envelope.body, uncompressed_len)?.len()),
+            Compression::ZstdDictionary { dictionary_id, uncompressed_len } => {
+                Ok(self.decompress(Some(dictionary_id), envelope.body, uncompressed_len)?.len())
+            }
+        }
+    }
+
     /// Decodes an envelope.
     ///
     /// # Errors

@@ -191,11 +191,12 @@ impl Store {
         let (run, from_lsn, to_lsn) = {
             let index = self.index.read();
             let entry = index.atom(atom).filter(|e| e.started_lsn != 0).ok_or(Error::UnknownAtom { atom: atom.0 })?;
+            // Atoms after `atom` do not matter; those between the floor and it bound the scan.
             let floor = after.unwrap_or(0);
-            let first = index
-                .run_atoms(crate::store::RunId(u64::from(entry.run)))
-                .filter(|(id, _)| id.0 > floor)
-                .map(|(_, e)| e.started_lsn)
+            let first = (floor + 1..=atom.0)
+                .filter_map(|id| index.atom(AtomId(id)))
+                .filter(|e| e.run == entry.run && e.started_lsn != 0)
+                .map(|e| e.started_lsn)
                 .min();
             (entry.run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
         };
@@ -230,6 +231,18 @@ impl Store {
             }
             _ => Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
         }
+    }
+
+    /// Reads and decompresses every completion record of `atom`'s run up to it, without
+    /// decoding or applying anything: the bound a rebuild is measured against.
+    #[doc(hidden)]
+    pub fn read_and_decompress_run(&self, atom: AtomId) -> Result<usize> {
+        let scan = self.scan_run(atom, None)?;
+        let mut bytes = 0;
+        for record in scan.completions.values() {
+            bytes += self.codec.decompressed_body_len(record).map_err(|source| Error::Codec { lsn: 0, source })?;
+        }
+        Ok(bytes)
     }
 
     /// A verified snapshot's context, or why it cannot be used.

@@ -1,0 +1,147 @@
+//! Replay benchmarks: rebuilding an agent's context from the log, side by side with the bound
+//! (reading and decompressing the same records) and with itself on one thread.
+//!
+//! Stores are built on tmpfs (`/dev/shm`, so 1,000,000 atoms take seconds, not an hour of
+//! fdatasyncs) and read warm. Deltas are realistic ~500-byte agent deltas; the agent keeps a
+//! bounded window (it drops its oldest message once it holds 40) and a few thousand state keys.
+//!
+//! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use continuum::synthetic::Transcript;
+use continuum::{AtomId, AtomOutput, RunSpec, Store};
+use criterion::Criterion;
+
+/// Builds a one-agent linear history of `count` atoms; snapshots every `snapshot_every`.
+fn build(root: &Path, count: u64, snapshot_every: Option<u64>) -> (tempfile::TempDir, Vec<AtomId>) {
+    let dir = tempfile::tempdir_in(root).expect("dir");
+    let store = Store::open(dir.path()).expect("store");
+    let run = store.create_run(RunSpec::new("replay")).expect("run");
+    let mut transcript = Transcript::new(1);
+    let mut ids: Vec<AtomId> = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        let mut delta = transcript.next_delta(500);
+        delta.drop_oldest_messages = u32::from(i >= 40);
+        for output in &mut delta.tool_outputs {
+            output.tool_call_id = format!("call-{}", i % 1000);
+        }
+        for message in &mut delta.messages {
+            if let Some(call) = &mut message.tool_call {
+                call.id = format!("call-{}", i % 1000);
+            }
+        }
+        let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
+        let atom = store.begin_atom(run, "agent", &i.to_string(), &parents, "").expect("begin");
+        store.complete_atom(atom, &AtomOutput { delta, result: Vec::new() }).expect("complete");
+        if snapshot_every.is_some_and(|every| (i + 1) % every == 0) {
+            store.snapshot_now(atom).expect("snapshot");
+        }
+        ids.push(atom);
+    }
+    (dir, ids)
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn time(repeats: usize, mut f: impl FnMut()) -> Duration {
+    median(
+        (0..repeats)
+            .map(|_| {
+                let started = Instant::now();
+                f();
+                started.elapsed()
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    let test_mode = std::env::args().any(|a| a == "--test");
+    let shm = Path::new("/dev/shm");
+    let root = if shm.is_dir() { shm.to_path_buf() } else { Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp") };
+    std::fs::create_dir_all(&root).expect("bench dir");
+    let big: u64 = std::env::var("CONTINUUM_BENCH_REPLAY_ATOMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if test_mode { 20_000 } else { 1_000_000 });
+    let small = 10_000u64.min(big);
+    let mut lines = Vec::new();
+
+    let (small_dir, small_ids) = build(&root, small, None);
+    let store = Store::open(small_dir.path()).expect("open");
+    let head = *small_ids.last().expect("atoms");
+    let mut group = criterion.benchmark_group("replay");
+    group.sample_size(20);
+    group.bench_function(format!("head_{small}_atoms"), |b| b.iter(|| store.rebuild_context(head).expect("rebuild")));
+    group.finish();
+    let full = time(9, || drop(store.rebuild_context(head).expect("rebuild")));
+    let bound = time(9, || {
+        let _ = store.read_and_decompress_run(head).expect("read");
+    });
+    lines
+        .push(format!("{small} atoms, full replay, no snapshot: {:.2} ms (target <= 10 ms)", full.as_secs_f64() * 1e3));
+    lines.push(format!(
+        "{small} atoms, read + decompress only (bound): {:.2} ms; replay / bound = {:.2} (target <= 1.5)",
+        bound.as_secs_f64() * 1e3,
+        full.as_secs_f64() / bound.as_secs_f64()
+    ));
+    drop(store);
+
+    let started = Instant::now();
+    let (big_dir, big_ids) = build(&root, big, None);
+    lines.push(format!("{big} atoms built in {:.1} s", started.elapsed().as_secs_f64()));
+    let store = Store::open(big_dir.path()).expect("open");
+    let head = *big_ids.last().expect("atoms");
+    let repeats = if test_mode { 1 } else { 3 };
+    let parallel = time(repeats, || drop(store.rebuild_context(head).expect("rebuild")));
+    let one = time(repeats, || drop(store.rebuild_context_with_threads(head, 1).expect("rebuild")));
+    let bound = time(repeats, || {
+        let _ = store.read_and_decompress_run(head).expect("read");
+    });
+    lines.push(format!("{big} atoms, full replay, no snapshot: {:.3} s (target <= 1 s)", parallel.as_secs_f64()));
+    lines.push(format!(
+        "{big} atoms, one replay thread: {:.3} s; speedup {:.2}x (target >= 1.7x)",
+        one.as_secs_f64(),
+        one.as_secs_f64() / parallel.as_secs_f64()
+    ));
+    lines.push(format!(
+        "{big} atoms, read + decompress only (bound): {:.3} s; replay / bound = {:.2} (target <= 1.5)",
+        bound.as_secs_f64(),
+        parallel.as_secs_f64() / bound.as_secs_f64()
+    ));
+    drop(store);
+    drop(big_dir);
+
+    let travel_atoms = if test_mode { 2_000 } else { 100_000 };
+    let (travel_dir, travel_ids) = build(&root, travel_atoms, Some(50));
+    let store = Store::open(travel_dir.path()).expect("open");
+    let mut worst = Duration::ZERO;
+    let mut total = Duration::ZERO;
+    let picks = 200;
+    for k in 0..picks {
+        let atom = travel_ids[(k * 7919) % travel_ids.len()];
+        let started = Instant::now();
+        let rebuilt = store.rebuild_context(atom).expect("time travel");
+        let elapsed = started.elapsed();
+        assert!(rebuilt.snapshot.is_some() || atom.get() < 50);
+        worst = worst.max(elapsed);
+        total += elapsed;
+    }
+    lines.push(format!(
+        "time travel, {travel_atoms}-atom history, snapshot every 50: mean {:.2} ms, worst {:.2} ms of {picks} random atoms (target <= 5 ms)",
+        total.as_secs_f64() * 1e3 / picks as f64,
+        worst.as_secs_f64() * 1e3
+    ));
+    eprintln!("==== summary: replay ====");
+    for line in lines {
+        eprintln!("  {line}");
+    }
+    eprintln!("==== end replay ====");
+    criterion.final_summary();
+}
