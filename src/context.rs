@@ -46,29 +46,34 @@ impl Context {
     /// is skipped), then dropping the oldest messages, then new messages, tool outputs,
     /// intermediate results and state changes, each in delta order.
     pub fn apply(&mut self, delta: &Delta) {
+        self.apply_owned(delta.clone());
+    }
+
+    /// [`Context::apply`] for a delta the caller no longer needs: moves its contents instead
+    /// of copying them (what replay uses).
+    pub fn apply_owned(&mut self, delta: Delta) {
         let messages = &mut self.inner.messages;
-        for summary in &delta.summarizations {
+        for summary in delta.summarizations {
             let to = (summary.to as usize).min(messages.len());
             let from = (summary.from as usize).min(to);
             if from < to {
-                let replacement =
-                    ChatMessage { role: summary.role.clone(), content: summary.summary.clone(), tool_call: None };
+                let replacement = ChatMessage { role: summary.role, content: summary.summary, tool_call: None };
                 messages.splice(from..to, std::iter::once(replacement));
             }
         }
         let dropped = (delta.drop_oldest_messages as usize).min(messages.len());
         messages.drain(..dropped);
-        messages.extend(delta.messages.iter().cloned());
-        for output in &delta.tool_outputs {
-            self.inner.tool_outputs.insert(output.tool_call_id.clone(), output.output.clone());
+        messages.extend(delta.messages);
+        for output in delta.tool_outputs {
+            self.inner.tool_outputs.insert(output.tool_call_id, output.output);
         }
-        for result in &delta.intermediate_results {
-            self.inner.intermediate_results.insert(result.name.clone(), result.value.clone());
+        for result in delta.intermediate_results {
+            self.inner.intermediate_results.insert(result.name, result.value);
         }
-        for change in &delta.state_changes {
-            match &change.change {
+        for change in delta.state_changes {
+            match change.change {
                 Some(state_change::Change::Set(value)) => {
-                    self.inner.state.insert(change.key.clone(), value.clone());
+                    self.inner.state.insert(change.key, value);
                 }
                 Some(state_change::Change::Delete(_)) => {
                     self.inner.state.remove(&change.key);

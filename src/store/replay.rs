@@ -200,24 +200,30 @@ impl Store {
                 .min();
             (entry.run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
         };
+        // Which atoms up to `atom` belong to the run, taken once so that the scan holds no lock.
+        let in_run: Vec<bool> = {
+            let index = self.index.read();
+            (1..=atom.0).map(|id| index.atom(AtomId(id)).is_some_and(|e| e.run == run)).collect()
+        };
         let mut scan = RunScan::default();
         for item in self.log.iter_from(Lsn::new(from_lsn))? {
             let (lsn, bytes) = item?;
             if lsn.get() > to_lsn {
                 break;
             }
-            self.scan_record(&mut scan, run, lsn.get(), bytes)?;
+            self.scan_record(&mut scan, &in_run, lsn.get(), bytes)?;
         }
         Ok(scan)
     }
 
-    fn scan_record(&self, scan: &mut RunScan, run: u32, lsn: u64, bytes: Bytes) -> Result<()> {
+    fn scan_record(&self, scan: &mut RunScan, in_run: &[bool], lsn: u64, bytes: Bytes) -> Result<()> {
         let codec_error = |source: CodecError| Error::Codec { lsn, source };
         let (kind, subject) = self.codec.peek(&bytes).map_err(codec_error)?;
         if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted) {
             return Ok(());
         }
-        if self.index.read().atom(AtomId(subject)).is_none_or(|e| e.run != run) {
+        let member = usize::try_from(subject).ok().and_then(|id| id.checked_sub(1)).and_then(|at| in_run.get(at));
+        if member != Some(&true) {
             return Ok(());
         }
         if kind == RecordKind::AtomCompleted {
@@ -282,7 +288,7 @@ fn apply_deltas(
         None => completed.iter().map(decode).collect(),
     };
     for delta in deltas {
-        context.apply(&delta?);
+        context.apply_owned(delta?);
     }
     Ok(completed.len())
 }
