@@ -3,8 +3,9 @@
 //! segment (no `write` call), so this test kills a child that appends that way with SIGKILL and
 //! checks that every acknowledged record is in the reopened log, byte for byte.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::io::Write;
 use std::time::Duration;
 
 use continuum::{Durability, Log, Lsn};
@@ -36,21 +37,9 @@ fn sigkill_keeps_every_acknowledged_buffered_append() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut acknowledged = 0u64;
     for round in 0..6u64 {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", "buffered_child", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn");
-        let stdout = child.stdout.take().expect("stdout");
-        let reader =
-            std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
-        std::thread::sleep(Duration::from_millis(150 + 60 * round));
-        let _ = child.kill();
-        let _ = child.wait();
-        let acks: Vec<u64> =
-            reader.join().expect("reader").iter().filter_map(|l| l.strip_prefix("ACK ")?.parse().ok()).collect();
+        let delay = Duration::from_millis(150 + 60 * round);
+        let lines = common::run_child_until_killed("buffered_child", CHILD_ENV, dir.path(), delay);
+        let acks: Vec<u64> = lines.iter().filter_map(|l| l.strip_prefix("ACK ")?.parse().ok()).collect();
         acknowledged = acknowledged.max(acks.iter().copied().max().unwrap_or(0));
         let log = Log::builder(dir.path()).segment_bytes(256 * 1024).open().expect("reopen");
         assert!(log.next_lsn().get() > acknowledged, "round {round}: acknowledged LSN {acknowledged} is missing");

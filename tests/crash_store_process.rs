@@ -6,11 +6,12 @@
 //! its acknowledgement, every acknowledged atom is complete after reopen, and every effect
 //! happens exactly once. `CONTINUUM_CRASH_ITERATIONS` raises the number of kills (default 20).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use continuum::synthetic::Transcript;
@@ -82,20 +83,9 @@ fn sigkill_never_reruns_acknowledged_atoms_nor_repeats_effects() {
     let mut runs_after_ack = Vec::new();
     let mut finished = false;
     for _ in 0..iterations {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", "store_crash_child", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let reader =
-            std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
-        std::thread::sleep(Duration::from_millis(50 + rng.below(300)));
-        let _ = child.kill();
-        let _ = child.wait();
-        for line in reader.join().expect("reader") {
+        let delay = Duration::from_millis(50 + rng.below(300));
+        let lines = common::run_child_until_killed("store_crash_child", CHILD_ENV, dir.path(), delay);
+        for line in lines {
             if let Some(key) = line.strip_prefix("ACK ") {
                 acknowledged.insert(key.to_owned());
             } else if let Some(key) = line.strip_prefix("RUN ") {

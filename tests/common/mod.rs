@@ -100,3 +100,24 @@ pub fn check_recovered(log: &Log, acked: &Acked, context: &str) -> BTreeMap<u64,
     }
     recovered
 }
+
+/// Runs the test `child_test` of this test binary as a child process with `env_key` set to
+/// `dir`, kills it with SIGKILL after `delay`, and returns the lines it printed.
+pub fn run_child_until_killed(child_test: &str, env_key: &str, dir: &Path, delay: std::time::Duration) -> Vec<String> {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", child_test, "--nocapture", "--test-threads=1"])
+        .env(env_key, dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let reader =
+        std::thread::spawn(move || std::io::BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
+    std::thread::sleep(delay);
+    let _ = child.kill();
+    let _ = child.wait();
+    reader.join().expect("reader thread")
+}
