@@ -126,8 +126,10 @@ struct LeaderState {
     synced_end: u64,
     last_indexed: Option<u64>,
     buf: Vec<u8>,
-    /// How long the last group's fdatasync took, if it synced.
+    /// How long the last group's fdatasync took, if it synced (taken by the gatherer).
     last_sync: Option<Duration>,
+    /// Whether the last group synced (decides between the map and a positioned write).
+    last_group_synced: bool,
 }
 
 /// The group-commit writer.
@@ -175,6 +177,7 @@ impl Writer {
                 last_indexed,
                 buf: Vec::new(),
                 last_sync: None,
+                last_group_synced: false,
             }),
             index,
             dirty_hint: AtomicBool::new(false),
@@ -350,6 +353,7 @@ impl Writer {
             next_lsn += u64::from(batch.record_count());
         }
         self.write_buffer(leader, write_start, need_sync).map_err(GroupError::poisoning)?;
+        leader.last_group_synced = need_sync;
         // After a failed sync below these stay ahead of what is published; the log is poisoned
         // then, so nothing is ever written after them.
         leader.active.data_end = write_start + leader.buf.len() as u64;
@@ -363,10 +367,12 @@ impl Writer {
         Ok(ranges)
     }
 
-    /// Writes the leader's buffer at `write_start`. Groups that will not sync are copied
-    /// through the segment's writable map when there is one (no system call; 2–3× the
-    /// throughput of `write` for small appends); groups about to `fdatasync` use a positioned
-    /// write, because syncing pages dirtied through a map costs about twice as much here.
+    /// Writes the leader's buffer at `write_start`. During a run of groups that do not sync,
+    /// groups are copied through the segment's writable map when there is one (no system
+    /// call; 2–3× the throughput of `write` for small appends). A group about to `fdatasync`
+    /// uses a positioned write, because syncing pages dirtied through a map costs about twice
+    /// as much here; so does the first unsynced group after a sync, since an `fdatasync`
+    /// write-protects the mapped pages again and the next copy would fault on them.
     fn write_buffer(&self, leader: &mut LeaderState, write_start: u64, need_sync: bool) -> Result<()> {
         if leader.buf.is_empty() {
             return Ok(());
@@ -374,10 +380,11 @@ impl Writer {
         debug_assert!(write_start + leader.buf.len() as u64 <= leader.active.header.segment_bytes);
         leader.dirty = true;
         self.dirty_hint.store(true, Ordering::Release);
-        let LeaderState { active, buf, .. } = leader;
         // Through the map, the OS has the bytes once the copy is done; past its end (a segment
         // file shorter than its header says), a positioned write does the same.
-        if !need_sync && active.map.as_mut().is_some_and(|map| map.write_at(buf, write_start)) {
+        let streak = !need_sync && !leader.last_group_synced;
+        let LeaderState { active, buf, .. } = leader;
+        if streak && active.map.as_mut().is_some_and(|map| map.write_at(buf, write_start)) {
             return Ok(());
         }
         active.file.write_all_at(buf, write_start).map_err(|e| Error::io("write", &active.path, e))
