@@ -283,12 +283,16 @@ fn apply_deltas(
         Ok(_) => Err(Error::InconsistentLog { lsn: 0, reason: "a completed atom's end is not a completion" }),
         Err(source) => Err(Error::Codec { lsn: *id, source }),
     };
-    let deltas: Vec<Result<_>> = match pool {
-        Some(pool) => pool.install(|| completed.par_iter().map(decode).collect()),
-        None => completed.iter().map(decode).collect(),
-    };
-    for delta in deltas {
-        context.apply_owned(delta?);
+    // Decode a bounded chunk in parallel, apply it in order, repeat: memory stays bounded by
+    // the chunk however long the history is.
+    for chunk in completed.chunks(limits::REPLAY_CHUNK_ATOMS) {
+        let deltas: Vec<Result<_>> = match pool {
+            Some(pool) => pool.install(|| chunk.par_iter().map(decode).collect()),
+            None => chunk.iter().map(decode).collect(),
+        };
+        for delta in deltas {
+            context.apply_owned(delta?);
+        }
     }
     Ok(completed.len())
 }
