@@ -85,6 +85,8 @@ pub enum StoreRecord {
     GuardCompleted(proto::GuardCompleted),
     /// A compression dictionary.
     Dictionary(proto::CompressionDictionary),
+    /// A rollback: atoms after one atom of an agent were abandoned.
+    AtomsAbandoned(proto::AtomsAbandoned),
 }
 
 /// The kind of a store record, as the codec's `peek` reports it from the envelope alone.
@@ -107,6 +109,8 @@ pub enum RecordKind {
     GuardCompleted,
     /// [`StoreRecord::Dictionary`].
     Dictionary,
+    /// [`StoreRecord::AtomsAbandoned`].
+    AtomsAbandoned,
 }
 
 impl RecordKind {
@@ -120,6 +124,7 @@ impl RecordKind {
             kind::GUARD_STARTED => RecordKind::GuardStarted,
             kind::GUARD_COMPLETED => RecordKind::GuardCompleted,
             kind::DICTIONARY => RecordKind::Dictionary,
+            kind::ATOMS_ABANDONED => RecordKind::AtomsAbandoned,
             _ => return None,
         })
     }
@@ -135,6 +140,7 @@ mod kind {
     pub const GUARD_STARTED: u8 = 6;
     pub const GUARD_COMPLETED: u8 = 7;
     pub const DICTIONARY: u8 = 8;
+    pub const ATOMS_ABANDONED: u8 = 9;
 }
 
 /// The schema version every kind is written with today; readers accept this and older.
@@ -151,6 +157,7 @@ impl StoreRecord {
             StoreRecord::GuardStarted(_) => kind::GUARD_STARTED,
             StoreRecord::GuardCompleted(_) => kind::GUARD_COMPLETED,
             StoreRecord::Dictionary(_) => kind::DICTIONARY,
+            StoreRecord::AtomsAbandoned(_) => kind::ATOMS_ABANDONED,
         }
     }
 
@@ -164,6 +171,7 @@ impl StoreRecord {
             StoreRecord::RunTerminal(m) => m.run,
             StoreRecord::GuardStarted(_) | StoreRecord::GuardCompleted(_) => 0,
             StoreRecord::Dictionary(m) => u64::from(m.id),
+            StoreRecord::AtomsAbandoned(m) => m.after_atom,
         }
     }
 
@@ -177,6 +185,7 @@ impl StoreRecord {
             StoreRecord::GuardStarted(m) => m.encode_to_vec(),
             StoreRecord::GuardCompleted(m) => m.encode_to_vec(),
             StoreRecord::Dictionary(m) => m.encode_to_vec(),
+            StoreRecord::AtomsAbandoned(m) => m.encode_to_vec(),
         }
     }
 
@@ -190,6 +199,7 @@ impl StoreRecord {
             kind::GUARD_STARTED => StoreRecord::GuardStarted(decode_message(body)?),
             kind::GUARD_COMPLETED => StoreRecord::GuardCompleted(decode_message(body)?),
             kind::DICTIONARY => StoreRecord::Dictionary(decode_message(body)?),
+            kind::ATOMS_ABANDONED => StoreRecord::AtomsAbandoned(decode_message(body)?),
             other => return Err(CodecError::UnknownKind(other)),
         };
         Ok(record)

@@ -88,14 +88,15 @@ impl Store {
         }
         let agent_id = index.intern_agent(run32, agent);
         let hash = index::atom_key_hash(run32, agent_id, key);
-        if index.atom_keys.contains_key(&hash) {
+        // A key held by an abandoned atom is free again (the rollback released it).
+        let held = index.atom_keys.get(&hash).and_then(|id| index.atom(AtomId(u64::from(*id))));
+        if held.is_some_and(|entry| !entry.abandoned) {
             return Err(Error::KeyCollision { key: key.to_owned() });
         }
         let atom = AtomId(index.atoms.len() as u64 + 1);
         let id = u32::try_from(atom.0).map_err(|_| Error::KeyCollision { key: key.to_owned() })?;
         index.atom_keys.insert(hash, id);
-        *index.atom_slot(atom) =
-            AtomEntry { started_lsn: 0, ended_lsn: 0, run: run32, agent: agent_id, state: EntryState::Starting };
+        *index.atom_slot(atom) = AtomEntry::new(0, run32, agent_id, EntryState::Starting);
         Ok((atom, run32))
     }
 
@@ -104,7 +105,7 @@ impl Store {
         let Some(agent_id) = index.agent_id(run, agent) else { return Ok(None) };
         let Some(&id) = index.atom_keys.get(&index::atom_key_hash(run, agent_id, key)) else { return Ok(None) };
         let atom = AtomId(u64::from(id));
-        let Some(entry) = index.atom(atom) else { return Ok(None) };
+        let Some(entry) = index.atom(atom).filter(|entry| !entry.abandoned) else { return Ok(None) };
         if entry.state == EntryState::Starting {
             return Ok(Some(atom));
         }
@@ -158,6 +159,9 @@ impl Store {
         let previous = {
             let mut index = self.index.write();
             let entry = index.atom_mut(atom).ok_or(Error::UnknownAtom { atom: atom.0 })?;
+            if entry.abandoned {
+                return Err(Error::InvalidTransition { atom: atom.0, from: "abandoned", to });
+            }
             if !entry.state.can_finish() {
                 return Err(Error::InvalidTransition { atom: atom.0, from: state_name(entry.state), to });
             }
@@ -266,6 +270,7 @@ impl Store {
             output: None,
             error: None,
             started_lsn: Lsn::new(entry.started_lsn),
+            abandoned: entry.abandoned,
         };
         if entry.ended_lsn != 0 && found.status != AtomStatus::Running {
             match self.read_record(entry.ended_lsn)? {
@@ -307,6 +312,7 @@ impl Store {
         let index = self.index.read();
         index
             .run_atoms(run)
+            .filter(|(_, entry)| !entry.abandoned)
             .filter(|(_, entry)| {
                 matches!(entry.state, EntryState::Running | EntryState::Finishing | EntryState::FailedRetryable)
             })
@@ -323,7 +329,7 @@ impl Store {
         let index = self.index.read();
         let status = index.run(run).ok_or_else(|| unknown_run(run))?.status.clone();
         let mut agents: Vec<(u32, AgentResume)> = Vec::new();
-        for (atom, entry) in index.run_atoms(run) {
+        for (atom, entry) in index.run_atoms(run).filter(|(_, entry)| !entry.abandoned) {
             let at = match agents.iter().position(|(id, _)| *id == entry.agent) {
                 Some(at) => at,
                 None => {
@@ -378,6 +384,52 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Rollback: abandons every atom of `agent` in `run` after `to` (in id order), so that the
+    /// agent continues from `to`. The abandoned atoms stay readable (time travel into the old
+    /// branch works); their keys are free, so re-running those steps creates new atoms. Returns
+    /// the abandoned atoms.
+    ///
+    /// # Errors
+    /// [`Error::UnknownAtom`] if `to` is not an atom of that run and agent; the log's errors.
+    pub fn rollback(&self, run: RunId, agent: &str, to: AtomId, reason: &str) -> Result<Vec<AtomId>> {
+        let (run32, agent_id) = {
+            let index = self.index.read();
+            let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
+            let agent_id = index.agent_id(run32, agent).ok_or(Error::UnknownAtom { atom: to.0 })?;
+            let entry = index.atom(to).ok_or(Error::UnknownAtom { atom: to.0 })?;
+            if entry.run != run32 || entry.agent != agent_id || entry.abandoned {
+                return Err(Error::UnknownAtom { atom: to.0 });
+            }
+            (run32, agent_id)
+        };
+        let record = StoreRecord::AtomsAbandoned(proto::AtomsAbandoned {
+            after_atom: to.0,
+            run: run.0,
+            agent: agent.to_owned(),
+            reason: reason.to_owned(),
+            at_unix_us: now_us(),
+        });
+        self.append(&record, Durability::Sync)?;
+        Ok(self.index.write().abandon_after(run32, agent_id, to.0))
+    }
+
+    /// Fork: starts a new branch of `agent` from the completed atom `from` ("go back to step 7
+    /// and try again"): a new atom called `key` whose only parent is `from`. The old branch
+    /// stays as it was; use [`Store::rollback`] to abandon it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParent`] if `from` has not completed; the errors of
+    /// [`Store::begin_atom`].
+    pub fn fork(&self, run: RunId, agent: &str, from: AtomId, key: &str) -> Result<AtomId> {
+        let completed = self.index.read().atom(from).is_some_and(|entry| entry.state == EntryState::Completed);
+        if !completed {
+            return Err(Error::InvalidParent { parent: from.0, reason: "a fork starts from a completed atom" });
+        }
+        self.begin_atom(run, agent, key, &[from], "")
+    }
+}
+
 fn check_parent(index: &StoreIndex, run: u32, parent: AtomId) -> Result<()> {
     let entry = index.atom(parent).ok_or(Error::InvalidParent { parent: parent.0, reason: "no such atom" })?;
     if entry.run != run {
@@ -385,6 +437,9 @@ fn check_parent(index: &StoreIndex, run: u32, parent: AtomId) -> Result<()> {
     }
     if entry.state == EntryState::Starting {
         return Err(Error::InvalidParent { parent: parent.0, reason: "its start is not yet recorded" });
+    }
+    if entry.abandoned {
+        return Err(Error::InvalidParent { parent: parent.0, reason: "it was abandoned by a rollback" });
     }
     Ok(())
 }

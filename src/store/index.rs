@@ -52,10 +52,18 @@ pub(crate) struct AtomEntry {
     pub run: u32,
     pub agent: u32,
     pub state: EntryState,
+    /// Rolled back: readable history, but no longer the agent's current branch.
+    pub abandoned: bool,
 }
 
 impl AtomEntry {
-    const VACANT: AtomEntry = AtomEntry { started_lsn: 0, ended_lsn: 0, run: 0, agent: 0, state: EntryState::Vacant };
+    const VACANT: AtomEntry =
+        AtomEntry { started_lsn: 0, ended_lsn: 0, run: 0, agent: 0, state: EntryState::Vacant, abandoned: false };
+
+    /// A new entry in `state`.
+    pub fn new(started_lsn: u64, run: u32, agent: u32, state: EntryState) -> Self {
+        Self { started_lsn, ended_lsn: 0, run, agent, state, abandoned: false }
+    }
 }
 
 /// One run.
@@ -166,6 +174,19 @@ impl StoreIndex {
             .enumerate()
             .filter(move |(_, entry)| u64::from(entry.run) == run.0 && entry.state.status().is_some())
             .map(|(at, entry)| (AtomId(at as u64 + 1), entry))
+    }
+
+    /// Marks every atom of (`run`, `agent`) after `after` abandoned; returns them.
+    pub fn abandon_after(&mut self, run: u32, agent: u32, after: u64) -> Vec<AtomId> {
+        let from = usize::try_from(after).unwrap_or(usize::MAX);
+        let mut abandoned = Vec::new();
+        for (at, entry) in self.atoms.iter_mut().enumerate().skip(from) {
+            if entry.run == run && entry.agent == agent && entry.state != EntryState::Vacant && !entry.abandoned {
+                entry.abandoned = true;
+                abandoned.push(AtomId(at as u64 + 1));
+            }
+        }
+        abandoned
     }
 
     /// Approximate heap bytes held by the index (capacity-based).

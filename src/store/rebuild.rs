@@ -53,8 +53,7 @@ fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -
             let id =
                 u32::try_from(started.atom).map_err(|_| Error::InconsistentLog { lsn, reason: "atom out of range" })?;
             index.atom_keys.insert(index::atom_key_hash(run, agent, &started.key), id);
-            *index.atom_slot(AtomId(started.atom)) =
-                index::AtomEntry { started_lsn: lsn, ended_lsn: 0, run, agent, state: EntryState::Running };
+            *index.atom_slot(AtomId(started.atom)) = index::AtomEntry::new(lsn, run, agent, EntryState::Running);
         }
         StoreRecord::RunTerminal(terminal) => {
             let entry = index
@@ -75,6 +74,14 @@ fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -
         StoreRecord::Dictionary(dictionary) => {
             codec.add_dictionary(dictionary.id, &dictionary.dictionary);
             index.next_dictionary = index.next_dictionary.max(dictionary.id + 1);
+        }
+        StoreRecord::AtomsAbandoned(rollback) => {
+            let run =
+                u32::try_from(rollback.run).map_err(|_| Error::InconsistentLog { lsn, reason: "run out of range" })?;
+            let agent = index
+                .agent_id(run, &rollback.agent)
+                .ok_or(Error::InconsistentLog { lsn, reason: "rollback of an unknown agent" })?;
+            index.abandon_after(run, agent, rollback.after_atom);
         }
         StoreRecord::AtomCompleted(_) | StoreRecord::AtomFailed(_) => {
             return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });

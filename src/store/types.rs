@@ -170,6 +170,8 @@ pub struct Atom {
     pub error: Option<String>,
     /// LSN of its start record.
     pub started_lsn: Lsn,
+    /// Whether a rollback abandoned it (it stays readable; its agent moved on without it).
+    pub abandoned: bool,
 }
 
 /// Where one agent of a run stands, for resuming after a crash.

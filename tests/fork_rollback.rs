@@ -1,0 +1,91 @@
+//! Fork and rollback: a reviewer says "go back to step 6 and try again". A fork starts a new
+//! branch from a completed atom while the old one stays readable; a rollback abandons the
+//! atoms after a point so the agent continues from it, re-running those steps as new atoms,
+//! across reopen. Guards against abandoned work leaking into the new branch's context.
+
+use std::cell::Cell;
+
+use continuum::synthetic::Transcript;
+use continuum::{AtomFailure, AtomId, AtomOutput, Context, Error, RunSpec, Store};
+
+fn output(step: u64) -> AtomOutput {
+    AtomOutput { delta: Transcript::new(step).next_delta(200), result: step.to_le_bytes().to_vec() }
+}
+
+fn fold(steps: &[u64]) -> Vec<u8> {
+    let mut context = Context::new();
+    for step in steps {
+        context.apply(&output(*step).delta);
+    }
+    context.encode()
+}
+
+/// A chain of ten completed steps s0..s9 of agent "a".
+fn chain(store: &Store) -> (continuum::RunId, Vec<AtomId>) {
+    let run = store.create_run(RunSpec::new("review")).expect("run");
+    let mut ids: Vec<AtomId> = Vec::new();
+    for step in 0..10u64 {
+        let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
+        let executed = store.execute(run, "a", &format!("s{step}"), &parents, |_| Ok(output(step))).expect("execute");
+        ids.push(executed.atom);
+    }
+    (run, ids)
+}
+
+#[test]
+fn a_fork_branches_from_a_completed_atom_and_the_old_branch_stays_readable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let (run, ids) = chain(&store);
+    let fork = store.fork(run, "a", ids[6], "s7-retry").expect("fork");
+    store.complete_atom(fork, &output(100)).expect("complete");
+    assert_eq!(store.rebuild_context(fork).expect("new branch").context.encode(), fold(&[0, 1, 2, 3, 4, 5, 6, 100]));
+    assert_eq!(store.rebuild_context(ids[9]).expect("old branch").context.encode(), fold(&(0..10).collect::<Vec<_>>()));
+    let running = store.begin_atom(run, "a", "unfinished", &[], "").expect("begin");
+    assert!(matches!(store.fork(run, "a", running, "x"), Err(Error::InvalidParent { .. })));
+}
+
+#[test]
+fn a_rollback_abandons_later_atoms_and_the_agent_reruns_those_steps() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (run, ids) = {
+        let store = Store::open(dir.path()).expect("open");
+        let (run, ids) = chain(&store);
+        let abandoned = store.rollback(run, "a", ids[6], "reviewer: redo from step 7").expect("rollback");
+        assert_eq!(abandoned, ids[7..].to_vec());
+        (run, ids)
+    };
+    // After reopen the rollback still holds (it is in the log).
+    let store = Store::open(dir.path()).expect("reopen");
+    assert!(store.atom(ids[8]).expect("readable").abandoned);
+    assert!(!store.atom(ids[6]).expect("kept").abandoned);
+    let report = store.resume(run).expect("resume");
+    assert_eq!(report.agents[0].last_completed, Some(ids[6]));
+    assert!(matches!(store.complete_atom(ids[9], &output(9)), Err(Error::InvalidTransition { .. })));
+    assert!(matches!(store.begin_atom(run, "a", "x", &[ids[8]], ""), Err(Error::InvalidParent { .. })));
+    // The agent re-runs steps 7..9: new atoms, the closures run again, with new outputs.
+    let runs = Cell::new(0);
+    let mut parent = ids[6];
+    for step in 7..10u64 {
+        let executed = store
+            .execute(run, "a", &format!("s{step}"), &[parent], |_| {
+                runs.set(runs.get() + 1);
+                Ok(output(step + 50))
+            })
+            .expect("re-run");
+        assert!(!executed.replayed);
+        assert!(executed.atom > ids[9], "a new atom, not the abandoned one");
+        parent = executed.atom;
+    }
+    assert_eq!(runs.get(), 3);
+    assert_eq!(
+        store.rebuild_context(parent).expect("new head").context.encode(),
+        fold(&[0, 1, 2, 3, 4, 5, 6, 57, 58, 59])
+    );
+    // Time travel into the abandoned branch still works.
+    assert_eq!(store.rebuild_context(ids[9]).expect("old head").context.encode(), fold(&(0..10).collect::<Vec<_>>()));
+    let failed =
+        store.execute(run, "a", "s10", &[parent], |_| Err(AtomFailure { message: "x".into(), retryable: true }));
+    assert!(failed.is_err());
+    assert!(store.incomplete_atoms(run).iter().all(|atom| !store.atom(*atom).expect("atom").abandoned));
+}
