@@ -1,8 +1,33 @@
 //! continuum: an embedded, crash-safe, append-only log storage engine for long-running AI agents.
 //!
-//! Start with [`Log`]: a write-ahead log of segment files with group commit, a CRC on every
-//! batch, crash recovery and prefix truncation. `docs/ARCHITECTURE.md` explains the design and
-//! `docs/FORMAT.md` every byte on disk.
+//! Agents use the [`Store`]: runs of atoms (one thought → action cycle each) forming a DAG,
+//! written to the log before their output is used, so that after a crash an agent resumes at
+//! its first incomplete atom and never repeats a completed one.
+//!
+//! ```
+//! # fn main() -> continuum::Result<()> {
+//! use continuum::{AtomOutput, Delta, RunSpec, Store};
+//!
+//! let dir = tempfile::tempdir().expect("a temporary directory");
+//! let store = Store::open(dir.path())?;
+//! let run = store.create_run(RunSpec::new("trip-42").pipeline("travel-agent", "1.0"))?;
+//! let plan = store.execute(run, "planner", "step-1", &[], |_atom| {
+//!     Ok(AtomOutput { delta: Delta::default(), result: b"fly on tuesday".to_vec() })
+//! })?;
+//! // Run again (after a crash, say): the recorded output comes back, the closure never runs.
+//! let again = store.execute(run, "planner", "step-1", &[], |_atom| unreachable!())?;
+//! assert!(again.replayed);
+//! assert_eq!(again.output.result, plan.output.result);
+//! // A side effect guarded by an idempotency key runs at most once.
+//! let booking = store.guarded(plan.atom, "book", |key| format!("booked with {key}").into_bytes())?;
+//! assert_eq!(booking, b"booked with trip-42/planner/step-1/book");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Underneath is the [`Log`]: a write-ahead log of segment files with group commit, a CRC on
+//! every batch, crash recovery and prefix truncation. `docs/ARCHITECTURE.md` explains the
+//! design and `docs/FORMAT.md` every byte on disk.
 //!
 //! ```
 //! # fn main() -> continuum::Result<()> {
