@@ -309,14 +309,17 @@ impl Codec {
     /// # Errors
     /// A [`CodecError`] for any malformed input.
     pub fn decompressed_body_len(&self, bytes: &[u8]) -> Result<usize, CodecError> {
-        let envelope = checked_envelope(bytes)?;
-        match envelope.compression {
-            Compression::None => Ok(envelope.body.len()),
-            Compression::Zstd { uncompressed_len } => Ok(self.decompress(None, envelope.body, uncompressed_len)?.len()),
-            Compression::ZstdDictionary { dictionary_id, uncompressed_len } => {
-                Ok(self.decompress(Some(dictionary_id), envelope.body, uncompressed_len)?.len())
-            }
-        }
+        Ok(self.body(&checked_envelope(bytes)?)?.len())
+    }
+
+    /// The envelope's protobuf body, decompressed if it was compressed.
+    fn body<'a>(&self, envelope: &envelope::Envelope<'a>) -> Result<std::borrow::Cow<'a, [u8]>, CodecError> {
+        let (dictionary, uncompressed_len) = match envelope.compression {
+            Compression::None => return Ok(std::borrow::Cow::Borrowed(envelope.body)),
+            Compression::Zstd { uncompressed_len } => (None, uncompressed_len),
+            Compression::ZstdDictionary { dictionary_id, uncompressed_len } => (Some(dictionary_id), uncompressed_len),
+        };
+        self.decompress(dictionary, envelope.body, uncompressed_len).map(std::borrow::Cow::Owned)
     }
 
     /// Decodes an envelope.
@@ -325,17 +328,7 @@ impl Codec {
     /// A [`CodecError`] for any malformed input.
     pub fn decode(&self, bytes: &[u8]) -> Result<StoreRecord, CodecError> {
         let envelope = checked_envelope(bytes)?;
-        let record = match envelope.compression {
-            Compression::None => StoreRecord::decode_body(envelope.kind, envelope.body),
-            Compression::Zstd { uncompressed_len } => {
-                let body = self.decompress(None, envelope.body, uncompressed_len)?;
-                StoreRecord::decode_body(envelope.kind, &body)
-            }
-            Compression::ZstdDictionary { dictionary_id, uncompressed_len } => {
-                let body = self.decompress(Some(dictionary_id), envelope.body, uncompressed_len)?;
-                StoreRecord::decode_body(envelope.kind, &body)
-            }
-        }?;
+        let record = StoreRecord::decode_body(envelope.kind, &self.body(&envelope)?)?;
         if record.subject() != envelope.subject {
             return Err(CodecError::Malformed("the envelope's subject differs from the body's"));
         }

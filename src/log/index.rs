@@ -161,15 +161,6 @@ impl FrameCursor {
     }
 }
 
-/// Records of one verified batch, with their LSNs, sliced without copying.
-pub(crate) fn batch_records(batch: &ReadBatch) -> impl Iterator<Item = (u64, Bytes)> + '_ {
-    record::Records::new(&batch.payload).enumerate().filter_map(move |(i, item)| {
-        // The frame verified as a whole, so every record parses.
-        let (start, bytes) = item.ok()?;
-        Some((batch.first_lsn + i as u64, batch.payload.slice(start..start + bytes.len())))
-    })
-}
-
 /// The ordered list of segments, oldest first; the last one is the active segment.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentIndex {

@@ -23,7 +23,7 @@ use crate::config::{Config, Durability, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::storage::{DirLock, FileStorage, Storage};
 
-use index::{FrameCursor, SegmentIndex};
+use index::SegmentIndex;
 use record::EncodedBatch;
 use writer::Writer;
 
@@ -184,6 +184,7 @@ impl LogBuilder {
 pub struct Log {
     inner: Arc<Inner>,
     flusher: Mutex<Option<JoinHandle<()>>>,
+    flusher_started: std::sync::atomic::AtomicBool,
 }
 
 struct Inner {
@@ -242,7 +243,7 @@ impl Log {
             stop_signal: Condvar::new(),
             _lock: lock,
         });
-        let log = Log { inner, flusher: Mutex::new(None) };
+        let log = Log { inner, flusher: Mutex::new(None), flusher_started: std::sync::atomic::AtomicBool::new(false) };
         if log.inner.config.durability == Durability::Buffered {
             log.start_flusher();
         }
@@ -304,17 +305,12 @@ impl Log {
         let Some(meta) = self.inner.index.read().find(lsn.get()).cloned() else {
             return Ok(None);
         };
-        let mut cursor = FrameCursor::seek(meta, lsn.get());
-        while let Some(batch) = cursor.next_batch()? {
-            if lsn.get() < batch.first_lsn {
-                return Ok(None);
-            }
-            if lsn.get() < batch.first_lsn + u64::from(batch.record_count) {
-                let found = index::batch_records(&batch).find(|(at, _)| *at == lsn.get());
-                return Ok(found.map(|(_, bytes)| bytes));
-            }
+        // The first record an iteration of this one segment yields at or after `lsn` is it,
+        // unless `lsn` fell in a range recovery skipped.
+        match LogIter::new(vec![meta], lsn.get()).next().transpose()? {
+            Some((found, bytes)) if found == lsn => Ok(Some(bytes)),
+            _ => Ok(None),
         }
-        Ok(None)
     }
 
     /// Iterates over the records from `lsn` (or from the oldest one, if `lsn` was truncated) to
@@ -421,6 +417,10 @@ impl Log {
     }
 
     fn start_flusher(&self) {
+        // Checked without the lock: every Buffered append calls this.
+        if self.flusher_started.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let mut flusher = self.flusher.lock();
         if flusher.is_some() {
             return;
@@ -431,6 +431,7 @@ impl Log {
             std::thread::Builder::new().name("continuum-flusher".into()).spawn(move || run_flusher(&weak, interval));
         // Without a flusher, Buffered appends are still written; only the timed sync is lost.
         *flusher = spawned.ok();
+        self.flusher_started.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
