@@ -186,6 +186,24 @@ pub enum Error {
         key: String,
     },
 
+    /// Only a sealed segment can be rewritten; `first_lsn` names no sealed segment.
+    #[error("no sealed segment starts at LSN {first_lsn}")]
+    NotSealed {
+        /// The first LSN that was asked for.
+        first_lsn: u64,
+    },
+
+    /// The history needed to rebuild this atom's context was reclaimed by retention: it is
+    /// older than the oldest snapshot kept for its agent (see `docs/ARCHITECTURE.md`,
+    /// "Retention and compaction").
+    #[error("the history needed to rebuild atom {atom} was reclaimed (atom {reclaimed}'s delta is gone)")]
+    HistoryReclaimed {
+        /// The atom whose context was asked for.
+        atom: u64,
+        /// An atom on its ancestry whose delta was reclaimed.
+        reclaimed: u64,
+    },
+
     /// A configuration value, or a combination of values, is not allowed.
     #[error("invalid configuration: {reason}")]
     InvalidConfig {
@@ -310,6 +328,10 @@ impl Error {
             },
             Error::EmptyBatch => Error::EmptyBatch,
             Error::InvalidConfig { reason } => Error::InvalidConfig { reason: reason.clone() },
+            Error::NotSealed { first_lsn } => Error::NotSealed { first_lsn: *first_lsn },
+            Error::HistoryReclaimed { atom, reclaimed } => {
+                Error::HistoryReclaimed { atom: *atom, reclaimed: *reclaimed }
+            }
             Error::Codec { lsn, source } => Error::Codec { lsn: *lsn, source: source.clone() },
             Error::InconsistentLog { lsn, reason } => Error::InconsistentLog { lsn: *lsn, reason },
             Error::UnknownRun { run } => Error::UnknownRun { run: run.clone() },

@@ -3,6 +3,7 @@
 //! The log knows nothing of atoms or agents: it stores opaque records, addressed by
 //! [`Lsn`]s that start at 1, increase by one per record, and are never reused.
 
+mod compact;
 mod index;
 mod iter;
 pub(crate) mod record;
@@ -27,6 +28,7 @@ use index::SegmentIndex;
 use record::EncodedBatch;
 use writer::Writer;
 
+pub use compact::{Rewrite, RewriteReport};
 pub use iter::LogIter;
 pub use recovery::{InvalidRange, RecoveryReport};
 

@@ -144,8 +144,13 @@ fn remove_temp_files(storage: &dyn Storage, dir: &Path, names: &[String]) -> Res
 }
 
 fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recovered> {
-    let header =
-        SegmentHeader { seq: 1, first_lsn: 1, segment_bytes: config.segment_bytes, store_id: segment::new_store_id() };
+    let header = SegmentHeader {
+        seq: 1,
+        first_lsn: 1,
+        segment_bytes: config.segment_bytes,
+        store_id: segment::new_store_id(),
+        end_lsn: 0,
+    };
     let created = segment::create(storage, dir, header)?;
     let active = ActiveState::new(header, created.path, created.file, SEGMENT_HEADER_BYTES as u64, 1);
     let mut index = SegmentIndex::default();
@@ -275,9 +280,13 @@ fn scan_segment(
     let salt = header.salt();
     let mut at = SEGMENT_HEADER_BYTES;
     let mut last_indexed: Option<usize> = None;
+    if header.is_compacted() && is_last {
+        let reason = "a compacted segment is the newest segment";
+        return Err(corruption(path, 0, CorruptionKind::BadSegmentHeader { reason }));
+    }
     loop {
         match valid_frame_at(bytes, at, salt) {
-            Some(frame) if frame.first_lsn == scan.next_lsn => {
+            Some(frame) if follows(header, scan.next_lsn, &frame) => {
                 if last_indexed.is_none_or(|i| (at - i) as u64 >= limits::SPARSE_INDEX_STRIDE_BYTES) {
                     scan.sparse.push(SparseEntry { lsn: frame.first_lsn, offset: at as u64 });
                     last_indexed = Some(at);
@@ -292,6 +301,10 @@ fn scan_segment(
                 return Err(corruption(path, at as u64, gap));
             }
             _ => match classify_invalid(bytes, at, salt, scan.next_lsn, is_last) {
+                Invalid::End if header.is_compacted() => {
+                    scan.next_lsn = header.end_lsn;
+                    return Ok(scan);
+                }
                 Invalid::End => return Ok(scan),
                 Invalid::Tail { bytes } => {
                     scan.tail = Tail::Invalid { offset: at as u64, bytes };
@@ -307,6 +320,16 @@ fn scan_segment(
                 }
             },
         }
+    }
+}
+
+/// Whether `frame` may come next: in a segment the writer wrote, LSNs are contiguous; in one
+/// compaction rewrote, they may skip ahead, up to the end the header records.
+fn follows(header: &SegmentHeader, next_lsn: u64, frame: &FrameHeader) -> bool {
+    if header.is_compacted() {
+        frame.first_lsn >= next_lsn && frame.next_lsn() <= header.end_lsn
+    } else {
+        frame.first_lsn == next_lsn
     }
 }
 

@@ -3,10 +3,14 @@
 //! ```text
 //! segment := header frame* zero-fill
 //! header  := magic:[u8;8] format_version:u32 header_bytes:u32 segment_seq:u64 first_lsn:u64
-//!            segment_bytes:u64 store_id:u64 reserved:[u8;12] header_crc:u32 (64 bytes, LE)
+//!            segment_bytes:u64 store_id:u64 end_lsn:u64 reserved:[u8;4] header_crc:u32
+//!            (64 bytes, LE)
 //! ```
 //!
-//! `header_crc` is CRC-32 (IEEE) of bytes 0..60. See `docs/FORMAT.md`.
+//! `header_crc` is CRC-32 (IEEE) of bytes 0..60. `end_lsn` is 0 in a segment the writer
+//! created; a segment rewritten by compaction holds a subset of the original's records (LSN
+//! gaps allowed) and `end_lsn` is the LSN after the original's last record. See
+//! `docs/FORMAT.md`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,7 +37,8 @@ const SEQ_AT: usize = 16;
 const FIRST_LSN_AT: usize = 24;
 const SEGMENT_BYTES_AT: usize = 32;
 const STORE_ID_AT: usize = 40;
-const RESERVED_AT: usize = 48;
+const END_LSN_AT: usize = 48;
+const RESERVED_AT: usize = 56;
 const HEADER_CRC_AT: usize = 60;
 const _: () = assert!(HEADER_CRC_AT + 4 == SEGMENT_HEADER_BYTES);
 const _: () = assert!(SEGMENT_HEADER_BYTES.is_multiple_of(crate::log::record::FRAME_ALIGN_BYTES));
@@ -51,6 +56,9 @@ pub(crate) struct SegmentHeader {
     /// Random id of the store, the same in every segment; salts frame checksums so that bytes
     /// from another store, or a frame image forged inside a record, never verify.
     pub store_id: u64,
+    /// 0 for a segment the writer created. For a segment rewritten by compaction: the LSN after
+    /// the last record of the segment it replaced; its frames may skip LSNs below it.
+    pub end_lsn: u64,
 }
 
 impl SegmentHeader {
@@ -64,7 +72,8 @@ impl SegmentHeader {
         bytes[SEQ_AT..FIRST_LSN_AT].copy_from_slice(&self.seq.to_le_bytes());
         bytes[FIRST_LSN_AT..SEGMENT_BYTES_AT].copy_from_slice(&self.first_lsn.to_le_bytes());
         bytes[SEGMENT_BYTES_AT..STORE_ID_AT].copy_from_slice(&self.segment_bytes.to_le_bytes());
-        bytes[STORE_ID_AT..RESERVED_AT].copy_from_slice(&self.store_id.to_le_bytes());
+        bytes[STORE_ID_AT..END_LSN_AT].copy_from_slice(&self.store_id.to_le_bytes());
+        bytes[END_LSN_AT..RESERVED_AT].copy_from_slice(&self.end_lsn.to_le_bytes());
         let crc = crc32fast::hash(&bytes[..HEADER_CRC_AT]);
         bytes[HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         bytes
@@ -95,9 +104,13 @@ impl SegmentHeader {
             first_lsn: read_u64_le(bytes, FIRST_LSN_AT),
             segment_bytes: read_u64_le(bytes, SEGMENT_BYTES_AT),
             store_id: read_u64_le(bytes, STORE_ID_AT),
+            end_lsn: read_u64_le(bytes, END_LSN_AT),
         };
         if header.first_lsn == 0 || header.seq == 0 {
             return Err("sequence or first LSN is zero");
+        }
+        if header.end_lsn != 0 && header.end_lsn < header.first_lsn {
+            return Err("end LSN is below the first LSN");
         }
         if header.segment_bytes < crate::limits::SEGMENT_BYTES_MIN
             || header.segment_bytes > crate::limits::SEGMENT_BYTES_MAX
@@ -113,6 +126,11 @@ impl SegmentHeader {
     /// mixed so that no two segments of any two stores share a salt in practice.
     pub fn salt(&self) -> u64 {
         mix64(self.store_id ^ mix64(self.seq))
+    }
+
+    /// Whether compaction rewrote this segment.
+    pub fn is_compacted(&self) -> bool {
+        self.end_lsn != 0
     }
 }
 
@@ -191,13 +209,23 @@ mod tests {
 
     #[test]
     fn header_round_trips() {
-        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99 };
+        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 0 };
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
     }
 
     #[test]
+    fn compacted_header_round_trips() {
+        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 2000 };
+        assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
+        assert!(header.is_compacted());
+        let backwards = SegmentHeader { end_lsn: 1000, ..header };
+        assert!(SegmentHeader::decode(&backwards.encode()).is_err());
+    }
+
+    #[test]
     fn every_flipped_header_byte_is_refused() {
-        let bytes = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99 }.encode();
+        let bytes =
+            SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 0 }.encode();
         for at in 0..bytes.len() {
             let mut damaged = bytes;
             damaged[at] ^= 0x40;

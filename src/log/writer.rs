@@ -423,6 +423,7 @@ impl Writer {
             first_lsn: leader.active.next_lsn,
             segment_bytes: self.segment_bytes,
             store_id: leader.active.header.store_id,
+            end_lsn: 0,
         };
         let sealed_view =
             leader.active.file.view().map_err(|e| GroupError::poisoning(Error::io("map", &leader.active.path, e)))?;

@@ -1,0 +1,249 @@
+//! Rewriting a sealed segment without its dead records: the primitive compaction is built on.
+//!
+//! The rewritten segment keeps the original's name, sequence, salt and LSNs; it holds only the
+//! records the caller keeps (some possibly replaced by smaller ones), so its frames may skip
+//! LSNs, and its header records the LSN after the original's last record (`end_lsn`), which
+//! keeps the log contiguous across segments. Because LSNs never change, nothing that refers to
+//! a record by LSN has to be updated.
+//!
+//! Crash safety: the new file is written under a temporary name, synced, renamed over the
+//! original and the directory synced. A crash leaves either the original or the rewritten
+//! file, both complete; a leftover temporary file is deleted by the next recovery.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::log::index::{SegmentBytes, SegmentMeta, SparseEntry};
+use crate::log::iter::LogIter;
+use crate::log::record::EncodedBatch;
+use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader};
+use crate::log::{Log, Lsn};
+use crate::storage::{OpenMode, StorageFile};
+
+/// Payload bytes of one frame of a rewritten segment.
+const REWRITE_FRAME_BYTES: usize = 1024 * 1024;
+/// Bytes buffered before each write of the rewritten file.
+const REWRITE_WRITE_BYTES: usize = 4 * 1024 * 1024;
+const _: () = assert!(REWRITE_FRAME_BYTES <= limits::BATCH_BYTES_MAX as usize);
+
+/// What to do with one record when its segment is rewritten.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rewrite {
+    /// Keep the record as it is.
+    Keep,
+    /// Leave the record out: reading its LSN returns `None` from then on.
+    Drop,
+    /// Keep the LSN with these bytes instead (for example, the record without a part that is
+    /// no longer needed).
+    Replace(Vec<u8>),
+}
+
+/// What [`Log::rewrite_segment`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RewriteReport {
+    /// Records kept unchanged.
+    pub kept: u64,
+    /// Records kept with new bytes.
+    pub replaced: u64,
+    /// Records left out.
+    pub dropped: u64,
+    /// Bytes of frames in the segment before.
+    pub bytes_before: u64,
+    /// Bytes of frames in the segment after.
+    pub bytes_after: u64,
+}
+
+impl Log {
+    /// Rewrites the sealed segment that starts at `first_lsn`, asking `decide` what to do with
+    /// each of its records, in LSN order. Readers keep working throughout and see the same
+    /// record at every kept LSN.
+    ///
+    /// # Errors
+    /// [`Error::NotSealed`] if no sealed segment starts at `first_lsn`; `decide`'s errors
+    /// (nothing changes then); read errors of the segment; [`Error::Io`] or
+    /// [`Error::NoSpace`] from writing the new file (the original stays).
+    pub fn rewrite_segment(
+        &self,
+        first_lsn: Lsn,
+        mut decide: impl FnMut(Lsn, &Bytes) -> Result<Rewrite>,
+    ) -> Result<RewriteReport> {
+        let _one_at_a_time = self.inner.truncating.lock();
+        let meta = self.sealed_meta(first_lsn.get())?;
+        let header = compacted_header(&meta)?;
+        let storage = self.inner.storage.as_ref();
+        let temp =
+            self.inner.dir.join(format!("{}.compact{}", segment::file_name(header.first_lsn), segment::TEMP_SUFFIX));
+        let _ = storage.remove_file(&temp);
+        let file = storage.open(&temp, OpenMode::CreateNew).map_err(|e| Error::io("create", &temp, e))?;
+        let mut out = SegmentWriter::new(Arc::clone(&file), &temp, header);
+        let written = copy_records(&meta, &mut out, &mut decide).and_then(|mut report| {
+            out.finish()?;
+            report.bytes_before = meta.data_end;
+            report.bytes_after = out.offset;
+            Ok(report)
+        });
+        let report = match written {
+            Ok(report) => report,
+            Err(error) => {
+                let _ = storage.remove_file(&temp);
+                return Err(error);
+            }
+        };
+        // IMPORTANT: the rewritten bytes are durable before the name points at them.
+        file.sync_data().map_err(|e| Error::io("fdatasync", &temp, e))?;
+        storage.rename(&temp, &meta.path).map_err(|e| Error::io("rename", &temp, e))?;
+        // IMPORTANT: the replacement survives a crash only once the directory is synced.
+        storage.sync_dir(&self.inner.dir).map_err(|e| Error::io("sync directory", &self.inner.dir, e))?;
+        let view = file.view().map_err(|e| Error::io("map", meta.path.to_path_buf(), e))?;
+        let rewritten = SegmentMeta {
+            data_end: out.offset,
+            sparse: Arc::new(out.sparse),
+            skips: Arc::new(Vec::new()),
+            bytes: SegmentBytes::mapped(view),
+            next_lsn: header.end_lsn,
+            ..meta
+        };
+        let mut index = self.inner.index.write();
+        if let Some(slot) = index.segments.iter_mut().find(|m| m.first_lsn == rewritten.first_lsn) {
+            *slot = rewritten;
+        }
+        Ok(report)
+    }
+
+    /// The sealed segment starting at `first_lsn`.
+    fn sealed_meta(&self, first_lsn: u64) -> Result<SegmentMeta> {
+        let index = self.inner.index.read();
+        let sealed = index.segments.len().saturating_sub(1);
+        index.segments[..sealed]
+            .iter()
+            .find(|meta| meta.first_lsn == first_lsn)
+            .cloned()
+            .ok_or(Error::NotSealed { first_lsn })
+    }
+}
+
+/// The header of `meta`'s rewrite: the original's, with the end of its LSN range recorded.
+fn compacted_header(meta: &SegmentMeta) -> Result<SegmentHeader> {
+    let SegmentBytes::Mapped(bytes) = &meta.bytes else {
+        return Err(Error::NotSealed { first_lsn: meta.first_lsn });
+    };
+    let original = SegmentHeader::decode(bytes).map_err(|reason| Error::Corruption {
+        segment: meta.path.to_path_buf(),
+        offset: 0,
+        kind: crate::error::CorruptionKind::BadSegmentHeader { reason },
+    })?;
+    Ok(SegmentHeader { end_lsn: meta.next_lsn, ..original })
+}
+
+/// Streams the records of `meta` through `decide` into `out`.
+fn copy_records(
+    meta: &SegmentMeta,
+    out: &mut SegmentWriter,
+    decide: &mut impl FnMut(Lsn, &Bytes) -> Result<Rewrite>,
+) -> Result<RewriteReport> {
+    let mut report = RewriteReport::default();
+    for item in LogIter::new(vec![meta.clone()], meta.first_lsn) {
+        let (lsn, bytes) = item?;
+        match decide(lsn, &bytes)? {
+            Rewrite::Keep => {
+                report.kept += 1;
+                out.push(lsn.get(), bytes)?;
+            }
+            Rewrite::Replace(new) => {
+                report.replaced += 1;
+                out.push(lsn.get(), Bytes::from(new))?;
+            }
+            Rewrite::Drop => report.dropped += 1,
+        }
+    }
+    Ok(report)
+}
+
+/// Writes frames of contiguous kept records into the new segment file.
+struct SegmentWriter {
+    file: Arc<dyn StorageFile>,
+    path: PathBuf,
+    salt: u64,
+    /// Records of the frame being built, and the LSN of its first one.
+    pending: Vec<Bytes>,
+    pending_first: u64,
+    pending_bytes: usize,
+    /// Sealed frames not yet written, and the file offset they start at.
+    buf: Vec<u8>,
+    buf_at: u64,
+    /// Offset after the last frame.
+    offset: u64,
+    sparse: Vec<SparseEntry>,
+    last_indexed: Option<u64>,
+}
+
+impl SegmentWriter {
+    fn new(file: Arc<dyn StorageFile>, path: &Path, header: SegmentHeader) -> Self {
+        let mut buf = Vec::with_capacity(REWRITE_WRITE_BYTES);
+        buf.extend_from_slice(&header.encode());
+        Self {
+            file,
+            path: path.to_path_buf(),
+            salt: header.salt(),
+            pending: Vec::new(),
+            pending_first: 0,
+            pending_bytes: 0,
+            buf,
+            buf_at: 0,
+            offset: SEGMENT_HEADER_BYTES as u64,
+            sparse: Vec::new(),
+            last_indexed: None,
+        }
+    }
+
+    fn push(&mut self, lsn: u64, record: Bytes) -> Result<()> {
+        let contiguous = self.pending_first + self.pending.len() as u64 == lsn;
+        if !self.pending.is_empty() && (!contiguous || self.pending_bytes + record.len() > REWRITE_FRAME_BYTES) {
+            self.seal_frame()?;
+        }
+        if self.pending.is_empty() {
+            self.pending_first = lsn;
+        }
+        self.pending_bytes += record.len() + 4;
+        self.pending.push(record);
+        Ok(())
+    }
+
+    fn seal_frame(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut batch = EncodedBatch::encode(&self.pending)?;
+        if self.last_indexed.is_none_or(|at| self.offset - at >= limits::SPARSE_INDEX_STRIDE_BYTES) {
+            self.sparse.push(SparseEntry { lsn: self.pending_first, offset: self.offset });
+            self.last_indexed = Some(self.offset);
+        }
+        // Everything before this frame is written by the time the file is published.
+        let synced_through = u32::try_from(self.offset).expect("segments are at most SEGMENT_BYTES_MAX < 4 GiB");
+        let frame = batch.seal(self.pending_first, self.salt, synced_through);
+        self.offset += frame.len() as u64;
+        self.buf.extend_from_slice(frame);
+        self.pending.clear();
+        self.pending_bytes = 0;
+        if self.buf.len() >= REWRITE_WRITE_BYTES {
+            self.write_buf()?;
+        }
+        Ok(())
+    }
+
+    fn write_buf(&mut self) -> Result<()> {
+        self.file.write_all_at(&self.buf, self.buf_at).map_err(|e| Error::io("write", &self.path, e))?;
+        self.buf_at += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.seal_frame()?;
+        self.write_buf()
+    }
+}
