@@ -67,6 +67,6 @@ pub use context::Context;
 pub use error::{CorruptionKind, Error, Result};
 pub use log::{Log, LogBuilder, Lsn, LsnRange, RecoveryReport};
 pub use store::{
-    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
-    Store, StoreBuilder,
+    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, CompactionReport, Executed,
+    ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy, SpaceReport, Store, StoreBuilder,
 };

@@ -37,6 +37,8 @@ pub(crate) enum SnapshotError {
     TooLarge,
     Decompress,
     Decode,
+    /// Deleted (by retention) between the choice and the read.
+    Missing,
 }
 
 impl SnapshotError {
@@ -49,6 +51,7 @@ impl SnapshotError {
             SnapshotError::TooLarge => "the declared size exceeds the limit",
             SnapshotError::Decompress => "the payload does not decompress",
             SnapshotError::Decode => "the payload does not decode",
+            SnapshotError::Missing => "the file was deleted by retention",
         }
     }
 }
@@ -131,7 +134,11 @@ pub(crate) fn publish(storage: &dyn Storage, store_dir: &Path, atom: u64, bytes:
 /// Reads a snapshot file's bytes (bounded by the limit, so a huge file is refused).
 pub(crate) fn read(storage: &dyn Storage, store_dir: &Path, atom: u64) -> Result<Result<Vec<u8>, SnapshotError>> {
     let path = path(store_dir, atom);
-    let file = storage.open(&path, OpenMode::ReadOnly).map_err(|e| Error::io("open", &path, e))?;
+    let file = match storage.open(&path, OpenMode::ReadOnly) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Err(SnapshotError::Missing)),
+        Err(e) => return Err(Error::io("open", &path, e)),
+    };
     let len = file.len().map_err(|e| Error::io("stat", &path, e))?;
     if len > limits::SNAPSHOT_BYTES_MAX + HEADER_BYTES as u64 {
         return Ok(Err(SnapshotError::TooLarge));

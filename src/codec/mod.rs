@@ -87,6 +87,11 @@ pub enum StoreRecord {
     Dictionary(proto::CompressionDictionary),
     /// A rollback: atoms after one atom of an agent were abandoned.
     AtomsAbandoned(proto::AtomsAbandoned),
+    /// An atom completed, and compaction has since reclaimed its delta (its result stays):
+    /// what a rewritten segment holds in place of an [`StoreRecord::AtomCompleted`].
+    AtomReclaimed(proto::AtomCompleted),
+    /// Retention dropped a finished run.
+    RunDropped(proto::RunDropped),
 }
 
 /// The kind of a store record, as the codec's `peek` reports it from the envelope alone.
@@ -111,6 +116,10 @@ pub enum RecordKind {
     Dictionary,
     /// [`StoreRecord::AtomsAbandoned`].
     AtomsAbandoned,
+    /// [`StoreRecord::AtomReclaimed`].
+    AtomReclaimed,
+    /// [`StoreRecord::RunDropped`].
+    RunDropped,
 }
 
 impl RecordKind {
@@ -125,6 +134,8 @@ impl RecordKind {
             kind::GUARD_COMPLETED => RecordKind::GuardCompleted,
             kind::DICTIONARY => RecordKind::Dictionary,
             kind::ATOMS_ABANDONED => RecordKind::AtomsAbandoned,
+            kind::ATOM_RECLAIMED => RecordKind::AtomReclaimed,
+            kind::RUN_DROPPED => RecordKind::RunDropped,
             _ => return None,
         })
     }
@@ -141,6 +152,8 @@ mod kind {
     pub const GUARD_COMPLETED: u8 = 7;
     pub const DICTIONARY: u8 = 8;
     pub const ATOMS_ABANDONED: u8 = 9;
+    pub const ATOM_RECLAIMED: u8 = 10;
+    pub const RUN_DROPPED: u8 = 11;
 }
 
 /// The schema version every kind is written with today; readers accept this and older.
@@ -158,6 +171,8 @@ impl StoreRecord {
             StoreRecord::GuardCompleted(_) => kind::GUARD_COMPLETED,
             StoreRecord::Dictionary(_) => kind::DICTIONARY,
             StoreRecord::AtomsAbandoned(_) => kind::ATOMS_ABANDONED,
+            StoreRecord::AtomReclaimed(_) => kind::ATOM_RECLAIMED,
+            StoreRecord::RunDropped(_) => kind::RUN_DROPPED,
         }
     }
 
@@ -172,6 +187,8 @@ impl StoreRecord {
             StoreRecord::GuardStarted(_) | StoreRecord::GuardCompleted(_) => 0,
             StoreRecord::Dictionary(m) => u64::from(m.id),
             StoreRecord::AtomsAbandoned(m) => m.after_atom,
+            StoreRecord::AtomReclaimed(m) => m.atom,
+            StoreRecord::RunDropped(m) => m.run,
         }
     }
 
@@ -186,6 +203,8 @@ impl StoreRecord {
             StoreRecord::GuardCompleted(m) => m.encode_to_vec(),
             StoreRecord::Dictionary(m) => m.encode_to_vec(),
             StoreRecord::AtomsAbandoned(m) => m.encode_to_vec(),
+            StoreRecord::AtomReclaimed(m) => m.encode_to_vec(),
+            StoreRecord::RunDropped(m) => m.encode_to_vec(),
         }
     }
 
@@ -200,6 +219,8 @@ impl StoreRecord {
             kind::GUARD_COMPLETED => StoreRecord::GuardCompleted(decode_message(body)?),
             kind::DICTIONARY => StoreRecord::Dictionary(decode_message(body)?),
             kind::ATOMS_ABANDONED => StoreRecord::AtomsAbandoned(decode_message(body)?),
+            kind::ATOM_RECLAIMED => StoreRecord::AtomReclaimed(decode_message(body)?),
+            kind::RUN_DROPPED => StoreRecord::RunDropped(decode_message(body)?),
             other => return Err(CodecError::UnknownKind(other)),
         };
         Ok(record)

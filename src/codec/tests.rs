@@ -16,6 +16,8 @@ fn sample_records(seed: u64) -> Vec<StoreRecord> {
             pipeline_version: "1.2".into(),
             environment: [("host".to_owned(), "node-7".to_owned()), ("model".to_owned(), "gpt-x".to_owned())].into(),
             created_at_unix_us: 17,
+            snapshot_every_atoms: Some(10),
+            snapshot_every_ms: None,
         }),
         StoreRecord::AtomStarted(AtomStarted {
             atom: 3,
@@ -47,6 +49,15 @@ fn sample_records(seed: u64) -> Vec<StoreRecord> {
         }),
         StoreRecord::GuardCompleted(GuardCompleted { key: "g".into(), result: vec![1, 2, 3], ended_at_unix_us: 4 }),
         StoreRecord::Dictionary(CompressionDictionary { id: 1, dictionary: vec![7; 100] }),
+        StoreRecord::AtomsAbandoned(AtomsAbandoned {
+            after_atom: 2,
+            run: 1,
+            agent: "a".into(),
+            reason: "reviewer".into(),
+            at_unix_us: 8,
+        }),
+        StoreRecord::AtomReclaimed(AtomCompleted { atom: 3, delta: None, result: b"ok".to_vec(), ended_at_unix_us: 9 }),
+        StoreRecord::RunDropped(RunDropped { run: 1, next_atom: 5, dropped_at_unix_us: 10 }),
     ]
 }
 

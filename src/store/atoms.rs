@@ -55,7 +55,7 @@ impl Store {
             started_at_unix_us: now_us(),
         });
         let appended = self.append(&record, Durability::None);
-        let mut index = self.index.write();
+        let mut index = self.shared.index.write();
         match appended {
             Ok(lsn) => {
                 let entry = index.atom_slot(atom);
@@ -74,7 +74,7 @@ impl Store {
 
     /// Validates a new atom and reserves its id and key, so that no other thread can take them.
     fn reserve_atom(&self, run: RunId, agent: &str, key: &str, parents: &[AtomId]) -> Result<(AtomId, u32)> {
-        let mut index = self.index.write();
+        let mut index = self.shared.index.write();
         let run_entry = index.run(run).ok_or_else(|| unknown_run(run))?;
         if run_entry.status != RunStatus::Running {
             return Err(Error::RunFinished { run: run.0 });
@@ -82,6 +82,14 @@ impl Store {
         let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
         for parent in parents {
             check_parent(&index, run32, *parent)?;
+            // A parent whose delta is reclaimed can only start a branch from its snapshot.
+            let reclaimed = index.atom(*parent).is_some_and(|entry| entry.reclaimed);
+            if reclaimed && !self.shared.snapshots.lock().contains(&parent.0) {
+                return Err(Error::InvalidParent {
+                    parent: parent.0,
+                    reason: "its history was reclaimed by retention",
+                });
+            }
         }
         if let Some(existing) = self.find_atom(&index, run32, agent, key)? {
             return Err(Error::AtomExists { atom: existing.0 });
@@ -123,7 +131,7 @@ impl Store {
     /// # Errors
     /// Read errors of the log.
     pub fn atom_by_key(&self, run: RunId, agent: &str, key: &str) -> Result<Option<AtomId>> {
-        let index = self.index.read();
+        let index = self.shared.index.read();
         let Ok(run32) = u32::try_from(run.0) else { return Ok(None) };
         self.find_atom(&index, run32, agent, key)
     }
@@ -135,8 +143,10 @@ impl Store {
     /// atom that is not retryable), and the log's append errors.
     pub fn complete_atom(&self, atom: AtomId, output: &AtomOutput) -> Result<()> {
         self.sample_for_dictionary(&output.delta);
-        let bytes = self.codec.encode_completion(atom.0, &output.delta, &output.result, now_us());
-        self.finish_atom(atom, &bytes, "completed", EntryState::Completed)
+        let bytes = self.shared.codec.encode_completion(atom.0, &output.delta, &output.result, now_us());
+        self.finish_atom(atom, &bytes, "completed", EntryState::Completed)?;
+        self.after_completion(atom);
+        Ok(())
     }
 
     /// Records that `atom` failed; returns once that is durable.
@@ -151,13 +161,13 @@ impl Store {
             ended_at_unix_us: now_us(),
         });
         let state = if failure.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
-        self.finish_atom(atom, &self.codec.encode(&record), "failed", state)
+        self.finish_atom(atom, &self.shared.codec.encode(&record), "failed", state)
     }
 
     /// Appends an encoded end record for `atom`, guarding the transition.
     fn finish_atom(&self, atom: AtomId, record: &[u8], to: &'static str, state: EntryState) -> Result<()> {
         let previous = {
-            let mut index = self.index.write();
+            let mut index = self.shared.index.write();
             let entry = index.atom_mut(atom).ok_or(Error::UnknownAtom { atom: atom.0 })?;
             if entry.abandoned {
                 return Err(Error::InvalidTransition { atom: atom.0, from: "abandoned", to });
@@ -168,8 +178,8 @@ impl Store {
             std::mem::replace(&mut entry.state, EntryState::Finishing)
         };
         // IMPORTANT: Sync makes this record and the atom's start record durable before return.
-        let appended = self.log.append_with(record, Durability::Sync);
-        let mut index = self.index.write();
+        let appended = self.shared.log.append_with(record, Durability::Sync);
+        let mut index = self.shared.index.write();
         let entry = index.atom_slot(atom);
         match appended {
             Ok(lsn) => {
@@ -245,7 +255,7 @@ impl Store {
     /// [`Error::UnknownAtom`], and read or decode errors of the log.
     pub fn atom(&self, atom: AtomId) -> Result<Atom> {
         let entry = {
-            let index = self.index.read();
+            let index = self.shared.index.read();
             *index
                 .atom(atom)
                 .filter(|entry| entry.state.status().is_some())
@@ -271,10 +281,11 @@ impl Store {
             error: None,
             started_lsn: Lsn::new(entry.started_lsn),
             abandoned: entry.abandoned,
+            delta_reclaimed: entry.reclaimed,
         };
         if entry.ended_lsn != 0 && found.status != AtomStatus::Running {
             match self.read_record(entry.ended_lsn)? {
-                StoreRecord::AtomCompleted(done) => {
+                StoreRecord::AtomCompleted(done) | StoreRecord::AtomReclaimed(done) => {
                     found.ended_at_unix_us = Some(done.ended_at_unix_us);
                     found.output = Some(AtomOutput { delta: done.delta.unwrap_or_default(), result: done.result });
                 }
@@ -295,12 +306,12 @@ impl Store {
 
     /// Every atom of `run`, in id order.
     pub fn run_atoms(&self, run: RunId) -> Vec<AtomId> {
-        self.index.read().run_atoms(run).map(|(atom, _)| atom).collect()
+        self.shared.index.read().run_atoms(run).map(|(atom, _)| atom).collect()
     }
 
     /// Every atom of `agent` in `run`, in id order.
     pub fn agent_atoms(&self, run: RunId, agent: &str) -> Vec<AtomId> {
-        let index = self.index.read();
+        let index = self.shared.index.read();
         let Some(agent_id) = u32::try_from(run.0).ok().and_then(|run32| index.agent_id(run32, agent)) else {
             return Vec::new();
         };
@@ -309,7 +320,7 @@ impl Store {
 
     /// Atoms of `run` that started and did not complete (running, or failed retryably).
     pub fn incomplete_atoms(&self, run: RunId) -> Vec<AtomId> {
-        let index = self.index.read();
+        let index = self.shared.index.read();
         index
             .run_atoms(run)
             .filter(|(_, entry)| !entry.abandoned)
@@ -326,7 +337,7 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownRun`].
     pub fn resume(&self, run: RunId) -> Result<ResumeReport> {
-        let index = self.index.read();
+        let index = self.shared.index.read();
         let status = index.run(run).ok_or_else(|| unknown_run(run))?.status.clone();
         let mut agents: Vec<(u32, AgentResume)> = Vec::new();
         for (atom, entry) in index.run_atoms(run).filter(|(_, entry)| !entry.abandoned) {
@@ -356,7 +367,7 @@ impl Store {
     /// writes it to the log before any record uses it.
     fn sample_for_dictionary(&self, delta: &Delta) {
         let samples = {
-            let mut training = self.training.lock();
+            let mut training = self.shared.training.lock();
             if training.done {
                 return;
             }
@@ -374,12 +385,12 @@ impl Store {
         // Training failure (samples too alike or too few) only means no dictionary: records
         // stay compressed without one.
         let Some(dictionary) = codec::train_dictionary(&samples) else { return };
-        let id = self.index.read().next_dictionary;
+        let id = self.shared.index.read().next_dictionary;
         let record = StoreRecord::Dictionary(proto::CompressionDictionary { id, dictionary: dictionary.clone() });
         // IMPORTANT: the dictionary is durable before any record compressed with it exists.
         if self.append(&record, Durability::Sync).is_ok() {
-            self.index.write().next_dictionary = id + 1;
-            self.codec.add_dictionary(id, &dictionary);
+            self.shared.index.write().next_dictionary = id + 1;
+            self.shared.codec.add_dictionary(id, &dictionary);
         }
     }
 }
@@ -394,7 +405,7 @@ impl Store {
     /// [`Error::UnknownAtom`] if `to` is not an atom of that run and agent; the log's errors.
     pub fn rollback(&self, run: RunId, agent: &str, to: AtomId, reason: &str) -> Result<Vec<AtomId>> {
         let (run32, agent_id) = {
-            let index = self.index.read();
+            let index = self.shared.index.read();
             let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
             let agent_id = index.agent_id(run32, agent).ok_or(Error::UnknownAtom { atom: to.0 })?;
             let entry = index.atom(to).ok_or(Error::UnknownAtom { atom: to.0 })?;
@@ -411,7 +422,7 @@ impl Store {
             at_unix_us: now_us(),
         });
         self.append(&record, Durability::Sync)?;
-        Ok(self.index.write().abandon_after(run32, agent_id, to.0))
+        Ok(self.shared.index.write().abandon_after(run32, agent_id, to.0))
     }
 
     /// Fork: starts a new branch of `agent` from the completed atom `from` ("go back to step 7
@@ -422,7 +433,7 @@ impl Store {
     /// [`Error::InvalidParent`] if `from` has not completed; the errors of
     /// [`Store::begin_atom`].
     pub fn fork(&self, run: RunId, agent: &str, from: AtomId, key: &str) -> Result<AtomId> {
-        let completed = self.index.read().atom(from).is_some_and(|entry| entry.state == EntryState::Completed);
+        let completed = self.shared.index.read().atom(from).is_some_and(|entry| entry.state == EntryState::Completed);
         if !completed {
             return Err(Error::InvalidParent { parent: from.0, reason: "a fork starts from a completed atom" });
         }

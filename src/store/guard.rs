@@ -24,7 +24,7 @@ impl Store {
     /// [`Error::UnknownAtom`] and the log's read errors.
     pub fn guard_key(&self, atom: AtomId, operation: &str) -> Result<String> {
         let found = self.atom(atom)?;
-        let run_name = self.index.read().run(found.run).map(|run| run.name.clone()).unwrap_or_default();
+        let run_name = self.shared.index.read().run(found.run).map(|run| run.name.clone()).unwrap_or_default();
         Ok(format!("{run_name}/{}/{}/{operation}", found.agent, found.key))
     }
 
@@ -43,7 +43,7 @@ impl Store {
         }
         // Reserve the key so that a concurrent caller in this process sees it in doubt.
         {
-            let mut index = self.index.write();
+            let mut index = self.shared.index.write();
             if index.guards.contains_key(&hash) {
                 return Err(Error::GuardInDoubt { key });
             }
@@ -59,11 +59,11 @@ impl Store {
         let lsn = match self.append(&started, Durability::Sync) {
             Ok(lsn) => lsn,
             Err(error) => {
-                self.index.write().guards.remove(&hash);
+                self.shared.index.write().guards.remove(&hash);
                 return Err(error);
             }
         };
-        self.index.write().guards.insert(hash, GuardEntry { started_lsn: lsn.get(), completed_lsn: 0 });
+        self.shared.index.write().guards.insert(hash, GuardEntry { started_lsn: lsn.get(), completed_lsn: 0 });
         let result = effect(&key);
         self.record_guard(&key, hash, &result)?;
         Ok(result)
@@ -84,7 +84,7 @@ impl Store {
             ended_at_unix_us: now_us(),
         });
         let lsn = self.append(&completed, Durability::Sync)?;
-        let mut index = self.index.write();
+        let mut index = self.shared.index.write();
         let entry = index.guards.entry(hash).or_insert(GuardEntry { started_lsn: lsn.get(), completed_lsn: 0 });
         entry.completed_lsn = lsn.get();
         Ok(())
@@ -92,7 +92,7 @@ impl Store {
 
     /// The recorded result of a completed guard; [`Error::GuardInDoubt`] for a started one.
     fn recorded_guard(&self, key: &str, hash: u64) -> Result<Option<Vec<u8>>> {
-        let Some(entry) = self.index.read().guards.get(&hash).copied() else { return Ok(None) };
+        let Some(entry) = self.shared.index.read().guards.get(&hash).copied() else { return Ok(None) };
         if entry.completed_lsn == 0 {
             return Err(Error::GuardInDoubt { key: key.to_owned() });
         }

@@ -54,15 +54,24 @@ pub(crate) struct AtomEntry {
     pub state: EntryState,
     /// Rolled back: readable history, but no longer the agent's current branch.
     pub abandoned: bool,
+    /// Compaction reclaimed (or is reclaiming) its delta: no rebuild may need it any more.
+    pub reclaimed: bool,
 }
 
 impl AtomEntry {
-    const VACANT: AtomEntry =
-        AtomEntry { started_lsn: 0, ended_lsn: 0, run: 0, agent: 0, state: EntryState::Vacant, abandoned: false };
+    const VACANT: AtomEntry = AtomEntry {
+        started_lsn: 0,
+        ended_lsn: 0,
+        run: 0,
+        agent: 0,
+        state: EntryState::Vacant,
+        abandoned: false,
+        reclaimed: false,
+    };
 
     /// A new entry in `state`.
     pub fn new(started_lsn: u64, run: u32, agent: u32, state: EntryState) -> Self {
-        Self { started_lsn, ended_lsn: 0, run, agent, state, abandoned: false }
+        Self { started_lsn, ended_lsn: 0, run, agent, state, abandoned: false, reclaimed: false }
     }
 }
 
@@ -71,6 +80,10 @@ impl AtomEntry {
 pub(crate) struct RunEntry {
     pub name: String,
     pub status: RunStatus,
+    /// The run's own snapshot policy, if it has one.
+    pub snapshot_policy: Option<crate::store::SnapshotPolicy>,
+    /// When it finished (0 while running).
+    pub ended_at_unix_us: u64,
 }
 
 /// One guarded side effect.
@@ -187,6 +200,25 @@ impl StoreIndex {
             }
         }
         abandoned
+    }
+
+    /// Forgets every atom of a dropped run, frees its name, and keeps atom ids below
+    /// `next_atom` from being reused.
+    pub fn drop_run(&mut self, run: RunId, next_atom: u64) {
+        let Some(entry) = self.run_mut(run) else { return };
+        entry.status = RunStatus::Dropped;
+        let name = entry.name.clone();
+        if self.run_names.get(&name).is_some_and(|id| u64::from(*id) == run.0) {
+            self.run_names.remove(&name);
+        }
+        for atom in self.atoms.iter_mut().filter(|atom| u64::from(atom.run) == run.0) {
+            *atom = AtomEntry::VACANT;
+        }
+        if let Some(floor) = next_atom.checked_sub(1).and_then(|n| usize::try_from(n).ok()) {
+            if self.atoms.len() < floor {
+                self.atoms.resize(floor, AtomEntry::VACANT);
+            }
+        }
     }
 
     /// Approximate heap bytes held by the index (capacity-based).

@@ -8,10 +8,14 @@
 //! running completed atoms again.
 
 mod atoms;
+mod background;
+mod compaction;
 mod guard;
 mod index;
+mod policy;
 mod rebuild;
 mod replay;
+mod retention;
 mod types;
 
 use std::path::Path;
@@ -28,6 +32,8 @@ use crate::storage::Storage;
 
 use index::StoreIndex;
 
+pub use compaction::{CompactionReport, SpaceReport};
+pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
 pub use replay::{Rebuilt, SnapshotFallback};
 pub use types::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
@@ -37,6 +43,8 @@ pub use types::{
 #[must_use = "a builder does nothing until `open` is called"]
 pub struct StoreBuilder {
     log: LogBuilder,
+    policies: policy::Policies,
+    background: bool,
 }
 
 impl StoreBuilder {
@@ -58,40 +66,88 @@ impl StoreBuilder {
         self
     }
 
+    /// When snapshots are written (default: every 50 completed atoms of an agent or every 10
+    /// minutes, whichever comes first). Runs may override it ([`RunSpec::snapshot_policy`]).
+    pub fn snapshot_policy(mut self, policy: SnapshotPolicy) -> Self {
+        self.policies.snapshot = policy;
+        self
+    }
+
+    /// What retention keeps (default: the last 5 snapshots per agent; finished runs forever).
+    pub fn retention(mut self, policy: RetentionPolicy) -> Self {
+        self.policies.retention = policy;
+        self
+    }
+
+    /// When compaction rewrites a segment, and how often it runs in the background.
+    pub fn compaction(mut self, policy: CompactionPolicy) -> Self {
+        self.policies.compaction = policy;
+        self
+    }
+
+    /// Whether a background thread writes policy snapshots and runs compaction (default:
+    /// yes). Without it, policy snapshots are written by the thread that completes the atom,
+    /// and compaction runs only when [`Store::compact`] is called.
+    pub fn background(mut self, enabled: bool) -> Self {
+        self.background = enabled;
+        self
+    }
+
     /// Opens the log (running its recovery) and rebuilds the index from it.
     ///
     /// # Errors
     /// Everything [`LogBuilder::open`] returns, plus [`Error::Codec`] and
-    /// [`Error::InconsistentLog`] for records the index cannot take.
+    /// [`Error::InconsistentLog`] for records the index cannot take, and
+    /// [`Error::InvalidConfig`] for an invalid policy.
     pub fn open(self) -> Result<Store> {
+        self.policies.validate()?;
         let log = self.log.open()?;
         let codec = Codec::default();
         let index = rebuild::rebuild(&log, &codec)?;
         let trained = codec.current_dictionary().is_some();
         let snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
-        Ok(Store {
+        let shared = Arc::new(Shared {
             log,
             codec,
             index: RwLock::new(index),
             training: Mutex::new(atoms::Training::new(trained)),
             snapshots: Mutex::new(snapshots),
-        })
+            policies: self.policies,
+            snapshot_clock: Mutex::new(std::collections::HashMap::new()),
+            compacting: Mutex::new(()),
+        });
+        let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
+        Ok(Store { worker, shared })
     }
 }
 
 /// The continuity store. `Send + Sync`: share it between agent threads behind an `Arc`.
 pub struct Store {
+    /// The background thread, owned by the handle the user opened (absent in the temporary
+    /// handles the thread itself works through, and when disabled). Declared first: it is
+    /// stopped before the store's files are closed.
+    worker: Option<background::Worker>,
+    shared: Arc<Shared>,
+}
+
+/// Everything a store holds, shared with its background thread.
+pub(crate) struct Shared {
     log: Log,
     codec: Codec,
     index: RwLock<StoreIndex>,
     training: Mutex<atoms::Training>,
     /// Atoms with a snapshot file.
     snapshots: Mutex<std::collections::BTreeSet<u64>>,
+    policies: policy::Policies,
+    /// Per agent: completed atoms and time since its last snapshot.
+    snapshot_clock: Mutex<std::collections::HashMap<u32, policy::SnapshotClock>>,
+    /// Compaction runs one at a time.
+    compacting: Mutex<()>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("log", &self.log).finish()
+        f.debug_struct("Store").field("log", &self.shared.log).finish()
     }
 }
 
@@ -106,12 +162,17 @@ impl Store {
 
     /// A builder for a store in `dir`.
     pub fn builder(dir: impl AsRef<Path>) -> StoreBuilder {
-        StoreBuilder { log: Log::builder(dir) }
+        StoreBuilder { log: Log::builder(dir), policies: policy::Policies::default(), background: true }
+    }
+
+    /// A handle over `shared` without a worker: what the background thread works through.
+    fn view(shared: Arc<Shared>) -> Self {
+        Store { worker: None, shared }
     }
 
     /// The underlying log.
     pub fn log(&self) -> &Log {
-        &self.log
+        &self.shared.log
     }
 
     /// Creates a run, or returns the existing run of that name.
@@ -123,7 +184,7 @@ impl Store {
             return Ok(run);
         }
         // Run creation is rare: serialising it under the index lock keeps run numbers dense.
-        let mut index = self.index.write();
+        let mut index = self.shared.index.write();
         if let Some(id) = index.run_names.get(&spec.name) {
             return Ok(RunId(u64::from(*id)));
         }
@@ -135,17 +196,24 @@ impl Store {
             pipeline_version: spec.pipeline_version,
             environment: spec.environment.into_iter().collect(),
             created_at_unix_us: now_us(),
+            snapshot_every_atoms: spec.snapshot_policy.map(|p| p.every_atoms),
+            snapshot_every_ms: spec.snapshot_policy.map(|p| policy::duration_ms(p.every)),
         });
         self.append(&record, Durability::Sync)?;
         let id = u32::try_from(run).map_err(|_| Error::UnknownRun { run: spec.name.clone() })?;
         index.run_names.insert(spec.name.clone(), id);
-        index.runs.push(index::RunEntry { name: spec.name, status: RunStatus::Running });
+        index.runs.push(index::RunEntry {
+            name: spec.name,
+            status: RunStatus::Running,
+            snapshot_policy: spec.snapshot_policy,
+            ended_at_unix_us: 0,
+        });
         Ok(RunId(run))
     }
 
     /// The run named `name`.
     pub fn run_id(&self, name: &str) -> Option<RunId> {
-        self.index.read().run_names.get(name).map(|id| RunId(u64::from(*id)))
+        self.shared.index.read().run_names.get(name).map(|id| RunId(u64::from(*id)))
     }
 
     /// A run's status.
@@ -153,7 +221,7 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownRun`].
     pub fn run_status(&self, run: RunId) -> Result<RunStatus> {
-        let index = self.index.read();
+        let index = self.shared.index.read();
         index.run(run).map(|entry| entry.status.clone()).ok_or_else(|| unknown_run(run))
     }
 
@@ -162,7 +230,7 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownRun`], [`Error::RunFinished`], the log's append errors.
     pub fn finish_run(&self, run: RunId, success: bool, resume_hint: &str) -> Result<()> {
-        let mut index = self.index.write();
+        let mut index = self.shared.index.write();
         let entry = index.run(run).ok_or_else(|| unknown_run(run))?;
         if entry.status != RunStatus::Running {
             return Err(Error::RunFinished { run: run.0 });
@@ -176,24 +244,28 @@ impl Store {
         self.append(&record, Durability::Sync)?;
         if let Some(entry) = index.run_mut(run) {
             entry.status = RunStatus::Finished { success, resume_hint: resume_hint.to_owned() };
+            entry.ended_at_unix_us = now_us();
         }
         Ok(())
     }
 
     /// Bytes of memory the in-memory index holds (capacity-based estimate).
     pub fn index_heap_bytes(&self) -> usize {
-        self.index.read().heap_bytes()
+        self.shared.index.read().heap_bytes()
     }
 
     fn append(&self, record: &StoreRecord, durability: Durability) -> Result<Lsn> {
-        let bytes = self.codec.encode(record);
-        self.log.append_with(&bytes, durability)
+        let bytes = self.shared.codec.encode(record);
+        self.shared.log.append_with(&bytes, durability)
     }
 
     fn read_record(&self, lsn: u64) -> Result<StoreRecord> {
-        let bytes =
-            self.log.read(Lsn::new(lsn))?.ok_or(Error::InconsistentLog { lsn, reason: "indexed record is missing" })?;
-        self.codec.decode(&bytes).map_err(|source| Error::Codec { lsn, source })
+        let bytes = self
+            .shared
+            .log
+            .read(Lsn::new(lsn))?
+            .ok_or(Error::InconsistentLog { lsn, reason: "indexed record is missing" })?;
+        self.shared.codec.decode(&bytes).map_err(|source| Error::Codec { lsn, source })
     }
 }
 

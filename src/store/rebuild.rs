@@ -17,6 +17,12 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
         let (kind, subject) = codec.peek(&bytes).map_err(codec_error)?;
         match kind {
             RecordKind::AtomCompleted => finish(&mut index, lsn, subject, EntryState::Completed)?,
+            RecordKind::AtomReclaimed => {
+                finish(&mut index, lsn, subject, EntryState::Completed)?;
+                if let Some(entry) = index.atom_mut(AtomId(subject)) {
+                    entry.reclaimed = true;
+                }
+            }
             RecordKind::AtomFailed => {
                 let StoreRecord::AtomFailed(failed) = codec.decode(&bytes).map_err(codec_error)? else {
                     return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
@@ -41,7 +47,19 @@ fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -
             let id = u32::try_from(run.run).ok().filter(|id| *id as usize == index.runs.len() + 1);
             let id = id.ok_or(Error::InconsistentLog { lsn, reason: "run numbers are not dense" })?;
             index.run_names.insert(run.run_name.clone(), id);
-            index.runs.push(RunEntry { name: run.run_name, status: RunStatus::Running });
+            let snapshot_policy = match (run.snapshot_every_atoms, run.snapshot_every_ms) {
+                (None, None) => None,
+                (atoms, ms) => Some(crate::store::SnapshotPolicy {
+                    every_atoms: atoms.unwrap_or(0),
+                    every: std::time::Duration::from_millis(ms.unwrap_or(0)),
+                }),
+            };
+            index.runs.push(RunEntry {
+                name: run.run_name,
+                status: RunStatus::Running,
+                snapshot_policy,
+                ended_at_unix_us: 0,
+            });
         }
         StoreRecord::AtomStarted(started) => {
             let run =
@@ -60,6 +78,7 @@ fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -
                 .run_mut(RunId(terminal.run))
                 .ok_or(Error::InconsistentLog { lsn, reason: "end of an unknown run" })?;
             entry.status = RunStatus::Finished { success: terminal.success, resume_hint: terminal.resume_hint };
+            entry.ended_at_unix_us = terminal.ended_at_unix_us;
         }
         StoreRecord::GuardStarted(guard) => {
             index.guards.insert(index::guard_hash(&guard.key), GuardEntry { started_lsn: lsn, completed_lsn: 0 });
@@ -83,7 +102,13 @@ fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -
                 .ok_or(Error::InconsistentLog { lsn, reason: "rollback of an unknown agent" })?;
             index.abandon_after(run, agent, rollback.after_atom);
         }
-        StoreRecord::AtomCompleted(_) | StoreRecord::AtomFailed(_) => {
+        StoreRecord::RunDropped(dropped) => {
+            if index.run(RunId(dropped.run)).is_none() {
+                return Err(Error::InconsistentLog { lsn, reason: "drop of an unknown run" });
+            }
+            index.drop_run(RunId(dropped.run), dropped.next_atom);
+        }
+        StoreRecord::AtomCompleted(_) | StoreRecord::AtomFailed(_) | StoreRecord::AtomReclaimed(_) => {
             return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
         }
     }

@@ -148,9 +148,9 @@ impl Store {
 
     /// Snapshots that may start `atom`'s rebuild, newest first: of the same run, not after it.
     fn snapshot_candidates(&self, atom: AtomId) -> Vec<u64> {
-        let index = self.index.read();
+        let index = self.shared.index.read();
         let Some(run) = index.atom(atom).map(|entry| entry.run) else { return Vec::new() };
-        let snapshots = self.snapshots.lock();
+        let snapshots = self.shared.snapshots.lock();
         snapshots
             .range(..=atom.0)
             .rev()
@@ -166,7 +166,7 @@ impl Store {
     /// [`Error::UnknownAtom`], [`Error::InvalidTransition`] if the atom has not completed, and
     /// the file system's errors.
     pub fn snapshot_now(&self, atom: AtomId) -> Result<()> {
-        let status = self.index.read().atom(atom).and_then(|entry| entry.state.status());
+        let status = self.shared.index.read().atom(atom).and_then(|entry| entry.state.status());
         match status {
             Some(AtomStatus::Completed) => {}
             Some(_) => return Err(Error::InvalidTransition { atom: atom.0, from: "unfinished", to: "snapshotted" }),
@@ -174,14 +174,15 @@ impl Store {
         }
         let rebuilt = self.rebuild_context(atom)?;
         let bytes = snapshot::encode(atom.0, &rebuilt.context)?;
-        snapshot::publish(self.log.storage().as_ref(), self.log.dir(), atom.0, &bytes)?;
-        self.snapshots.lock().insert(atom.0);
+        snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes)?;
+        self.shared.snapshots.lock().insert(atom.0);
+        self.prune_snapshots_of(atom)?;
         Ok(())
     }
 
     /// Atoms that have a snapshot file.
     pub fn snapshots(&self) -> Vec<AtomId> {
-        self.snapshots.lock().iter().map(|atom| AtomId(*atom)).collect()
+        self.shared.snapshots.lock().iter().map(|atom| AtomId(*atom)).collect()
     }
 
     /// One pass over the log, from the first start record of the run's atoms after `after`
@@ -189,7 +190,7 @@ impl Store {
     /// and the completion records of the run's atoms.
     fn scan_run(&self, atom: AtomId, after: Option<u64>) -> Result<RunScan> {
         let (run, from_lsn, to_lsn) = {
-            let index = self.index.read();
+            let index = self.shared.index.read();
             let entry = index.atom(atom).filter(|e| e.started_lsn != 0).ok_or(Error::UnknownAtom { atom: atom.0 })?;
             // Atoms after `atom` do not matter; those between the floor and it bound the scan.
             let floor = after.unwrap_or(0);
@@ -202,11 +203,11 @@ impl Store {
         };
         // Which atoms up to `atom` belong to the run, taken once so that the scan holds no lock.
         let in_run: Vec<bool> = {
-            let index = self.index.read();
+            let index = self.shared.index.read();
             (1..=atom.0).map(|id| index.atom(AtomId(id)).is_some_and(|e| e.run == run)).collect()
         };
         let mut scan = RunScan::default();
-        for item in self.log.iter_from(Lsn::new(from_lsn))? {
+        for item in self.shared.log.iter_from(Lsn::new(from_lsn))? {
             let (lsn, bytes) = item?;
             if lsn.get() > to_lsn {
                 break;
@@ -218,19 +219,19 @@ impl Store {
 
     fn scan_record(&self, scan: &mut RunScan, in_run: &[bool], lsn: u64, bytes: Bytes) -> Result<()> {
         let codec_error = |source: CodecError| Error::Codec { lsn, source };
-        let (kind, subject) = self.codec.peek(&bytes).map_err(codec_error)?;
-        if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted) {
+        let (kind, subject) = self.shared.codec.peek(&bytes).map_err(codec_error)?;
+        if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted | RecordKind::AtomReclaimed) {
             return Ok(());
         }
         let member = usize::try_from(subject).ok().and_then(|id| id.checked_sub(1)).and_then(|at| in_run.get(at));
         if member != Some(&true) {
             return Ok(());
         }
-        if kind == RecordKind::AtomCompleted {
+        if matches!(kind, RecordKind::AtomCompleted | RecordKind::AtomReclaimed) {
             scan.completions.insert(subject, bytes);
             return Ok(());
         }
-        match self.codec.decode(&bytes).map_err(codec_error)? {
+        match self.shared.codec.decode(&bytes).map_err(codec_error)? {
             StoreRecord::AtomStarted(started) => {
                 scan.parents.insert(started.atom, started.parents);
                 Ok(())
@@ -246,14 +247,15 @@ impl Store {
         let scan = self.scan_run(atom, None)?;
         let mut bytes = 0;
         for record in scan.completions.values() {
-            bytes += self.codec.decompressed_body_len(record).map_err(|source| Error::Codec { lsn: 0, source })?;
+            bytes +=
+                self.shared.codec.decompressed_body_len(record).map_err(|source| Error::Codec { lsn: 0, source })?;
         }
         Ok(bytes)
     }
 
     /// A verified snapshot's context, or why it cannot be used.
     fn load_snapshot(&self, atom: u64) -> Result<Result<Context, &'static str>> {
-        let bytes = match snapshot::read(self.log.storage().as_ref(), self.log.dir(), atom)? {
+        let bytes = match snapshot::read(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom)? {
             Ok(bytes) => bytes,
             Err(error) => return Ok(Err(error.reason())),
         };
@@ -270,16 +272,19 @@ fn apply_deltas(
     atoms: &[u64],
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<usize> {
+    let target = atoms.last().copied().unwrap_or(0);
     let completed: Vec<(u64, &Bytes)> = {
-        let index = store.index.read();
+        let index = store.shared.index.read();
         atoms
             .iter()
             .filter(|id| index.atom(AtomId(**id)).is_some_and(|e| e.state == EntryState::Completed))
+            // A completion after the rebuilt atom's last record is not part of its past.
             .filter_map(|id| scan.completions.get(id).map(|bytes| (*id, bytes)))
             .collect()
     };
-    let decode = |(id, bytes): &(u64, &Bytes)| match store.codec.decode(bytes) {
+    let decode = |(id, bytes): &(u64, &Bytes)| match store.shared.codec.decode(bytes) {
         Ok(StoreRecord::AtomCompleted(done)) => Ok(done.delta.unwrap_or_default()),
+        Ok(StoreRecord::AtomReclaimed(_)) => Err(Error::HistoryReclaimed { atom: target, reclaimed: *id }),
         Ok(_) => Err(Error::InconsistentLog { lsn: 0, reason: "a completed atom's end is not a completion" }),
         Err(source) => Err(Error::Codec { lsn: *id, source }),
     };

@@ -77,6 +77,9 @@ pub enum RunStatus {
         /// What a human needs to know to resume or diagnose it.
         resume_hint: String,
     },
+    /// Finished, then dropped by retention (`RetentionPolicy::finished_run_age`): its atoms,
+    /// guards and snapshots are gone. Its name is free for a new run.
+    Dropped,
 }
 
 /// What a new run is: `RunSpec::new("nightly-report").pipeline("research", "1.2")`.
@@ -90,6 +93,8 @@ pub struct RunSpec {
     pub pipeline_version: String,
     /// Environment metadata: host, model versions, framework versions.
     pub environment: BTreeMap<String, String>,
+    /// This run's snapshot policy, instead of the store's.
+    pub snapshot_policy: Option<crate::store::SnapshotPolicy>,
 }
 
 impl RunSpec {
@@ -103,6 +108,13 @@ impl RunSpec {
     pub fn pipeline(mut self, name: impl Into<String>, version: impl Into<String>) -> Self {
         self.pipeline = name.into();
         self.pipeline_version = version.into();
+        self
+    }
+
+    /// Gives this run its own snapshot policy (stored with the run, so it holds after reopen).
+    #[must_use]
+    pub fn snapshot_policy(mut self, policy: crate::store::SnapshotPolicy) -> Self {
+        self.snapshot_policy = Some(policy);
         self
     }
 
@@ -172,6 +184,8 @@ pub struct Atom {
     pub started_lsn: Lsn,
     /// Whether a rollback abandoned it (it stays readable; its agent moved on without it).
     pub abandoned: bool,
+    /// Whether retention reclaimed its delta (`output.delta` is then empty; the result stays).
+    pub delta_reclaimed: bool,
 }
 
 /// Where one agent of a run stands, for resuming after a crash.

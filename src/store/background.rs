@@ -1,0 +1,98 @@
+//! The store's background thread: writes policy snapshots and runs compaction on a timer, off
+//! the agents' threads. It holds only a weak reference to the store while idle, so dropping
+//! the store stops it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::store::types::AtomId;
+use crate::store::{Shared, Store};
+
+/// Snapshot requests waiting for the thread; more are dropped (and counted) rather than
+/// blocking an agent.
+const JOB_QUEUE_MAX: usize = 1024;
+/// How long the thread sleeps when no compaction interval is set.
+const IDLE_WAIT: Duration = Duration::from_secs(3600);
+
+/// Work for the thread.
+pub(crate) enum Job {
+    /// Write a policy snapshot of this atom's context.
+    Snapshot(AtomId),
+    /// Wake up (to notice `stopping`).
+    Wake,
+}
+
+/// The handle that owns the thread; dropping it stops and joins the thread.
+pub(crate) struct Worker {
+    sender: SyncSender<Job>,
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Starts the thread for `shared`.
+    pub fn start(shared: &Arc<Shared>) -> Result<Self> {
+        let (sender, receiver) = std::sync::mpsc::sync_channel(JOB_QUEUE_MAX);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let weak = Arc::downgrade(shared);
+        let interval = shared.policies.compaction.interval;
+        let flag = Arc::clone(&stopping);
+        let thread = std::thread::Builder::new()
+            .name("continuum-background".into())
+            .spawn(move || run(&weak, &receiver, &flag, interval))
+            .map_err(|e| Error::io("spawn the background thread", std::path::PathBuf::new(), e))?;
+        Ok(Self { sender, stopping, thread: Some(thread) })
+    }
+
+    /// Queues `job`; returns `false` if the queue is full (the job is dropped).
+    pub fn request(&self, job: Job) -> bool {
+        match self.sender.try_send(job) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+        // Wake the thread if it sleeps; a full queue means it is awake and will see the flag.
+        let _ = self.sender.try_send(Job::Wake);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, interval: Option<Duration>) {
+    let mut next_compaction = interval.map(|every| Instant::now() + every);
+    loop {
+        let wait = next_compaction.map_or(IDLE_WAIT, |at| at.saturating_duration_since(Instant::now()));
+        let job = jobs.recv_timeout(wait);
+        if stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(shared) = shared.upgrade() else { return };
+        let store = Store::view(shared);
+        match job {
+            Ok(Job::Snapshot(atom)) => {
+                if let Err(error) = store.policy_snapshot(atom) {
+                    tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+                }
+            }
+            Ok(Job::Wake) => {}
+            Err(RecvTimeoutError::Timeout) => {
+                match store.compact() {
+                    Ok(report) => tracing::debug!(?report, "background compaction"),
+                    Err(error) => tracing::warn!(%error, "background compaction failed"),
+                }
+                next_compaction = interval.map(|every| Instant::now() + every);
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}

@@ -1,0 +1,445 @@
+//! Compaction: gives back the space of what retention released, without ever losing a byte
+//! that is still needed (design invariant 7).
+//!
+//! One round:
+//! 1. Retention: finished runs past their age are dropped (a durable `RunDropped` record
+//!    first), and each agent keeps only its newest K snapshots.
+//! 2. Plan, from one scan of the log up to its current end:
+//!    - records of dropped runs are dead;
+//!    - the delta of a completed atom is needed if some *target* atom's rebuild needs it.
+//!      Targets are the atoms at or after their agent's oldest kept snapshot (and every atom
+//!      of an agent that has none). A target's rebuild may start from the oldest kept
+//!      snapshot usable for it, so it needs the deltas of its ancestors above that snapshot
+//!      (all of them, if no kept snapshot is usable). Every other delta is reclaimable: its
+//!      completion record is replaced by an `AtomReclaimed` record that keeps the result;
+//!    - everything else is live (start records, failures, run records, dictionaries, ...).
+//! 3. Atoms whose deltas are about to go are marked in the index, so that no new atom can
+//!    branch from them (unless from their snapshot); a branch begun during planning aborts
+//!    the round.
+//! 4. Sealed segments whose live fraction is below the threshold are rewritten
+//!    ([`Log::rewrite_segment`](crate::Log::rewrite_segment)) and leading empty segments
+//!    deleted.
+//!
+//! Every step is crash-safe on its own: a crash leaves each segment either as it was or
+//! rewritten, and every decision is recomputed from durable state on the next round.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::rc::Rc;
+
+use bytes::Bytes;
+
+use crate::codec::{CodecError, RecordKind, StoreRecord};
+use crate::error::{Error, Result};
+use crate::log::{Lsn, Rewrite};
+use crate::store::Store;
+use crate::store::index::{self, EntryState};
+use crate::store::types::{AtomId, RunId, RunStatus};
+
+/// Bytes a reclaimed completion record is assumed to keep, when planning (the real size is
+/// known only once it is rewritten).
+const RECLAIMED_RECORD_BYTES_ESTIMATE: u64 = 64;
+/// Bytes of a record's length prefix in its frame.
+const RECORD_PREFIX_BYTES: u64 = 4;
+
+/// What one round of [`Store::compact`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompactionReport {
+    /// Finished runs dropped by retention age.
+    pub runs_dropped: usize,
+    /// Snapshot files deleted by retention.
+    pub snapshots_deleted: usize,
+    /// Atoms whose deltas were reclaimed (their completion records rewritten).
+    pub deltas_reclaimed: u64,
+    /// Segments rewritten.
+    pub segments_rewritten: usize,
+    /// Empty leading segments deleted.
+    pub segments_deleted: usize,
+    /// Bytes of the rewritten segments before.
+    pub bytes_read: u64,
+    /// Bytes of the rewritten segments after.
+    pub bytes_written: u64,
+    /// `bytes_read - bytes_written`, plus the bytes of deleted segments.
+    pub bytes_reclaimed: u64,
+    /// Whether the round stopped early because an agent branched from history being
+    /// reclaimed (the next round tries again).
+    pub aborted: bool,
+}
+
+/// The space the log uses, next to what is live in it (records only; see
+/// [`Store::space_report`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpaceReport {
+    /// Bytes of frames in every segment (headers included, preallocated space excluded).
+    pub log_bytes: u64,
+    /// Bytes of live records (and length prefixes) in them; reclaimable deltas count as
+    /// their estimated remains.
+    pub live_bytes: u64,
+    /// Bytes of the retained snapshot files.
+    pub snapshot_bytes: u64,
+}
+
+impl SpaceReport {
+    /// `log_bytes / live_bytes` (1.0 for an empty log).
+    pub fn amplification(&self) -> f64 {
+        if self.live_bytes == 0 { 1.0 } else { self.log_bytes as f64 / self.live_bytes as f64 }
+    }
+}
+
+/// What happens to one record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    Live,
+    Dead,
+    /// A completion whose delta is reclaimable.
+    Strip,
+}
+
+/// The plan of one round.
+struct Plan {
+    /// LSNs at or above this are untouched.
+    bound: u64,
+    /// Highest atom id the plan knows.
+    atoms_known: u64,
+    dropped_runs: HashSet<u32>,
+    /// Run of every atom with a start record in the scanned range.
+    atom_runs: HashMap<u64, u32>,
+    /// Guard records of dropped runs.
+    dead_guards: HashSet<u64>,
+    /// Completed atoms whose deltas are reclaimable.
+    strip: BTreeSet<u64>,
+    /// Per sealed segment in range: (first LSN, next LSN, record bytes, live bytes).
+    segments: Vec<SegmentTally>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SegmentTally {
+    first_lsn: u64,
+    next_lsn: u64,
+    data_bytes: u64,
+    total: u64,
+    live: u64,
+}
+
+impl Plan {
+    fn fate(&self, kind: RecordKind, subject: u64, lsn: u64) -> Fate {
+        let dropped = |atom: u64| self.atom_runs.get(&atom).is_some_and(|run| self.dropped_runs.contains(run));
+        match kind {
+            RecordKind::AtomStarted | RecordKind::AtomFailed | RecordKind::AtomReclaimed if dropped(subject) => {
+                Fate::Dead
+            }
+            RecordKind::AtomsAbandoned if dropped(subject) => Fate::Dead,
+            RecordKind::AtomCompleted if dropped(subject) => Fate::Dead,
+            RecordKind::AtomCompleted if self.strip.contains(&subject) => Fate::Strip,
+            RecordKind::GuardStarted | RecordKind::GuardCompleted if self.dead_guards.contains(&lsn) => Fate::Dead,
+            _ => Fate::Live,
+        }
+    }
+}
+
+impl Store {
+    /// Runs one round of retention and compaction now (the background thread runs it every
+    /// `CompactionPolicy::interval`). Appends and reads go on meanwhile.
+    ///
+    /// # Errors
+    /// Read and decode errors of the log, and the file system's errors. A failed round leaves
+    /// every segment either as it was or rewritten; nothing needed is lost.
+    pub fn compact(&self) -> Result<CompactionReport> {
+        let _one_at_a_time = self.shared.compacting.lock();
+        let mut report = CompactionReport { runs_dropped: self.drop_expired_runs()?.len(), ..Default::default() };
+        report.snapshots_deleted = self.prune_all_snapshots()?;
+        let plan = self.plan()?;
+        if !self.mark_reclaimed(&plan)? {
+            report.aborted = true;
+            return Ok(report);
+        }
+        let threshold = self.shared.policies.compaction.live_fraction_min;
+        for tally in plan.segments.iter().filter(|t| t.total > 0 && (t.live as f64) < threshold * t.total as f64) {
+            let rewrite = self.shared.log.rewrite_segment(Lsn::new(tally.first_lsn), |lsn, bytes| {
+                self.rewrite_decision(&plan, lsn.get(), bytes)
+            })?;
+            report.segments_rewritten += 1;
+            report.deltas_reclaimed += rewrite.replaced;
+            report.bytes_read += rewrite.bytes_before;
+            report.bytes_written += rewrite.bytes_after;
+        }
+        report.bytes_reclaimed = report.bytes_read - report.bytes_written;
+        let (deleted, bytes) = self.delete_empty_prefix()?;
+        report.segments_deleted = deleted;
+        report.bytes_reclaimed += bytes;
+        tracing::info!(?report, "compaction round");
+        Ok(report)
+    }
+
+    /// The log's size next to its live data, from one planning scan (nothing is changed).
+    ///
+    /// # Errors
+    /// Read and decode errors of the log.
+    pub fn space_report(&self) -> Result<SpaceReport> {
+        let plan = self.plan()?;
+        let mut report = SpaceReport::default();
+        for segment in self.shared.log.segments() {
+            report.log_bytes += segment.data_bytes;
+        }
+        let planned: u64 = plan.segments.iter().map(|t| t.data_bytes).sum();
+        let planned_live: u64 = plan.segments.iter().map(|t| t.live).sum();
+        // The active segment (not planned) is all live.
+        report.live_bytes = planned_live + report.log_bytes.saturating_sub(planned);
+        let storage = self.shared.log.storage();
+        for atom in self.shared.snapshots.lock().iter() {
+            let path = crate::snapshot::path(self.shared.log.dir(), *atom);
+            if let Ok(file) = storage.open(&path, crate::storage::OpenMode::ReadOnly) {
+                report.snapshot_bytes += file.len().unwrap_or(0);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Applies snapshot retention to every agent.
+    fn prune_all_snapshots(&self) -> Result<usize> {
+        let newest_per_agent: Vec<u64> = {
+            let index = self.shared.index.read();
+            let snapshots = self.shared.snapshots.lock();
+            let mut newest = HashMap::new();
+            for atom in snapshots.iter() {
+                if let Some(entry) = index.atom(AtomId(*atom)) {
+                    newest.insert(entry.agent, *atom);
+                }
+            }
+            newest.into_values().collect()
+        };
+        let mut deleted = 0;
+        for atom in newest_per_agent {
+            deleted += self.prune_snapshots_of(AtomId(atom))?;
+        }
+        Ok(deleted)
+    }
+
+    /// Scans the log up to its current end and decides the fate of every record.
+    fn plan(&self) -> Result<Plan> {
+        let bound = self.shared.log.next_lsn().get();
+        let (atoms_known, dropped_runs, snapshot_atoms, targets_from) = self.plan_inputs();
+        let mut plan = Plan {
+            bound,
+            atoms_known,
+            dropped_runs,
+            atom_runs: HashMap::new(),
+            dead_guards: HashSet::new(),
+            strip: BTreeSet::new(),
+            segments: Vec::new(),
+        };
+        let graph = self.scan_graph(&mut plan)?;
+        plan.strip = self.reclaimable(&graph, &snapshot_atoms, &targets_from);
+        self.tally_segments(&mut plan)?;
+        Ok(plan)
+    }
+
+    /// From the index: the highest atom id, the dropped runs, the kept snapshots, and per
+    /// agent the first target atom (its oldest kept snapshot; 0 if it has none).
+    fn plan_inputs(&self) -> (u64, HashSet<u32>, BTreeSet<u64>, HashMap<u32, u64>) {
+        let index = self.shared.index.read();
+        let dropped = (1..=index.runs.len() as u64)
+            .filter(|run| index.run(RunId(*run)).is_some_and(|entry| entry.status == RunStatus::Dropped))
+            .filter_map(|run| u32::try_from(run).ok())
+            .collect();
+        let snapshots: BTreeSet<u64> = self.shared.snapshots.lock().clone();
+        let mut oldest = HashMap::new();
+        for atom in snapshots.iter().rev() {
+            if let Some(entry) = index.atom(AtomId(*atom)) {
+                oldest.insert(entry.agent, *atom);
+            }
+        }
+        (index.atoms.len() as u64, dropped, snapshots, oldest)
+    }
+
+    /// Pass 1: every atom's run, agent and parents, and the guard records of dropped runs.
+    fn scan_graph(&self, plan: &mut Plan) -> Result<Graph> {
+        let mut graph = Graph::default();
+        let mut guard_runs: HashMap<u64, u32> = HashMap::new();
+        for item in self.shared.log.iter_from(Lsn::FIRST)? {
+            let (lsn, bytes) = item?;
+            let lsn = lsn.get();
+            if lsn >= plan.bound {
+                break;
+            }
+            let codec_error = |source: CodecError| Error::Codec { lsn, source };
+            let (kind, _) = self.shared.codec.peek(&bytes).map_err(codec_error)?;
+            if !matches!(kind, RecordKind::AtomStarted | RecordKind::GuardStarted | RecordKind::GuardCompleted) {
+                continue;
+            }
+            match self.shared.codec.decode(&bytes).map_err(codec_error)? {
+                StoreRecord::AtomStarted(started) => {
+                    let run = u32::try_from(started.run).unwrap_or(u32::MAX);
+                    plan.atom_runs.insert(started.atom, run);
+                    graph.parents.insert(started.atom, started.parents);
+                }
+                StoreRecord::GuardStarted(guard) => {
+                    let run = plan.atom_runs.get(&guard.atom).copied().unwrap_or(u32::MAX);
+                    guard_runs.insert(index::guard_hash(&guard.key), run);
+                    if plan.dropped_runs.contains(&run) {
+                        plan.dead_guards.insert(lsn);
+                    }
+                }
+                StoreRecord::GuardCompleted(guard) => {
+                    let run = guard_runs.get(&index::guard_hash(&guard.key));
+                    if run.is_some_and(|run| plan.dropped_runs.contains(run)) {
+                        plan.dead_guards.insert(lsn);
+                    }
+                }
+                _ => return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
+            }
+        }
+        Ok(graph)
+    }
+
+    /// The completed atoms whose deltas no target needs (module docs, step 2).
+    fn reclaimable(&self, graph: &Graph, snapshots: &BTreeSet<u64>, targets_from: &HashMap<u32, u64>) -> BTreeSet<u64> {
+        let index = self.shared.index.read();
+        let Some(&last) = graph.parents.keys().next_back() else { return BTreeSet::new() };
+        let entry = |id: u64| index.atom(AtomId(id)).filter(|e| e.state != EntryState::Vacant);
+        // Ascending: the kept snapshots usable for each atom (shared along chains).
+        let mut usable: HashMap<u64, Rc<Vec<u64>>> = HashMap::with_capacity(graph.parents.len());
+        let empty = Rc::new(Vec::new());
+        for (&id, parents) in &graph.parents {
+            let mut set = match parents.split_first() {
+                None => Rc::clone(&empty),
+                Some((first, rest)) => {
+                    let mut set = usable.get(first).cloned().unwrap_or_else(|| Rc::clone(&empty));
+                    for parent in rest {
+                        let other = usable.get(parent).cloned().unwrap_or_else(|| Rc::clone(&empty));
+                        if !Rc::ptr_eq(&set, &other) {
+                            set = Rc::new(set.iter().copied().filter(|s| other.contains(s)).collect());
+                        }
+                    }
+                    set
+                }
+            };
+            if snapshots.contains(&id) {
+                let mut with = (*set).clone();
+                with.push(id);
+                set = Rc::new(with);
+            }
+            usable.insert(id, set);
+        }
+        // Descending: the lowest snapshot bound of any rebuild that passes through each atom.
+        let mut bound: HashMap<u64, u64> = HashMap::new();
+        let mut strip = BTreeSet::new();
+        for (&id, parents) in graph.parents.range(..=last).rev() {
+            let Some(e) = entry(id) else { continue };
+            let mut b = bound.remove(&id).unwrap_or(u64::MAX);
+            let target_from = targets_from.get(&e.agent).copied().unwrap_or(0);
+            if id >= target_from {
+                let lowest = usable.get(&id).and_then(|set| set.iter().min().copied()).unwrap_or(0);
+                b = b.min(lowest);
+            }
+            if b < id {
+                for parent in parents {
+                    let slot = bound.entry(*parent).or_insert(u64::MAX);
+                    *slot = (*slot).min(b);
+                }
+            } else if e.state == EntryState::Completed && !e.reclaimed {
+                strip.insert(id);
+            }
+        }
+        strip
+    }
+
+    /// Pass 2: the record bytes and live bytes of each sealed segment below the bound.
+    fn tally_segments(&self, plan: &mut Plan) -> Result<()> {
+        let sealed: Vec<_> =
+            self.shared.log.segments().into_iter().filter(|s| s.sealed && s.next_lsn.get() <= plan.bound).collect();
+        let Some(last) = sealed.last() else { return Ok(()) };
+        let end = last.next_lsn.get();
+        let mut tallies: Vec<SegmentTally> = sealed
+            .iter()
+            .map(|s| SegmentTally {
+                first_lsn: s.first_lsn.get(),
+                next_lsn: s.next_lsn.get(),
+                data_bytes: s.data_bytes,
+                total: 0,
+                live: 0,
+            })
+            .collect();
+        let mut at = 0;
+        for item in self.shared.log.iter_from(Lsn::FIRST)? {
+            let (lsn, bytes) = item?;
+            let lsn = lsn.get();
+            if lsn >= end {
+                break;
+            }
+            while at + 1 < tallies.len() && lsn >= tallies[at].next_lsn {
+                at += 1;
+            }
+            let (kind, subject) = self.shared.codec.peek(&bytes).map_err(|source| Error::Codec { lsn, source })?;
+            let size = bytes.len() as u64 + RECORD_PREFIX_BYTES;
+            let tally = &mut tallies[at];
+            tally.total += size;
+            tally.live += match plan.fate(kind, subject, lsn) {
+                Fate::Live => size,
+                Fate::Dead => 0,
+                Fate::Strip => size.min(RECLAIMED_RECORD_BYTES_ESTIMATE),
+            };
+        }
+        plan.segments = tallies;
+        Ok(())
+    }
+
+    /// Marks the atoms about to lose their deltas. Returns `false` (and marks nothing) if an
+    /// atom begun since the plan was made branches from one of them.
+    fn mark_reclaimed(&self, plan: &Plan) -> Result<bool> {
+        let mut index = self.shared.index.write();
+        let snapshots = self.shared.snapshots.lock().clone();
+        for id in plan.atoms_known + 1..=index.atoms.len() as u64 {
+            let Some(entry) = index.atom(AtomId(id)).copied() else { continue };
+            if entry.started_lsn == 0 {
+                continue;
+            }
+            if let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)? {
+                if started.parents.iter().any(|p| plan.strip.contains(p) && !snapshots.contains(p)) {
+                    tracing::info!(atom = id, "a new branch needs history being reclaimed; compaction retries later");
+                    return Ok(false);
+                }
+            }
+        }
+        for id in &plan.strip {
+            if let Some(entry) = index.atom_mut(AtomId(*id)) {
+                entry.reclaimed = true;
+            }
+        }
+        Ok(true)
+    }
+
+    /// What the rewrite does with one record.
+    fn rewrite_decision(&self, plan: &Plan, lsn: u64, bytes: &Bytes) -> Result<Rewrite> {
+        let (kind, subject) = self.shared.codec.peek(bytes).map_err(|source| Error::Codec { lsn, source })?;
+        Ok(match plan.fate(kind, subject, lsn) {
+            Fate::Live => Rewrite::Keep,
+            Fate::Dead => Rewrite::Drop,
+            Fate::Strip => match self.shared.codec.decode(bytes).map_err(|source| Error::Codec { lsn, source })? {
+                StoreRecord::AtomCompleted(mut done) => {
+                    done.delta = None;
+                    Rewrite::Replace(self.shared.codec.encode(&StoreRecord::AtomReclaimed(done)))
+                }
+                _ => return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
+            },
+        })
+    }
+
+    /// Deletes leading sealed segments that hold no record; returns how many and their bytes.
+    fn delete_empty_prefix(&self) -> Result<(usize, u64)> {
+        let segments = self.shared.log.segments();
+        let empty: Vec<_> = segments
+            .iter()
+            .take_while(|s| s.sealed && s.data_bytes <= crate::log::segment::SEGMENT_HEADER_BYTES as u64)
+            .collect();
+        let Some(last) = empty.last() else { return Ok((0, 0)) };
+        let bytes = empty.iter().map(|s| s.data_bytes).sum();
+        let deleted = self.shared.log.truncate_prefix(last.next_lsn)?;
+        Ok((deleted, bytes))
+    }
+}
+
+/// The atom DAG as the log records it.
+#[derive(Default)]
+struct Graph {
+    parents: std::collections::BTreeMap<u64, Vec<u64>>,
+}

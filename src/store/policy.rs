@@ -1,0 +1,111 @@
+//! The store's policies: when snapshots are written, what retention keeps, and when
+//! compaction rewrites a segment.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// When a full snapshot of an agent's context is written: after `every_atoms` completed atoms
+/// of the agent, or `every` of wall time since its last snapshot, whichever comes first
+/// (checked when an atom completes). Defaults: 50 atoms, 10 minutes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    /// Completed atoms of an agent between snapshots; 0 turns the count off.
+    pub every_atoms: u32,
+    /// Wall time between snapshots of an agent; zero turns the clock off.
+    pub every: Duration,
+}
+
+impl SnapshotPolicy {
+    /// No policy snapshots at all (explicit [`Store::snapshot_now`](crate::Store::snapshot_now)
+    /// still works).
+    pub const NEVER: SnapshotPolicy = SnapshotPolicy { every_atoms: 0, every: Duration::ZERO };
+
+    /// Whether an agent with `atoms` completions over `elapsed` since its last snapshot is due.
+    pub fn is_due(&self, atoms: u32, elapsed: Duration) -> bool {
+        (self.every_atoms > 0 && atoms >= self.every_atoms) || (!self.every.is_zero() && elapsed >= self.every)
+    }
+}
+
+impl Default for SnapshotPolicy {
+    fn default() -> Self {
+        Self { every_atoms: 50, every: Duration::from_secs(10 * 60) }
+    }
+}
+
+/// What retention keeps. History older than the oldest kept snapshot of an agent becomes
+/// reclaimable unless something still needs it (see `docs/ARCHITECTURE.md`, "Retention and
+/// compaction").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Snapshots kept per agent, newest first (default 5, at least 1).
+    pub snapshots_per_agent: usize,
+    /// Finished runs older than this (since they finished) are dropped entirely by the next
+    /// compaction. `None` (the default) keeps them forever.
+    pub finished_run_age: Option<Duration>,
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        Self { snapshots_per_agent: 5, finished_run_age: None }
+    }
+}
+
+/// When compaction rewrites a sealed segment, and how often it runs in the background.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CompactionPolicy {
+    /// A sealed segment whose live fraction (live bytes / bytes) falls below this is rewritten
+    /// (default 0.7, which bounds the space of sealed segments to about 1.43× their live data).
+    pub live_fraction_min: f64,
+    /// How often the background thread runs compaction; `None` leaves it to
+    /// [`Store::compact`](crate::Store::compact). Default: every 60 s.
+    pub interval: Option<Duration>,
+}
+
+impl Default for CompactionPolicy {
+    fn default() -> Self {
+        Self { live_fraction_min: 0.7, interval: Some(Duration::from_secs(60)) }
+    }
+}
+
+/// The three policies of a store.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Policies {
+    pub snapshot: SnapshotPolicy,
+    pub retention: RetentionPolicy,
+    pub compaction: CompactionPolicy,
+}
+
+impl Policies {
+    pub fn validate(&self) -> Result<()> {
+        if self.retention.snapshots_per_agent == 0 {
+            return Err(Error::InvalidConfig { reason: "retention must keep at least one snapshot per agent".into() });
+        }
+        let fraction = self.compaction.live_fraction_min;
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidConfig { reason: format!("live_fraction_min {fraction} is not in 0..=1") });
+        }
+        if self.compaction.interval.is_some_and(|interval| interval.is_zero()) {
+            return Err(Error::InvalidConfig { reason: "the compaction interval must not be zero".into() });
+        }
+        Ok(())
+    }
+}
+
+/// One agent's progress towards its next policy snapshot.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SnapshotClock {
+    pub atoms: u32,
+    pub since: Instant,
+}
+
+impl SnapshotClock {
+    pub fn new() -> Self {
+        Self { atoms: 0, since: Instant::now() }
+    }
+}
+
+/// Milliseconds of `duration`, saturating.
+pub(crate) fn duration_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,145 @@
+//! Retention: the snapshot policy's trigger, keeping the last K snapshots of each agent, and
+//! dropping finished runs past their retention age. Compaction (`compaction.rs`) then gives
+//! the space of what retention released back.
+
+use crate::codec::StoreRecord;
+use crate::codec::proto;
+use crate::config::Durability;
+use crate::error::{Error, Result};
+use crate::snapshot;
+use crate::store::background::Job;
+use crate::store::policy::SnapshotClock;
+use crate::store::types::{AtomId, RunId, RunStatus};
+use crate::store::{Store, now_us};
+
+impl Store {
+    /// Counts a completed atom towards its agent's next policy snapshot, and writes (or has
+    /// the background thread write) one when it is due. Never fails the completion: a
+    /// snapshot is an optimisation, and a failed one is logged.
+    pub(crate) fn after_completion(&self, atom: AtomId) {
+        let (agent, policy) = {
+            let index = self.shared.index.read();
+            let Some(entry) = index.atom(atom) else { return };
+            let run = index.run(RunId(u64::from(entry.run)));
+            (entry.agent, run.and_then(|run| run.snapshot_policy).unwrap_or(self.shared.policies.snapshot))
+        };
+        let due = {
+            let mut clocks = self.shared.snapshot_clock.lock();
+            let clock = clocks.entry(agent).or_insert_with(SnapshotClock::new);
+            clock.atoms += 1;
+            let due = policy.is_due(clock.atoms, clock.since.elapsed());
+            if due {
+                *clock = SnapshotClock::new();
+            }
+            due
+        };
+        if !due {
+            return;
+        }
+        match &self.worker {
+            Some(worker) => {
+                if !worker.request(Job::Snapshot(atom)) {
+                    tracing::warn!(atom = atom.get(), "snapshot queue full; skipping a policy snapshot");
+                }
+            }
+            None => {
+                if let Err(error) = self.policy_snapshot(atom) {
+                    tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+                }
+            }
+        }
+    }
+
+    /// Writes the policy snapshot of `atom` (unless its agent has moved on to a rollback, or
+    /// the atom is gone) and applies retention to its agent's snapshots.
+    pub(crate) fn policy_snapshot(&self, atom: AtomId) -> Result<()> {
+        let usable = self.shared.index.read().atom(atom).is_some_and(|entry| !entry.abandoned);
+        if usable { self.snapshot_now(atom) } else { Ok(()) }
+    }
+
+    /// Deletes the snapshots of `atom`'s agent beyond the newest `snapshots_per_agent`.
+    /// Returns how many were deleted.
+    pub(crate) fn prune_snapshots_of(&self, atom: AtomId) -> Result<usize> {
+        let victims: Vec<u64> = {
+            let index = self.shared.index.read();
+            let Some(agent) = index.atom(atom).map(|entry| entry.agent) else { return Ok(0) };
+            let snapshots = self.shared.snapshots.lock();
+            let keep = self.shared.policies.retention.snapshots_per_agent;
+            let of_agent =
+                snapshots.iter().rev().filter(|id| index.atom(AtomId(**id)).is_some_and(|e| e.agent == agent));
+            of_agent.skip(keep).copied().collect()
+        };
+        self.delete_snapshots(&victims)?;
+        Ok(victims.len())
+    }
+
+    /// Deletes snapshot files: out of the set first (no new rebuild picks them), then unlinked,
+    /// then the directory synced.
+    pub(crate) fn delete_snapshots(&self, atoms: &[u64]) -> Result<()> {
+        if atoms.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut snapshots = self.shared.snapshots.lock();
+            for atom in atoms {
+                snapshots.remove(atom);
+            }
+        }
+        let storage = self.shared.log.storage().as_ref();
+        for atom in atoms {
+            let path = snapshot::path(self.shared.log.dir(), *atom);
+            match storage.remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("remove", path, e)),
+            }
+        }
+        let dir = self.shared.log.dir().join(snapshot::SNAPSHOT_DIR);
+        storage.sync_dir(&dir).map_err(|e| Error::io("sync directory", dir, e))
+    }
+
+    /// Drops every finished run that ended more than the retention age ago: a durable
+    /// `RunDropped` record first (after a crash the run stays dropped), then its snapshots.
+    /// Compaction removes its records. Returns the dropped runs.
+    pub(crate) fn drop_expired_runs(&self) -> Result<Vec<RunId>> {
+        let Some(age) = self.shared.policies.retention.finished_run_age else { return Ok(Vec::new()) };
+        let cutoff = now_us().saturating_sub(u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
+        let expired: Vec<RunId> = {
+            let index = self.shared.index.read();
+            (1..=index.runs.len() as u64)
+                .map(RunId)
+                .filter(|run| {
+                    index.run(*run).is_some_and(|entry| {
+                        matches!(entry.status, RunStatus::Finished { .. }) && entry.ended_at_unix_us <= cutoff
+                    })
+                })
+                .collect()
+        };
+        for run in &expired {
+            self.drop_run(*run)?;
+        }
+        Ok(expired)
+    }
+
+    /// Drops one finished run.
+    fn drop_run(&self, run: RunId) -> Result<()> {
+        let mut index = self.shared.index.write();
+        let next_atom = index.atoms.len() as u64 + 1;
+        let record = StoreRecord::RunDropped(proto::RunDropped { run: run.0, next_atom, dropped_at_unix_us: now_us() });
+        // IMPORTANT: durable before anything of the run is deleted, so that no crash brings
+        // back a run whose snapshots are gone.
+        self.append(&record, Durability::Sync)?;
+        let snapshots: Vec<u64> = {
+            let snapshots = self.shared.snapshots.lock();
+            snapshots
+                .iter()
+                .filter(|id| index.atom(AtomId(**id)).is_some_and(|e| u64::from(e.run) == run.0))
+                .copied()
+                .collect()
+        };
+        index.drop_run(run, next_atom);
+        drop(index);
+        tracing::info!(run = run.get(), snapshots = snapshots.len(), "retention dropped a finished run");
+        self.delete_snapshots(&snapshots)
+    }
+}
