@@ -393,11 +393,11 @@ impl Store {
             if entry.started_lsn == 0 {
                 continue;
             }
-            if let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)? {
-                if started.parents.iter().any(|p| plan.strip.contains(p) && !snapshots.contains(p)) {
-                    tracing::info!(atom = id, "a new branch needs history being reclaimed; compaction retries later");
-                    return Ok(false);
-                }
+            if let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)?
+                && started.parents.iter().any(|p| plan.strip.contains(p) && !snapshots.contains(p))
+            {
+                tracing::info!(atom = id, "a new branch needs history being reclaimed; compaction retries later");
+                return Ok(false);
             }
         }
         for id in &plan.strip {

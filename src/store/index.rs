@@ -214,10 +214,10 @@ impl StoreIndex {
         for atom in self.atoms.iter_mut().filter(|atom| u64::from(atom.run) == run.0) {
             *atom = AtomEntry::VACANT;
         }
-        if let Some(floor) = next_atom.checked_sub(1).and_then(|n| usize::try_from(n).ok()) {
-            if self.atoms.len() < floor {
-                self.atoms.resize(floor, AtomEntry::VACANT);
-            }
+        if let Some(floor) = next_atom.checked_sub(1).and_then(|n| usize::try_from(n).ok())
+            && self.atoms.len() < floor
+        {
+            self.atoms.resize(floor, AtomEntry::VACANT);
         }
     }
 

@@ -1,5 +1,10 @@
 //! Rebuilding the store index from the log on open: one pass, reading only envelopes and the
 //! small start records; atom outputs are never decompressed.
+//!
+//! Compaction removes the records of a dropped run segment by segment, so a log may hold a
+//! dropped run's end records without their start records (an *orphan*), always before the
+//! `RunDropped` record. Orphans are set aside and accepted at the end only if a dropped run
+//! explains them; anything else is an inconsistent log.
 
 use crate::codec::{Codec, RecordKind, StoreRecord};
 use crate::error::{Error, Result};
@@ -10,15 +15,16 @@ use crate::store::types::{AtomId, RunId, RunStatus};
 /// Replays every record of `log` into a fresh index, loading dictionaries into `codec`.
 pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
     let mut index = StoreIndex { next_dictionary: 1, ..StoreIndex::default() };
+    let mut orphans = Orphans::default();
     for item in log.iter_from(Lsn::FIRST)? {
         let (lsn, bytes) = item?;
         let lsn = lsn.get();
         let codec_error = |source| Error::Codec { lsn, source };
         let (kind, subject) = codec.peek(&bytes).map_err(codec_error)?;
         match kind {
-            RecordKind::AtomCompleted => finish(&mut index, lsn, subject, EntryState::Completed)?,
+            RecordKind::AtomCompleted => finish(&mut index, &mut orphans, lsn, subject, EntryState::Completed),
             RecordKind::AtomReclaimed => {
-                finish(&mut index, lsn, subject, EntryState::Completed)?;
+                finish(&mut index, &mut orphans, lsn, subject, EntryState::Completed);
                 if let Some(entry) = index.atom_mut(AtomId(subject)) {
                     entry.reclaimed = true;
                 }
@@ -28,11 +34,12 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
                     return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
                 };
                 let state = if failed.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
-                finish(&mut index, lsn, subject, state)?;
+                finish(&mut index, &mut orphans, lsn, subject, state);
             }
-            _ => apply(&mut index, codec, lsn, codec.decode(&bytes).map_err(codec_error)?)?,
+            _ => apply(&mut index, &mut orphans, codec, lsn, codec.decode(&bytes).map_err(codec_error)?)?,
         }
     }
+    orphans.check(&index)?;
     // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
     index.atoms.shrink_to_fit();
     index.runs.shrink_to_fit();
@@ -41,7 +48,7 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
 }
 
 /// Applies a record that needs its body.
-fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -> Result<()> {
+fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64, record: StoreRecord) -> Result<()> {
     match record {
         StoreRecord::RunCreated(run) => {
             let id = u32::try_from(run.run).ok().filter(|id| *id as usize == index.runs.len() + 1);
@@ -97,16 +104,19 @@ fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -
         StoreRecord::AtomsAbandoned(rollback) => {
             let run =
                 u32::try_from(rollback.run).map_err(|_| Error::InconsistentLog { lsn, reason: "run out of range" })?;
-            let agent = index
-                .agent_id(run, &rollback.agent)
-                .ok_or(Error::InconsistentLog { lsn, reason: "rollback of an unknown agent" })?;
-            index.abandon_after(run, agent, rollback.after_atom);
+            match index.agent_id(run, &rollback.agent) {
+                Some(agent) => {
+                    index.abandon_after(run, agent, rollback.after_atom);
+                }
+                None => orphans.rollbacks.push((lsn, RunId(rollback.run))),
+            }
         }
         StoreRecord::RunDropped(dropped) => {
             if index.run(RunId(dropped.run)).is_none() {
                 return Err(Error::InconsistentLog { lsn, reason: "drop of an unknown run" });
             }
             index.drop_run(RunId(dropped.run), dropped.next_atom);
+            orphans.dropped_below = orphans.dropped_below.max(dropped.next_atom);
         }
         StoreRecord::AtomCompleted(_) | StoreRecord::AtomFailed(_) | StoreRecord::AtomReclaimed(_) => {
             return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
@@ -115,9 +125,36 @@ fn apply(index: &mut StoreIndex, codec: &Codec, lsn: u64, record: StoreRecord) -
     Ok(())
 }
 
-fn finish(index: &mut StoreIndex, lsn: u64, atom: u64, state: EntryState) -> Result<()> {
-    let entry = index.atom_mut(AtomId(atom)).ok_or(Error::InconsistentLog { lsn, reason: "end of an unknown atom" })?;
-    entry.ended_lsn = lsn;
-    entry.state = state;
-    Ok(())
+fn finish(index: &mut StoreIndex, orphans: &mut Orphans, lsn: u64, atom: u64, state: EntryState) {
+    match index.atom_mut(AtomId(atom)) {
+        Some(entry) => {
+            entry.ended_lsn = lsn;
+            entry.state = state;
+        }
+        None => orphans.ends.push((lsn, atom)),
+    }
+}
+
+/// Records whose subject is gone, to be explained by a dropped run.
+#[derive(Default)]
+struct Orphans {
+    /// (LSN, atom) of end records of atoms without a start record.
+    ends: Vec<(u64, u64)>,
+    /// (LSN, run) of rollbacks of agents without a start record.
+    rollbacks: Vec<(u64, RunId)>,
+    /// Every atom below this id may belong to a dropped run.
+    dropped_below: u64,
+}
+
+impl Orphans {
+    fn check(&self, index: &StoreIndex) -> Result<()> {
+        if let Some(&(lsn, _)) = self.ends.iter().find(|(_, atom)| *atom >= self.dropped_below) {
+            return Err(Error::InconsistentLog { lsn, reason: "end of an unknown atom" });
+        }
+        let dropped = |run: RunId| index.run(run).is_some_and(|entry| entry.status == RunStatus::Dropped);
+        if let Some(&(lsn, _)) = self.rollbacks.iter().find(|(_, run)| !dropped(*run)) {
+            return Err(Error::InconsistentLog { lsn, reason: "rollback of an unknown agent" });
+        }
+        Ok(())
+    }
 }

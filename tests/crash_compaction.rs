@@ -1,0 +1,155 @@
+//! Crash-point enumeration through a whole round of retention and compaction (a finished run
+//! dropped, snapshots pruned, segments rewritten, empty segments deleted): crash after every
+//! single I/O call, with every kind of damage the simulator knows. After each crash nothing
+//! live is lost (every atom of the live run, its result, and the exact context of every
+//! target), the dropped run is either wholly there or wholly gone, and once a round has
+//! returned, nothing it removed comes back.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use continuum::storage::sim::{CrashDamage, SimStorage};
+use continuum::synthetic::Transcript;
+use continuum::{
+    AtomId, AtomOutput, AtomStatus, CompactionPolicy, Context, Error, RetentionPolicy, RunSpec, RunStatus,
+    SnapshotPolicy, Store,
+};
+
+const SEGMENT_BYTES: u64 = 8 * 1024;
+const OLD_ATOMS: usize = 24;
+const LIVE_ATOMS: usize = 48;
+
+fn open(sim: &SimStorage) -> continuum::Result<Store> {
+    Store::builder(Path::new("/store"))
+        .storage(Arc::new(sim.clone()))
+        .segment_bytes(SEGMENT_BYTES)
+        .snapshot_policy(SnapshotPolicy { every_atoms: 6, every: Duration::ZERO })
+        .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
+        .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None })
+        .background(false)
+        .open()
+}
+
+fn chain(store: &Store, name: &str, count: usize, seed: u64) -> Vec<AtomId> {
+    let run = store.create_run(RunSpec::new(name)).expect("run");
+    let mut transcript = Transcript::new(seed);
+    let mut ids: Vec<AtomId> = Vec::new();
+    for i in 0..count {
+        let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
+        let atom = store.begin_atom(run, "agent", &format!("step-{i}"), &parents, "").expect("begin");
+        if i == 3 {
+            store.guarded(atom, "send-email", |_| b"sent".to_vec()).expect("guard");
+        }
+        let output = AtomOutput { delta: transcript.next_delta(400), result: format!("r{i}").into_bytes() };
+        store.complete_atom(atom, &output).expect("complete");
+        ids.push(atom);
+    }
+    ids
+}
+
+struct World {
+    sim: SimStorage,
+    store: Store,
+    old: Vec<AtomId>,
+    live: Vec<AtomId>,
+    expected: Vec<Context>,
+}
+
+fn world(seed: u64) -> World {
+    let sim = SimStorage::new(seed);
+    let store = open(&sim).expect("open");
+    let old = chain(&store, "old", OLD_ATOMS, 1);
+    let live = chain(&store, "live", LIVE_ATOMS, 2);
+    let old_run = store.run_id("old").expect("run");
+    store.finish_run(old_run, true, "done").expect("finish");
+    let expected = live.iter().map(|id| store.rebuild_context(*id).expect("rebuild").context).collect();
+    World { sim, store, old, live, expected }
+}
+
+fn log_bytes(store: &Store) -> u64 {
+    store.log().segments().iter().map(|s| s.data_bytes).sum()
+}
+
+fn check(store: &Store, w: &World, context: &str) {
+    let live_run = store.run_id("live").expect("live run");
+    let oldest = store.snapshots().into_iter().filter(|s| w.live.contains(s)).min();
+    for (i, (id, want)) in w.live.iter().zip(&w.expected).enumerate() {
+        let atom = store.atom(*id).unwrap_or_else(|e| panic!("{context}: live atom {id}: {e}"));
+        assert_eq!(atom.status, AtomStatus::Completed, "{context}: atom {id}");
+        assert_eq!(atom.output.expect("output").result, format!("r{i}").into_bytes(), "{context}: result of {id}");
+        let target = oldest.is_none_or(|oldest| *id >= oldest);
+        // Every target, and a sample of the older atoms (rebuilds dominate the test's time).
+        if !target && i % 8 != 0 {
+            continue;
+        }
+        match store.rebuild_context(*id) {
+            Ok(rebuilt) => assert_eq!(&rebuilt.context, want, "{context}: context of {id}"),
+            Err(Error::HistoryReclaimed { .. }) if !target => {}
+            Err(error) => panic!("{context}: rebuild of {id} (target: {target}): {error}"),
+        }
+    }
+    assert_eq!(store.resume(live_run).expect("resume").agents[0].completed.len(), LIVE_ATOMS, "{context}");
+    // The guarded effect of the live run is recorded exactly once and still answers.
+    let again = store.guarded(w.live[3], "send-email", |_| panic!("{context}: the effect ran twice"));
+    assert_eq!(again.expect("guard"), b"sent".to_vec());
+    // The dropped run is wholly there or wholly gone.
+    let old_run = continuum::RunId::from_raw(1);
+    match store.run_status(old_run).expect("old run") {
+        RunStatus::Dropped => {
+            for id in &w.old {
+                assert!(matches!(store.atom(*id), Err(Error::UnknownAtom { .. })), "{context}: {id} came back");
+            }
+        }
+        RunStatus::Finished { .. } => {
+            for (i, id) in w.old.iter().enumerate() {
+                let atom = store.atom(*id).unwrap_or_else(|e| panic!("{context}: old atom {id}: {e}"));
+                assert_eq!(atom.output.expect("output").result, format!("r{i}").into_bytes(), "{context}");
+            }
+        }
+        RunStatus::Running => panic!("{context}: the finished run is running again"),
+    }
+}
+
+#[test]
+fn a_crash_anywhere_in_compaction_loses_nothing_live_and_revives_nothing_dead() {
+    let ops = {
+        let w = world(1);
+        let before = w.sim.op_count();
+        let report = w.store.compact().expect("compact");
+        assert_eq!(report.runs_dropped, 1);
+        assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
+        check(&w.store, &w, "without a crash");
+        w.sim.op_count() - before
+    };
+    let mut states = 0;
+    for crash_at in 0..=ops {
+        for damage in CrashDamage::ALL {
+            let w = world(1);
+            w.sim.halt_after(crash_at);
+            let outcome = w.store.compact();
+            let compacted_bytes = outcome.is_ok().then(|| log_bytes(&w.store));
+            let World { sim, store, old, live, expected } = w;
+            drop(store);
+            sim.crash(damage);
+            let context = format!("crash after op {crash_at} of {ops} with {damage:?} ({:?})", outcome.as_ref().err());
+            let store = open(&sim).unwrap_or_else(|e| panic!("{context}: reopen: {e}"));
+            let w = World { sim, store, old, live, expected };
+            check(&w.store, &w, &context);
+            if let Some(bytes) = compacted_bytes {
+                assert!(log_bytes(&w.store) <= bytes, "{context}: reclaimed bytes came back");
+                assert_eq!(w.store.run_status(continuum::RunId::from_raw(1)).expect("run"), RunStatus::Dropped);
+            }
+            // A later round finishes the job, and everything still holds.
+            w.store.compact().unwrap_or_else(|e| panic!("{context}: compaction after recovery: {e}"));
+            check(&w.store, &w, &format!("{context}, then compacted again"));
+            assert_eq!(w.store.run_status(continuum::RunId::from_raw(1)).expect("run"), RunStatus::Dropped);
+            states += 1;
+        }
+    }
+    eprintln!(
+        "compaction crash points: {ops} I/O calls × {} damage kinds = {states} crash states",
+        CrashDamage::ALL.len()
+    );
+    assert!(ops >= 20, "a round makes many I/O calls ({ops})");
+}
