@@ -14,10 +14,22 @@ use continuum::synthetic::Transcript;
 use continuum::{AtomId, AtomOutput, RunSpec, Store};
 use criterion::Criterion;
 
+/// The store as these benchmarks use it: explicit snapshots only, all kept (time travel to
+/// any atom needs every one of them), no background thread.
+fn open(dir: &Path) -> Store {
+    let keep_all = continuum::RetentionPolicy { snapshots_per_agent: usize::MAX, finished_run_age: None };
+    Store::builder(dir)
+        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .retention(keep_all)
+        .background(false)
+        .open()
+        .expect("open")
+}
+
 /// Builds a one-agent linear history of `count` atoms; snapshots every `snapshot_every`.
 fn build(root: &Path, count: u64, snapshot_every: Option<u64>) -> (tempfile::TempDir, Vec<AtomId>) {
     let dir = tempfile::tempdir_in(root).expect("dir");
-    let store = Store::open(dir.path()).expect("store");
+    let store = open(dir.path());
     let run = store.create_run(RunSpec::new("replay")).expect("run");
     let mut transcript = Transcript::new(1);
     let mut ids: Vec<AtomId> = Vec::with_capacity(count as usize);
@@ -74,7 +86,7 @@ fn main() {
     let mut lines = Vec::new();
 
     let (small_dir, small_ids) = build(&root, small, None);
-    let store = Store::open(small_dir.path()).expect("open");
+    let store = open(small_dir.path());
     let head = *small_ids.last().expect("atoms");
     let mut group = criterion.benchmark_group("replay");
     group.sample_size(20);
@@ -96,7 +108,7 @@ fn main() {
     let started = Instant::now();
     let (big_dir, big_ids) = build(&root, big, None);
     lines.push(format!("{big} atoms built in {:.1} s", started.elapsed().as_secs_f64()));
-    let store = Store::open(big_dir.path()).expect("open");
+    let store = open(big_dir.path());
     let head = *big_ids.last().expect("atoms");
     let repeats = if test_mode { 1 } else { 3 };
     let parallel = time(repeats, || drop(store.rebuild_context(head).expect("rebuild")));
@@ -120,7 +132,7 @@ fn main() {
 
     let travel_atoms = if test_mode { 2_000 } else { 100_000 };
     let (travel_dir, travel_ids) = build(&root, travel_atoms, Some(50));
-    let store = Store::open(travel_dir.path()).expect("open");
+    let store = open(travel_dir.path());
     let mut worst = Duration::ZERO;
     let mut total = Duration::ZERO;
     let picks = 200;

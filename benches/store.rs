@@ -26,7 +26,11 @@ fn outputs(count: usize) -> Vec<AtomOutput> {
 
 /// A store on `dir` with a run, warmed up past dictionary training.
 fn warm_store(dir: &Path, outputs: &[AtomOutput]) -> (Store, continuum::RunId) {
-    let store = Store::open(dir).expect("open store");
+    let store = Store::builder(dir)
+        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .background(false)
+        .open()
+        .expect("open store");
     let run = store.create_run(RunSpec::new("bench")).expect("run");
     for (i, output) in outputs.iter().enumerate().take(2_100) {
         let atom = store.begin_atom(run, "warmup", &format!("w{i}"), &[], "").expect("begin");
@@ -117,7 +121,11 @@ fn bench_atoms(c: &mut Criterion, group_name: &str, root: &Path, threads_list: &
 fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64) {
     let outputs = outputs(count);
     let dir = tempfile::tempdir_in(root).expect("dir");
-    let store = Store::open(dir.path()).expect("store");
+    let store = Store::builder(dir.path())
+        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .background(false)
+        .open()
+        .expect("store");
     let run = store.create_run(RunSpec::new("space")).expect("run");
     let mut measured_from = 0;
     let mut parents = Vec::new();
@@ -139,7 +147,11 @@ fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64) {
 fn index_bytes_per_atom(root: &Path, count: u64) -> (f64, Duration) {
     let dir = tempfile::tempdir_in(root).expect("dir");
     {
-        let store = Store::open(dir.path()).expect("store");
+        let store = Store::builder(dir.path())
+            .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+            .background(false)
+            .open()
+            .expect("store");
         let run = store.create_run(RunSpec::new("big")).expect("run");
         let empty = AtomOutput::default();
         let mut parents = Vec::new();
@@ -150,7 +162,11 @@ fn index_bytes_per_atom(root: &Path, count: u64) -> (f64, Duration) {
         }
     }
     let started = Instant::now();
-    let store = Store::open(dir.path()).expect("reopen");
+    let store = Store::builder(dir.path())
+        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .background(false)
+        .open()
+        .expect("reopen");
     let rebuild = started.elapsed();
     (store.index_heap_bytes() as f64 / count as f64, rebuild)
 }

@@ -26,8 +26,9 @@ use crate::storage::{OpenMode, StorageFile};
 
 /// Payload bytes of one frame of a rewritten segment.
 const REWRITE_FRAME_BYTES: usize = 1024 * 1024;
-/// Bytes buffered before each write of the rewritten file.
-const REWRITE_WRITE_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes buffered before each write (and sync) of the rewritten file: syncing as it goes keeps
+/// each `fdatasync` small, so that the log's own syncs never queue behind a big one.
+const REWRITE_WRITE_BYTES: usize = 256 * 1024;
 const _: () = assert!(REWRITE_FRAME_BYTES <= limits::BATCH_BYTES_MAX as usize);
 
 /// What to do with one record when its segment is rewritten.
@@ -237,6 +238,7 @@ impl SegmentWriter {
 
     fn write_buf(&mut self) -> Result<()> {
         self.file.write_all_at(&self.buf, self.buf_at).map_err(|e| Error::io("write", &self.path, e))?;
+        self.file.sync_data().map_err(|e| Error::io("fdatasync", &self.path, e))?;
         self.buf_at += self.buf.len() as u64;
         self.buf.clear();
         Ok(())

@@ -80,8 +80,13 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
         let store = Store::view(shared);
         match job {
             Ok(Job::Snapshot(atom)) => {
-                if let Err(error) = store.policy_snapshot(atom) {
-                    tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+                for atom in coalesce(&store, atom, jobs) {
+                    if stopping.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Err(error) = store.policy_snapshot(atom) {
+                        tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+                    }
                 }
             }
             Ok(Job::Wake) => {}
@@ -95,4 +100,23 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
             Err(RecvTimeoutError::Disconnected) => return,
         }
     }
+}
+
+/// `first` and every snapshot request already queued, reduced to the newest atom of each
+/// agent: when snapshots fall behind, the thread catches up instead of writing stale ones.
+fn coalesce(store: &Store, first: AtomId, jobs: &Receiver<Job>) -> Vec<AtomId> {
+    let mut atoms = vec![first];
+    while let Ok(job) = jobs.try_recv() {
+        if let Job::Snapshot(atom) = job {
+            atoms.push(atom);
+        }
+    }
+    let mut newest: std::collections::BTreeMap<u32, AtomId> = std::collections::BTreeMap::new();
+    for atom in atoms {
+        if let Some(agent) = store.agent_of(atom) {
+            let slot = newest.entry(agent).or_insert(atom);
+            *slot = (*slot).max(atom);
+        }
+    }
+    newest.into_values().collect()
 }

@@ -154,6 +154,7 @@ impl Store {
         }
         let threshold = self.shared.policies.compaction.live_fraction_min;
         for tally in plan.segments.iter().filter(|t| t.total > 0 && (t.live as f64) < threshold * t.total as f64) {
+            let started = std::time::Instant::now();
             let rewrite = self.shared.log.rewrite_segment(Lsn::new(tally.first_lsn), |lsn, bytes| {
                 self.rewrite_decision(&plan, lsn.get(), bytes)
             })?;
@@ -161,6 +162,8 @@ impl Store {
             report.deltas_reclaimed += rewrite.replaced;
             report.bytes_read += rewrite.bytes_before;
             report.bytes_written += rewrite.bytes_after;
+            // Background work yields half of its time to the foreground.
+            std::thread::sleep(started.elapsed());
         }
         report.bytes_reclaimed = report.bytes_read - report.bytes_written;
         let (deleted, bytes) = self.delete_empty_prefix()?;
@@ -293,9 +296,9 @@ impl Store {
 
     /// The completed atoms whose deltas no target needs (module docs, step 2).
     fn reclaimable(&self, graph: &Graph, snapshots: &BTreeSet<u64>, targets_from: &HashMap<u32, u64>) -> BTreeSet<u64> {
-        let index = self.shared.index.read();
         let Some(&last) = graph.parents.keys().next_back() else { return BTreeSet::new() };
-        let entry = |id: u64| index.atom(AtomId(id)).filter(|e| e.state != EntryState::Vacant);
+        let entries = self.entry_facts(graph);
+        let entry = |id: u64| entries.get(&id);
         // Ascending: the kept snapshots usable for each atom (shared along chains).
         let mut usable: HashMap<u64, Rc<Vec<u64>>> = HashMap::with_capacity(graph.parents.len());
         let empty = Rc::new(Vec::new());
@@ -324,9 +327,9 @@ impl Store {
         let mut bound: HashMap<u64, u64> = HashMap::new();
         let mut strip = BTreeSet::new();
         for (&id, parents) in graph.parents.range(..=last).rev() {
-            let Some(e) = entry(id) else { continue };
+            let Some(&(agent, strippable)) = entry(id) else { continue };
             let mut b = bound.remove(&id).unwrap_or(u64::MAX);
-            let target_from = targets_from.get(&e.agent).copied().unwrap_or(0);
+            let target_from = targets_from.get(&agent).copied().unwrap_or(0);
             if id >= target_from {
                 let lowest = usable.get(&id).and_then(|set| set.iter().min().copied()).unwrap_or(0);
                 b = b.min(lowest);
@@ -336,11 +339,29 @@ impl Store {
                     let slot = bound.entry(*parent).or_insert(u64::MAX);
                     *slot = (*slot).min(b);
                 }
-            } else if e.state == EntryState::Completed && !e.reclaimed {
+            } else if strippable {
                 strip.insert(id);
             }
         }
         strip
+    }
+
+    /// For every atom of `graph` still in the index: its agent, and whether it completed
+    /// with its delta not yet reclaimed. Copied a chunk at a time, so that appends never wait
+    /// long for the index.
+    fn entry_facts(&self, graph: &Graph) -> HashMap<u64, (u32, bool)> {
+        const CHUNK: usize = 4096;
+        let ids: Vec<u64> = graph.parents.keys().copied().collect();
+        let mut facts = HashMap::with_capacity(ids.len());
+        for chunk in ids.chunks(CHUNK) {
+            let index = self.shared.index.read();
+            for &id in chunk {
+                if let Some(e) = index.atom(AtomId(id)) {
+                    facts.insert(id, (e.agent, e.state == EntryState::Completed && !e.reclaimed));
+                }
+            }
+        }
+        facts
     }
 
     /// Pass 2: the record bytes and live bytes of each sealed segment below the bound.

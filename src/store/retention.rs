@@ -50,6 +50,11 @@ impl Store {
         }
     }
 
+    /// The agent number of `atom`.
+    pub(crate) fn agent_of(&self, atom: AtomId) -> Option<u32> {
+        self.shared.index.read().atom(atom).map(|entry| entry.agent)
+    }
+
     /// Writes the policy snapshot of `atom` (unless its agent has moved on to a rollback, or
     /// the atom is gone) and applies retention to its agent's snapshots.
     pub(crate) fn policy_snapshot(&self, atom: AtomId) -> Result<()> {
