@@ -175,16 +175,21 @@ fn space(root: &Path, history_atoms: usize, outputs: &[AtomOutput]) -> String {
     )
 }
 
+/// Atoms of the history one measured round compacts (fewer under `cargo test --benches`).
+fn round_atoms() -> usize {
+    if test_mode() { 500 } else { 10_000 }
+}
+
 fn bench_round(c: &mut Criterion, root: &Path, outputs: &[AtomOutput]) {
     let mut group = c.benchmark_group("compaction");
     group.sample_size(10);
-    group.bench_function("round/10000_atoms", |b| {
+    group.bench_function(format!("round/{}_atoms", round_atoms()), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let dir = tempfile::tempdir_in(root).expect("dir");
                 let store = open(dir.path());
-                let ids = history(&store, "h", 10_000, outputs);
+                let ids = history(&store, "h", round_atoms(), outputs);
                 settle(&store, *ids.last().expect("history"));
                 let started = Instant::now();
                 store.compact().expect("compact");
@@ -197,8 +202,11 @@ fn bench_round(c: &mut Criterion, root: &Path, outputs: &[AtomOutput]) {
 }
 
 fn main() {
-    let history_atoms: usize =
-        std::env::var("CONTINUUM_BENCH_HISTORY_ATOMS").ok().and_then(|v| v.parse().ok()).unwrap_or(40_000);
+    let test_mode = test_mode();
+    let history_atoms: usize = std::env::var("CONTINUUM_BENCH_HISTORY_ATOMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if test_mode { 2_000 } else { 40_000 });
     let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let outputs = outputs(1_000);
     let mut criterion = Criterion::default().configure_from_args();
@@ -207,4 +215,11 @@ fn main() {
     let space = space(root, history_atoms, &outputs);
     eprintln!("==== summary: compaction ====\n{latency}\n{space}");
     criterion.final_summary();
+}
+
+/// Whether criterion runs in test mode (`cargo test --benches`, or `cargo bench -- --test`):
+/// as criterion decides it, when `--bench` is absent or `--test` is given.
+fn test_mode() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--test")
 }

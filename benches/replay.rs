@@ -74,7 +74,7 @@ fn time(repeats: usize, mut f: impl FnMut()) -> Duration {
 
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
-    let test_mode = std::env::args().any(|a| a == "--test");
+    let test_mode = test_mode();
     let shm = Path::new("/dev/shm");
     let root = if shm.is_dir() { shm.to_path_buf() } else { Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp") };
     std::fs::create_dir_all(&root).expect("bench dir");
@@ -156,4 +156,11 @@ fn main() {
     }
     eprintln!("==== end replay ====");
     criterion.final_summary();
+}
+
+/// Whether criterion runs in test mode (`cargo test --benches`, or `cargo bench -- --test`):
+/// as criterion decides it, when `--bench` is absent or `--test` is given.
+fn test_mode() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--test")
 }

@@ -28,6 +28,7 @@ pub(crate) enum Job {
 
 /// The handle that owns the thread; dropping it stops and joins the thread.
 pub(crate) struct Worker {
+    shared: Weak<Shared>,
     sender: SyncSender<Job>,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -45,7 +46,7 @@ impl Worker {
             .name("continuum-background".into())
             .spawn(move || run(&weak, &receiver, &flag, interval))
             .map_err(|e| Error::io("spawn the background thread", std::path::PathBuf::new(), e))?;
-        Ok(Self { sender, stopping, thread: Some(thread) })
+        Ok(Self { shared: Arc::downgrade(shared), sender, stopping, thread: Some(thread) })
     }
 
     /// Queues `job`; returns `false` if the queue is full (the job is dropped).
@@ -60,6 +61,9 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::Release);
+        if let Some(shared) = self.shared.upgrade() {
+            shared.closing.store(true, Ordering::Release);
+        }
         // Wake the thread if it sleeps; a full queue means it is awake and will see the flag.
         let _ = self.sender.try_send(Job::Wake);
         if let Some(thread) = self.thread.take() {

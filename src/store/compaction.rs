@@ -60,8 +60,8 @@ pub struct CompactionReport {
     pub bytes_written: u64,
     /// `bytes_read - bytes_written`, plus the bytes of deleted segments.
     pub bytes_reclaimed: u64,
-    /// Whether the round stopped early because an agent branched from history being
-    /// reclaimed (the next round tries again).
+    /// Whether the round stopped early: an agent branched from history being reclaimed, or
+    /// the store is closing (the next round tries again).
     pub aborted: bool,
 }
 
@@ -154,6 +154,10 @@ impl Store {
         }
         let threshold = self.shared.policies.compaction.live_fraction_min;
         for tally in plan.segments.iter().filter(|t| t.total > 0 && (t.live as f64) < threshold * t.total as f64) {
+            if self.shared.closing.load(std::sync::atomic::Ordering::Acquire) {
+                report.aborted = true;
+                break;
+            }
             let started = std::time::Instant::now();
             let rewrite = self.shared.log.rewrite_segment(Lsn::new(tally.first_lsn), |lsn, bytes| {
                 self.rewrite_decision(&plan, lsn.get(), bytes)

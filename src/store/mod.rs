@@ -115,6 +115,7 @@ impl StoreBuilder {
             policies: self.policies,
             snapshot_clock: Mutex::new(std::collections::HashMap::new()),
             compacting: Mutex::new(()),
+            closing: std::sync::atomic::AtomicBool::new(false),
         });
         let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
         Ok(Store { worker, shared })
@@ -143,6 +144,8 @@ pub(crate) struct Shared {
     snapshot_clock: Mutex<std::collections::HashMap<u32, policy::SnapshotClock>>,
     /// Compaction runs one at a time.
     compacting: Mutex<()>,
+    /// Set when the owning handle is dropped: a compaction round stops between segments.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
