@@ -191,6 +191,48 @@ fn a_branch_cannot_start_from_a_reclaimed_atom_except_at_its_snapshot() {
 }
 
 #[test]
+fn a_pinned_atom_keeps_its_history_until_unpinned() {
+    let sim = SimStorage::new(7);
+    let store = open_with(&sim, every(10), keep(1));
+    let ids = chain(&store, "pinned", 120, 11);
+    let expected = store.rebuild_context(ids[20]).expect("rebuild").context;
+    store.pin(ids[20], true).expect("pin");
+    let report = store.compact().expect("compact");
+    assert!(report.deltas_reclaimed > 50, "{report:?}");
+    assert_eq!(store.rebuild_context(ids[20]).expect("pinned atom").context, expected);
+    assert!(matches!(store.rebuild_context(ids[40]), Err(Error::HistoryReclaimed { .. })), "unpinned history goes");
+    let run = store.run_id("pinned").expect("run");
+    store.begin_atom(run, "agent", "branch", &[ids[20]], "").expect("a branch from a pinned atom");
+    drop(store);
+
+    // The pin is durable.
+    let store = open_with(&sim, every(10), keep(1));
+    store.compact().expect("compact");
+    assert_eq!(store.rebuild_context(ids[20]).expect("pinned after reopen").context, expected);
+
+    // Unpinned, its history stays as long as the branch from it (a target with no kept
+    // snapshot on its ancestry) needs it: a retained fork point.
+    store.pin(ids[20], false).expect("unpin");
+    store.compact().expect("compact");
+    assert_eq!(store.rebuild_context(ids[20]).expect("fork point").context, expected);
+    assert!(matches!(store.pin(ids[40], true), Err(Error::HistoryReclaimed { .. })), "too late to pin");
+    store.pin(ids[119], true).expect("pin the newest atom");
+}
+
+#[test]
+fn an_unpinned_atom_loses_its_history() {
+    let sim = SimStorage::new(8);
+    let store = open_with(&sim, every(10), keep(1));
+    let ids = chain(&store, "unpinned", 120, 12);
+    store.pin(ids[20], true).expect("pin");
+    store.compact().expect("compact");
+    store.rebuild_context(ids[20]).expect("pinned");
+    store.pin(ids[20], false).expect("unpin");
+    store.compact().expect("compact");
+    assert!(matches!(store.rebuild_context(ids[20]), Err(Error::HistoryReclaimed { .. })));
+}
+
+#[test]
 fn finished_runs_past_their_age_are_dropped_for_good() {
     let sim = SimStorage::new(6);
     let retention = RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) };

@@ -92,6 +92,8 @@ pub enum StoreRecord {
     AtomReclaimed(proto::AtomCompleted),
     /// Retention dropped a finished run.
     RunDropped(proto::RunDropped),
+    /// An atom was pinned or unpinned.
+    AtomPinned(proto::AtomPinned),
 }
 
 /// The kind of a store record, as the codec's `peek` reports it from the envelope alone.
@@ -120,6 +122,8 @@ pub enum RecordKind {
     AtomReclaimed,
     /// [`StoreRecord::RunDropped`].
     RunDropped,
+    /// [`StoreRecord::AtomPinned`].
+    AtomPinned,
 }
 
 impl RecordKind {
@@ -136,6 +140,7 @@ impl RecordKind {
             kind::ATOMS_ABANDONED => RecordKind::AtomsAbandoned,
             kind::ATOM_RECLAIMED => RecordKind::AtomReclaimed,
             kind::RUN_DROPPED => RecordKind::RunDropped,
+            kind::ATOM_PINNED => RecordKind::AtomPinned,
             _ => return None,
         })
     }
@@ -154,6 +159,7 @@ mod kind {
     pub const ATOMS_ABANDONED: u8 = 9;
     pub const ATOM_RECLAIMED: u8 = 10;
     pub const RUN_DROPPED: u8 = 11;
+    pub const ATOM_PINNED: u8 = 12;
 }
 
 /// The schema version every kind is written with today; readers accept this and older.
@@ -173,6 +179,7 @@ impl StoreRecord {
             StoreRecord::AtomsAbandoned(_) => kind::ATOMS_ABANDONED,
             StoreRecord::AtomReclaimed(_) => kind::ATOM_RECLAIMED,
             StoreRecord::RunDropped(_) => kind::RUN_DROPPED,
+            StoreRecord::AtomPinned(_) => kind::ATOM_PINNED,
         }
     }
 
@@ -189,6 +196,7 @@ impl StoreRecord {
             StoreRecord::AtomsAbandoned(m) => m.after_atom,
             StoreRecord::AtomReclaimed(m) => m.atom,
             StoreRecord::RunDropped(m) => m.run,
+            StoreRecord::AtomPinned(m) => m.atom,
         }
     }
 
@@ -205,6 +213,7 @@ impl StoreRecord {
             StoreRecord::AtomsAbandoned(m) => m.encode_to_vec(),
             StoreRecord::AtomReclaimed(m) => m.encode_to_vec(),
             StoreRecord::RunDropped(m) => m.encode_to_vec(),
+            StoreRecord::AtomPinned(m) => m.encode_to_vec(),
         }
     }
 
@@ -221,6 +230,7 @@ impl StoreRecord {
             kind::ATOMS_ABANDONED => StoreRecord::AtomsAbandoned(decode_message(body)?),
             kind::ATOM_RECLAIMED => StoreRecord::AtomReclaimed(decode_message(body)?),
             kind::RUN_DROPPED => StoreRecord::RunDropped(decode_message(body)?),
+            kind::ATOM_PINNED => StoreRecord::AtomPinned(decode_message(body)?),
             other => return Err(CodecError::UnknownKind(other)),
         };
         Ok(record)

@@ -58,6 +58,7 @@ fn sample_records(seed: u64) -> Vec<StoreRecord> {
         }),
         StoreRecord::AtomReclaimed(AtomCompleted { atom: 3, delta: None, result: b"ok".to_vec(), ended_at_unix_us: 9 }),
         StoreRecord::RunDropped(RunDropped { run: 1, next_atom: 5, dropped_at_unix_us: 10 }),
+        StoreRecord::AtomPinned(AtomPinned { atom: 3, pinned: true, at_unix_us: 11 }),
     ]
 }
 

@@ -127,7 +127,7 @@ impl Plan {
             RecordKind::AtomStarted | RecordKind::AtomFailed | RecordKind::AtomReclaimed if dropped(subject) => {
                 Fate::Dead
             }
-            RecordKind::AtomsAbandoned if dropped(subject) => Fate::Dead,
+            RecordKind::AtomsAbandoned | RecordKind::AtomPinned if dropped(subject) => Fate::Dead,
             RecordKind::AtomCompleted if dropped(subject) => Fate::Dead,
             RecordKind::AtomCompleted if self.strip.contains(&subject) => Fate::Strip,
             RecordKind::GuardStarted | RecordKind::GuardCompleted if self.dead_guards.contains(&lsn) => Fate::Dead,
@@ -331,10 +331,10 @@ impl Store {
         let mut bound: HashMap<u64, u64> = HashMap::new();
         let mut strip = BTreeSet::new();
         for (&id, parents) in graph.parents.range(..=last).rev() {
-            let Some(&(agent, strippable)) = entry(id) else { continue };
+            let Some(&(agent, strippable, pinned)) = entry(id) else { continue };
             let mut b = bound.remove(&id).unwrap_or(u64::MAX);
             let target_from = targets_from.get(&agent).copied().unwrap_or(0);
-            if id >= target_from {
+            if id >= target_from || pinned {
                 let lowest = usable.get(&id).and_then(|set| set.iter().min().copied()).unwrap_or(0);
                 b = b.min(lowest);
             }
@@ -350,10 +350,10 @@ impl Store {
         strip
     }
 
-    /// For every atom of `graph` still in the index: its agent, and whether it completed
-    /// with its delta not yet reclaimed. Copied a chunk at a time, so that appends never wait
-    /// long for the index.
-    fn entry_facts(&self, graph: &Graph) -> HashMap<u64, (u32, bool)> {
+    /// For every atom of `graph` still in the index: its agent, whether it completed with its
+    /// delta not yet reclaimed, and whether it is pinned. Copied a chunk at a time, so that
+    /// appends never wait long for the index.
+    fn entry_facts(&self, graph: &Graph) -> HashMap<u64, (u32, bool, bool)> {
         const CHUNK: usize = 4096;
         let ids: Vec<u64> = graph.parents.keys().copied().collect();
         let mut facts = HashMap::with_capacity(ids.len());
@@ -361,7 +361,7 @@ impl Store {
             let index = self.shared.index.read();
             for &id in chunk {
                 if let Some(e) = index.atom(AtomId(id)) {
-                    facts.insert(id, (e.agent, e.state == EntryState::Completed && !e.reclaimed));
+                    facts.insert(id, (e.agent, e.state == EntryState::Completed && !e.reclaimed, e.pinned));
                 }
             }
         }

@@ -56,6 +56,8 @@ pub(crate) struct AtomEntry {
     pub abandoned: bool,
     /// Compaction reclaimed (or is reclaiming) its delta: no rebuild may need it any more.
     pub reclaimed: bool,
+    /// Pinned: retention keeps what its context needs.
+    pub pinned: bool,
 }
 
 impl AtomEntry {
@@ -67,11 +69,12 @@ impl AtomEntry {
         state: EntryState::Vacant,
         abandoned: false,
         reclaimed: false,
+        pinned: false,
     };
 
     /// A new entry in `state`.
     pub fn new(started_lsn: u64, run: u32, agent: u32, state: EntryState) -> Self {
-        Self { started_lsn, ended_lsn: 0, run, agent, state, abandoned: false, reclaimed: false }
+        Self { started_lsn, ended_lsn: 0, run, agent, state, abandoned: false, reclaimed: false, pinned: false }
     }
 }
 

@@ -111,6 +111,10 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
                 None => orphans.rollbacks.push((lsn, RunId(rollback.run))),
             }
         }
+        StoreRecord::AtomPinned(pin) => match index.atom_mut(AtomId(pin.atom)) {
+            Some(entry) => entry.pinned = pin.pinned,
+            None => orphans.ends.push((lsn, pin.atom)),
+        },
         StoreRecord::RunDropped(dropped) => {
             if index.run(RunId(dropped.run)).is_none() {
                 return Err(Error::InconsistentLog { lsn, reason: "drop of an unknown run" });

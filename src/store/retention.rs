@@ -70,8 +70,11 @@ impl Store {
             let Some(agent) = index.atom(atom).map(|entry| entry.agent) else { return Ok(0) };
             let snapshots = self.shared.snapshots.lock();
             let keep = self.shared.policies.retention.snapshots_per_agent;
-            let of_agent =
-                snapshots.iter().rev().filter(|id| index.atom(AtomId(**id)).is_some_and(|e| e.agent == agent));
+            // Snapshots of pinned atoms are kept, and do not count towards the K.
+            let of_agent = snapshots
+                .iter()
+                .rev()
+                .filter(|id| index.atom(AtomId(**id)).is_some_and(|e| e.agent == agent && !e.pinned));
             of_agent.skip(keep).copied().collect()
         };
         self.delete_snapshots(&victims)?;
@@ -101,6 +104,30 @@ impl Store {
         }
         let dir = self.shared.log.dir().join(snapshot::SNAPSHOT_DIR);
         storage.sync_dir(&dir).map_err(|e| Error::io("sync directory", dir, e))
+    }
+
+    /// Pins `atom` (or unpins it): while pinned, retention and compaction keep everything its
+    /// context needs (it can always be rebuilt, and branched from), and its snapshot, if it
+    /// has one, is never pruned. Durable when this returns. Waits for a compaction round in
+    /// progress to finish.
+    ///
+    /// # Errors
+    /// [`Error::UnknownAtom`], [`Error::HistoryReclaimed`] when pinning an atom whose context
+    /// can no longer be rebuilt, the rebuild's other errors, and the log's append errors.
+    pub fn pin(&self, atom: AtomId, pinned: bool) -> Result<()> {
+        // No round may plan without this pin, or strip what the check below relies on.
+        let _no_compaction = self.shared.compacting.lock();
+        if pinned {
+            self.rebuild_context(atom)?;
+        }
+        let mut index = self.shared.index.write();
+        index.atom(atom).filter(|e| e.state.status().is_some()).ok_or(Error::UnknownAtom { atom: atom.0 })?;
+        let record = StoreRecord::AtomPinned(proto::AtomPinned { atom: atom.0, pinned, at_unix_us: now_us() });
+        self.append(&record, Durability::Sync)?;
+        if let Some(entry) = index.atom_mut(atom) {
+            entry.pinned = pinned;
+        }
+        Ok(())
     }
 
     /// Drops every finished run that ended more than the retention age ago: a durable
