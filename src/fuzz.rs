@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::config::RecoveryMode;
 use crate::log::Log;
 use crate::log::record;
+use crate::log::segment::{self, SegmentHeader};
 use crate::storage::sim::SimStorage;
 use crate::storage::{OpenMode, Storage};
 
@@ -21,12 +22,20 @@ pub fn decode_batch(data: &[u8]) {
 }
 
 /// Opens a log whose only segment file holds `data`, in every recovery mode, and reads back
-/// every record it recovers. Must never panic.
+/// every record it recovers. When `data` starts with a rewritten (compacted) segment's header,
+/// it is opened as a sealed segment followed by an empty active one instead (a rewritten
+/// segment is never the last). Must never panic.
 pub fn recover_segment(data: &[u8]) {
+    let compacted = SegmentHeader::decode(data).ok().filter(SegmentHeader::is_compacted);
     for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::SkipCorrupted] {
         let storage = SimStorage::new(0);
         let dir = Path::new("/fuzz");
         if place_segment(&storage, dir, data).is_err() {
+            return;
+        }
+        if let Some(header) = compacted
+            && place_active_after(&storage, dir, &header).is_err()
+        {
             return;
         }
         let opened = Log::builder(dir).storage(Arc::new(storage)).recovery_mode(mode).segment_bytes(1 << 20).open();
@@ -39,6 +48,22 @@ pub fn recover_segment(data: &[u8]) {
             assert_eq!(read.as_deref(), Some(&bytes[..]), "read and iteration agree");
         }
     }
+}
+
+/// An empty active segment after the rewritten segment `sealed`.
+fn place_active_after(storage: &SimStorage, dir: &Path, sealed: &SegmentHeader) -> std::io::Result<()> {
+    let header = SegmentHeader {
+        seq: sealed.seq.saturating_add(1),
+        first_lsn: sealed.end_lsn,
+        segment_bytes: 4096,
+        store_id: sealed.store_id,
+        end_lsn: 0,
+    };
+    let file = storage.open(&dir.join(segment::file_name(header.first_lsn)), OpenMode::CreateNew)?;
+    file.allocate(header.segment_bytes)?;
+    file.write_all_at(&header.encode(), 0)?;
+    file.sync_data()?;
+    storage.sync_dir(dir)
 }
 
 fn place_segment(storage: &SimStorage, dir: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -76,6 +101,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     for (i, records) in [1usize, 3, 40].into_iter().enumerate() {
         seeds.push(("recover_segment", format!("seed-{i}"), segment_with(records)));
     }
+    seeds.push(("recover_segment", "seed-compacted".to_owned(), compacted_segment()));
     let codec = crate::codec::Codec::default();
     let mut transcript = crate::synthetic::Transcript::new(1);
     let records = [
@@ -104,6 +130,27 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         seeds.push(("decode_record", format!("seed-{i}"), codec.encode(record)));
     }
     seeds
+}
+
+/// The bytes of a first segment rewritten by compaction, with LSN gaps and a replaced record.
+fn compacted_segment() -> Vec<u8> {
+    let storage = SimStorage::new(0);
+    let dir = Path::new("/seed");
+    let log = Log::builder(dir).storage(Arc::new(storage.clone())).segment_bytes(4096).open().expect("seed log opens");
+    for i in 0..60 {
+        if log.append(format!("seed record {i}").repeat(i % 4 + 1).as_bytes()).is_err() {
+            break;
+        }
+    }
+    let _ = log.rewrite_segment(crate::log::Lsn::FIRST, |lsn, _| {
+        Ok(match lsn.get() % 3 {
+            0 => crate::log::Rewrite::Drop,
+            1 => crate::log::Rewrite::Keep,
+            _ => crate::log::Rewrite::Replace(b"replaced".to_vec()),
+        })
+    });
+    drop(log);
+    storage.file_bytes(&dir.join("00000000000000000001.seg")).unwrap_or_default()
 }
 
 /// The bytes of a first segment holding `records` appended records (4 KiB segments).
