@@ -275,9 +275,11 @@ impl Codec {
     }
 
     /// Encodes `record` into its envelope, compressing when that makes it smaller.
+    /// Dictionaries, and `AtomReclaimed` records (written by compaction at an old LSN, which may
+    /// come before the current dictionary's record), are stored plain.
     pub fn encode(&self, record: &StoreRecord) -> Vec<u8> {
         let body = record.encode_body();
-        let compressible = !matches!(record, StoreRecord::Dictionary(_));
+        let compressible = !matches!(record, StoreRecord::Dictionary(_) | StoreRecord::AtomReclaimed(_));
         self.wrap(record.kind(), record.subject(), &body, compressible)
     }
 
