@@ -1,0 +1,253 @@
+//! continuum itself: the raw [`Log`] (one record per atom) and the atom [`Store`]
+//! (`begin_atom` + `complete_atom` per atom, each agent its own run, atoms chained as a DAG).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use continuum::storage::{DirLock, FileStorage, OpenMode, ReadView, Storage, StorageFile, WriteMap};
+use continuum::{AtomId, Durability, Log, Lsn, RunId, RunSpec, Store};
+
+use crate::workload::{decode_framed, framed, framed_agent};
+use crate::{AGENTS_MAX, AtomRef, AtomSink, Error, Mode, Result, Resumed, agent_name, run_name};
+
+const LOG: &str = "continuum log";
+
+/// continuum's raw log: each atom one record (agent, atom id, delta). It has no index by
+/// agent, so resuming an agent reads the whole log.
+pub(crate) struct LogSink {
+    log: Log,
+}
+
+impl LogSink {
+    /// Opens the log: `Sync` durability for durable appends, `Buffered` for buffered ones,
+    /// `None` while loading.
+    pub(crate) fn open(dir: &Path, mode: Mode) -> Result<Self> {
+        let durability = match mode {
+            Mode::Durable => Durability::Sync,
+            Mode::Buffered => Durability::Buffered,
+            Mode::Load => Durability::None,
+        };
+        Ok(Self { log: Log::builder(dir).durability(durability).open()? })
+    }
+}
+
+impl AtomSink for LogSink {
+    fn append(&self, atom: &AtomRef<'_>) -> Result<()> {
+        self.log.append(&framed(atom))?;
+        Ok(())
+    }
+
+    fn append_batch(&self, atoms: &[AtomRef<'_>]) -> Result<()> {
+        let records: Vec<Vec<u8>> = atoms.iter().map(framed).collect();
+        let records: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+        self.log.append_batch(&records)?;
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.log.sync()?;
+        Ok(())
+    }
+
+    fn resume(&self, agent: u32) -> Result<Resumed> {
+        let mut atoms = 0;
+        for item in self.log.iter_from(Lsn::FIRST)? {
+            let (_, record) = item?;
+            if framed_agent(&record) == Some(agent) {
+                std::hint::black_box(decode_framed(LOG, &record)?);
+                atoms += 1;
+            }
+        }
+        Ok(Resumed { atoms })
+    }
+
+    fn used_bytes(&self) -> Result<Option<u64>> {
+        Ok(Some(used_bytes(&self.log)?))
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        self.log.close()?;
+        Ok(())
+    }
+}
+
+/// Bytes of a continuum directory that hold data: every file's length, less the preallocated
+/// zeros after each segment's last record.
+fn used_bytes(log: &Log) -> Result<u64> {
+    let mut preallocated = 0;
+    for segment in log.segments() {
+        preallocated += std::fs::metadata(&segment.path)?.len().saturating_sub(segment.data_bytes);
+    }
+    Ok(crate::disk_usage(log.dir())?.length.saturating_sub(preallocated))
+}
+
+/// The last atom stored for one agent (the parent of its next one).
+enum Last {
+    /// Not looked up since the store was opened.
+    Unknown,
+    /// Looked up, or written by this sink.
+    Known(Option<AtomId>),
+}
+
+/// continuum's atom store. Each agent is its own run; each atom's parent is the agent's
+/// previous atom, so rebuilding an agent folds its whole history.
+pub(crate) struct StoreSink {
+    store: Store,
+    dir: PathBuf,
+    runs: Vec<RunId>,
+    last: Vec<Mutex<Last>>,
+}
+
+impl StoreSink {
+    /// Opens the store. Completions are always `Sync`; while loading ([`Mode::Load`]) the
+    /// store runs on a file system whose `fdatasync` does nothing, and [`AtomSink::sync`]
+    /// syncs every file afterwards.
+    pub(crate) fn open(dir: &Path, mode: Mode) -> Result<Self> {
+        let store = match mode {
+            Mode::Load => Store::builder(dir).storage(Arc::new(LoadStorage)).open()?,
+            Mode::Durable | Mode::Buffered => Store::open(dir)?,
+        };
+        let runs =
+            (0..AGENTS_MAX).map(|agent| store.create_run(RunSpec::new(run_name(agent)))).collect::<Result<_, _>>()?;
+        let last = (0..AGENTS_MAX).map(|_| Mutex::new(Last::Unknown)).collect();
+        Ok(Self { store, dir: dir.to_path_buf(), runs, last })
+    }
+
+    fn run(&self, agent: u32) -> Result<RunId> {
+        let index = usize::try_from(agent).ok().filter(|index| *index < self.runs.len());
+        index
+            .map(|index| self.runs[index])
+            .ok_or(Error::Malformed { engine: "continuum store", reason: "agent out of range" })
+    }
+}
+
+impl AtomSink for StoreSink {
+    fn append(&self, atom: &AtomRef<'_>) -> Result<()> {
+        let run = self.run(atom.agent)?;
+        let name = agent_name(atom.agent);
+        let mut last = self.last[atom.agent as usize].lock().unwrap_or_else(PoisonError::into_inner);
+        if let Last::Unknown = *last {
+            *last = Last::Known(self.store.agent_atoms(run, &name).last().copied());
+        }
+        let parents: Vec<AtomId> = match *last {
+            Last::Known(parent) => parent.into_iter().collect(),
+            Last::Unknown => Vec::new(),
+        };
+        let id = self.store.begin_atom(run, &name, &atom.atom_id.to_string(), &parents, "")?;
+        self.store.complete_atom(id, atom.output)?;
+        *last = Last::Known(Some(id));
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.store.log().sync()?;
+        sync_tree(&self.dir)?;
+        Ok(())
+    }
+
+    fn resume(&self, agent: u32) -> Result<Resumed> {
+        let run = self.run(agent)?;
+        let Some(head) = self.store.agent_atoms(run, &agent_name(agent)).last().copied() else {
+            return Ok(Resumed::default());
+        };
+        let rebuilt = self.store.rebuild_context(head)?;
+        std::hint::black_box(&rebuilt.context);
+        Ok(Resumed { atoms: rebuilt.atoms_applied as u64 })
+    }
+
+    fn used_bytes(&self) -> Result<Option<u64>> {
+        Ok(Some(used_bytes(self.store.log())?))
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        drop(self.store);
+        Ok(())
+    }
+}
+
+/// `fsync`s every file under `dir`, and `dir` itself.
+fn sync_tree(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::File::open(entry.path())?.sync_all()?;
+        }
+    }
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The real file system without `fdatasync`, for loading a data set into the store (whose
+/// completions always sync) at the speed the peers load theirs. Never used for a measurement.
+#[derive(Debug)]
+struct LoadStorage;
+
+impl Storage for LoadStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        FileStorage.create_dir_all(dir)
+    }
+
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        FileStorage.list_dir(dir)
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
+        Ok(Arc::new(LoadFile { file: FileStorage.open(path, mode)? }))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        FileStorage.rename(from, to)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        FileStorage.remove_file(path)
+    }
+
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        FileStorage.lock_dir(dir)
+    }
+}
+
+/// A real file whose `sync_data` does nothing.
+#[derive(Debug)]
+struct LoadFile {
+    file: Arc<dyn StorageFile>,
+}
+
+impl StorageFile for LoadFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.file.allocate(len)
+    }
+
+    fn writable_map(&self) -> io::Result<Option<WriteMap>> {
+        self.file.writable_map()
+    }
+
+    fn view(&self) -> io::Result<ReadView> {
+        self.file.view()
+    }
+}

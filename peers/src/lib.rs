@@ -1,0 +1,264 @@
+//! continuum side by side with the storage engines a user would pick instead for agent
+//! checkpoints: SQLite (what LangGraph's `SqliteSaver` uses), tikv/raft-engine and okaywal.
+//!
+//! Every engine sits behind one trait, [`AtomSink`], so that the benchmark
+//! (`benches/peers.rs`) runs identical workloads against each: append one atom (durably or
+//! buffered), rebuild one agent after reopening, and report the bytes it keeps on disk. An
+//! atom is one completed unit of agent work: run, agent, atom id, status and a ~500-byte
+//! protobuf delta ([`continuum::Delta`]) from [`Deltas`], a deterministic generator of
+//! realistic agent traffic.
+//!
+//! This crate is not part of the default build: the root package's tests never compile it.
+//! Run it with `cargo bench -p continuum-peers --bench peers` (see `docs/BENCHMARKS.md`).
+
+mod continuum_sinks;
+mod disk;
+mod okaywal_sink;
+mod raft_engine_sink;
+mod sqlite_sink;
+mod workload;
+
+use std::path::Path;
+
+pub use disk::{DiskUsage, FdatasyncProbe, Machine, disk_usage};
+pub use workload::{AtomRef, Deltas, Encoded};
+
+/// What can go wrong in a sink: each engine's own error, kept as it is.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file-system call failed (okaywal reports everything this way).
+    #[error("I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// SQLite refused a statement.
+    #[error("SQLite failed: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// raft-engine failed.
+    #[error("raft-engine failed: {0}")]
+    RaftEngine(#[from] raft_engine::Error),
+    /// continuum failed.
+    #[error("continuum failed: {0}")]
+    Continuum(#[from] continuum::Error),
+    /// A stored delta did not decode.
+    #[error("a stored delta did not decode: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// A stored record is not what this crate wrote.
+    #[error("{engine}: malformed record: {reason}")]
+    Malformed {
+        /// The engine that returned it.
+        engine: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The engine has no such mode (okaywal and the continuum store always sync).
+    #[error("{engine} has no {mode:?} mode")]
+    Unsupported {
+        /// The engine.
+        engine: &'static str,
+        /// The mode asked for.
+        mode: Mode,
+    },
+}
+
+/// This crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How a sink acknowledges an append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Acknowledged once `fdatasync` (or the engine's equivalent) has returned.
+    Durable,
+    /// Acknowledged once the operating system has the bytes; synced later in the background
+    /// or by the next sync.
+    Buffered,
+    /// Setting up a data set: appends and batches need not be durable until
+    /// [`AtomSink::sync`]; each engine loads as fast as its API allows while keeping the
+    /// on-disk layout of one atom per write.
+    Load,
+}
+
+/// The engines under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Engine {
+    /// SQLite (bundled by rusqlite): WAL mode, one row per atom, one transaction per write.
+    Sqlite,
+    /// tikv/raft-engine 0.4.2: one Raft group per agent, one entry per atom.
+    RaftEngine,
+    /// okaywal 0.3.1: one committed entry per atom.
+    Okaywal,
+    /// continuum's raw log: one record per atom.
+    ContinuumLog,
+    /// continuum's atom store: `begin_atom` + `complete_atom` per atom.
+    ContinuumStore,
+}
+
+impl Engine {
+    /// Every engine, peers first.
+    pub const ALL: [Engine; 5] =
+        [Engine::Sqlite, Engine::RaftEngine, Engine::Okaywal, Engine::ContinuumLog, Engine::ContinuumStore];
+
+    /// The engine's name as the tables print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Sqlite => "sqlite",
+            Engine::RaftEngine => "raft-engine",
+            Engine::Okaywal => "okaywal",
+            Engine::ContinuumLog => "continuum log",
+            Engine::ContinuumStore => "continuum store",
+        }
+    }
+
+    /// The engine's name as a criterion benchmark id (no spaces).
+    pub fn id(self) -> &'static str {
+        match self {
+            Engine::Sqlite => "sqlite",
+            Engine::RaftEngine => "raft_engine",
+            Engine::Okaywal => "okaywal",
+            Engine::ContinuumLog => "continuum_log",
+            Engine::ContinuumStore => "continuum_store",
+        }
+    }
+
+    /// Whether this is continuum (rather than a peer).
+    pub fn is_continuum(self) -> bool {
+        matches!(self, Engine::ContinuumLog | Engine::ContinuumStore)
+    }
+
+    /// Whether the engine can acknowledge appends in `mode`.
+    pub fn supports(self, mode: Mode) -> bool {
+        !(mode == Mode::Buffered && matches!(self, Engine::Okaywal | Engine::ContinuumStore))
+    }
+
+    /// Opens (creating if needed) the engine's data in `dir`, running its recovery.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the engine has no such `mode`, and the engine's own errors.
+    pub fn open(self, dir: &Path, mode: Mode) -> Result<Box<dyn AtomSink>> {
+        if !self.supports(mode) {
+            return Err(Error::Unsupported { engine: self.name(), mode });
+        }
+        std::fs::create_dir_all(dir)?;
+        Ok(match self {
+            Engine::Sqlite => Box::new(sqlite_sink::SqliteSink::open(dir, mode)?),
+            Engine::RaftEngine => Box::new(raft_engine_sink::RaftEngineSink::open(dir, mode)?),
+            Engine::Okaywal => Box::new(okaywal_sink::OkaywalSink::open(dir, mode)?),
+            Engine::ContinuumLog => Box::new(continuum_sinks::LogSink::open(dir, mode)?),
+            Engine::ContinuumStore => Box::new(continuum_sinks::StoreSink::open(dir, mode)?),
+        })
+    }
+}
+
+/// What rebuilding one agent found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resumed {
+    /// Atoms of the agent read back and decoded (for the continuum store: applied to the
+    /// agent's context).
+    pub atoms: u64,
+}
+
+/// One engine holding agents' atoms. `Send + Sync`: the concurrent workloads share one sink
+/// between threads, each thread writing its own agent.
+pub trait AtomSink: Send + Sync {
+    /// Stores one atom and returns once it is acknowledged under the sink's [`Mode`].
+    ///
+    /// # Errors
+    /// The engine's errors.
+    fn append(&self, atom: &AtomRef<'_>) -> Result<()>;
+
+    /// Stores several atoms (a data set being loaded); durable after [`AtomSink::sync`].
+    /// Each atom keeps its own row, entry or record.
+    ///
+    /// # Errors
+    /// The engine's errors.
+    fn append_batch(&self, atoms: &[AtomRef<'_>]) -> Result<()> {
+        atoms.iter().try_for_each(|atom| self.append(atom))
+    }
+
+    /// Makes everything appended so far durable.
+    ///
+    /// # Errors
+    /// The engine's errors.
+    fn sync(&self) -> Result<()>;
+
+    /// Reads back every atom of `agent` in atom order and decodes each delta: what an agent
+    /// framework does to resume the agent after a restart.
+    ///
+    /// # Errors
+    /// The engine's errors, and [`Error::Decode`] for a delta that does not decode.
+    fn resume(&self, agent: u32) -> Result<Resumed>;
+
+    /// Bytes of the engine's files that hold data, when the engine can tell (continuum:
+    /// segments up to their last record, not their preallocated zeros). `None`: use the
+    /// files' lengths.
+    ///
+    /// # Errors
+    /// The engine's errors.
+    fn used_bytes(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    /// Closes the engine cleanly (syncing what it syncs on close).
+    ///
+    /// # Errors
+    /// The engine's errors.
+    fn close(self: Box<Self>) -> Result<()>;
+}
+
+/// The run a benchmark agent belongs to: each agent is its own run (a LangGraph thread).
+pub fn run_name(agent: u32) -> String {
+    format!("run-{agent}")
+}
+
+/// The benchmark agent's name inside its run.
+pub fn agent_name(agent: u32) -> String {
+    format!("agent-{agent}")
+}
+
+/// Agents the sinks are prepared for (the concurrent workload's 16 writers, plus spares).
+pub const AGENTS_MAX: u32 = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every engine stores atoms of two agents, recovers them after a reopen, and resumes
+    /// each agent with exactly its own atoms.
+    #[test]
+    fn every_engine_round_trips_atoms_across_a_reopen() {
+        let mut deltas = Deltas::new(3);
+        let encoded: Vec<Encoded> = (0..40).map(|_| deltas.next_encoded()).collect();
+        for engine in Engine::ALL {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            for mode in [Mode::Durable, Mode::Load] {
+                let sink = engine.open(dir.path(), mode).expect("opens");
+                let offset = if mode == Mode::Durable { 0 } else { 10 };
+                for (i, delta) in encoded[offset..offset + 10].iter().enumerate() {
+                    sink.append(&delta.atom(1, offset as u64 + i as u64 + 1)).expect("appends");
+                }
+                let batch: Vec<AtomRef<'_>> = encoded[20 + offset..30 + offset]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| d.atom(2, (offset + i) as u64 + 1))
+                    .collect();
+                sink.append_batch(&batch).expect("appends a batch");
+                sink.sync().expect("syncs");
+                sink.close().expect("closes");
+            }
+            let sink = engine.open(dir.path(), Mode::Durable).expect("reopens");
+            assert_eq!(sink.resume(1).expect("resumes").atoms, 20, "{}", engine.name());
+            assert_eq!(sink.resume(2).expect("resumes").atoms, 20, "{}", engine.name());
+            assert_eq!(sink.resume(3).expect("resumes").atoms, 0, "{}", engine.name());
+            let usage = disk_usage(dir.path()).expect("usage");
+            assert!(usage.allocated > 0 && usage.length > 0, "{}", engine.name());
+            sink.close().expect("closes");
+        }
+    }
+
+    #[test]
+    fn buffered_mode_is_refused_where_every_commit_syncs() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        for engine in [Engine::Okaywal, Engine::ContinuumStore] {
+            assert!(matches!(engine.open(dir.path(), Mode::Buffered), Err(Error::Unsupported { .. })));
+        }
+    }
+}
