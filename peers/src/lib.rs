@@ -187,9 +187,9 @@ pub trait AtomSink: Send + Sync {
     /// The engine's errors, and [`Error::Decode`] for a delta that does not decode.
     fn resume(&self, agent: u32) -> Result<Resumed>;
 
-    /// Bytes of the engine's files that hold data, when the engine can tell (continuum:
-    /// segments up to their last record, not their preallocated zeros). `None`: use the
-    /// files' lengths.
+    /// Bytes of the engine's files that hold data, when the engine preallocates and can tell
+    /// (continuum: segments up to their last record; okaywal: files up to their last entry).
+    /// `None`: use the files' lengths.
     ///
     /// # Errors
     /// The engine's errors.

@@ -20,10 +20,47 @@ const ENGINE: &str = "okaywal";
 /// Bytes preallocated per log file, as continuum preallocates its segments.
 const PREALLOCATE_BYTES: u32 = 64 << 20;
 
-/// Where each agent's atoms are, in atom order.
-type Positions = Arc<Mutex<HashMap<u32, Vec<LogPosition>>>>;
+/// Bytes okaywal writes around a chunk's data: a 5-byte header before it (kind, length), a
+/// CRC-32 after it; and one end-of-entry byte after an entry's last chunk.
+const CHUNK_OVERHEAD_BYTES: u64 = 9;
+const END_OF_ENTRY_BYTES: u64 = 1;
 
-fn lock(positions: &Positions) -> std::sync::MutexGuard<'_, HashMap<u32, Vec<LogPosition>>> {
+/// Where each agent's atoms are, in atom order, and where each log file's last entry ends.
+#[derive(Debug, Default)]
+struct Index {
+    positions: HashMap<u32, Vec<LogPosition>>,
+    file_ends: HashMap<u64, u64>,
+}
+
+impl Index {
+    fn add(
+        &mut self,
+        agent: u32,
+        position: LogPosition,
+        data_bytes: usize,
+        last_of_entry: bool,
+    ) -> std::io::Result<()> {
+        let (file_id, offset) = file_and_offset(position)?;
+        let end =
+            offset + CHUNK_OVERHEAD_BYTES + data_bytes as u64 + if last_of_entry { END_OF_ENTRY_BYTES } else { 0 };
+        let file_end = self.file_ends.entry(file_id).or_default();
+        *file_end = (*file_end).max(end);
+        self.positions.entry(agent).or_default().push(position);
+        Ok(())
+    }
+}
+
+/// A position's file id and offset, which okaywal exposes only through its serialisation.
+fn file_and_offset(position: LogPosition) -> std::io::Result<(u64, u64)> {
+    let mut bytes = Vec::with_capacity(usize::from(LogPosition::SERIALIZED_LENGTH));
+    position.serialize_to(&mut bytes)?;
+    let word = |at: usize| bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    word(0).zip(word(8)).ok_or_else(|| std::io::Error::other("a log position serialises to 16 bytes"))
+}
+
+type Positions = Arc<Mutex<Index>>;
+
+fn lock(positions: &Positions) -> std::sync::MutexGuard<'_, Index> {
     positions.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -46,16 +83,17 @@ impl Indexer {
                     }
                     let agent = framed_agent(&data)
                         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "chunk without header"))?;
-                    found.push((agent, position));
+                    found.push((agent, position, data.len()));
                 }
                 ReadChunkResult::EndOfEntry => break,
                 // An entry torn by a crash was never committed: none of its chunks count.
                 ReadChunkResult::AbortedEntry => return Ok(()),
             }
         }
-        let mut positions = lock(&self.positions);
-        for (agent, position) in found {
-            positions.entry(agent).or_default().push(position);
+        let mut index = lock(&self.positions);
+        let count = found.len();
+        for (at, (agent, position, data_bytes)) in found.into_iter().enumerate() {
+            index.add(agent, position, data_bytes, at + 1 == count)?;
         }
         Ok(())
     }
@@ -98,10 +136,11 @@ impl OkaywalSink {
 
 impl AtomSink for OkaywalSink {
     fn append(&self, atom: &AtomRef<'_>) -> Result<()> {
+        let record = framed(atom);
         let mut writer = self.wal.begin_entry()?;
-        let chunk = writer.write_chunk(&framed(atom))?;
+        let chunk = writer.write_chunk(&record)?;
         writer.commit()?;
-        lock(&self.positions).entry(atom.agent).or_default().push(chunk.position);
+        lock(&self.positions).add(atom.agent, chunk.position, record.len(), true)?;
         Ok(())
     }
 
@@ -111,12 +150,14 @@ impl AtomSink for OkaywalSink {
         let mut writer = self.wal.begin_entry()?;
         let mut written = Vec::with_capacity(atoms.len());
         for atom in atoms {
-            written.push((atom.agent, writer.write_chunk(&framed(atom))?.position));
+            let record = framed(atom);
+            written.push((atom.agent, writer.write_chunk(&record)?.position, record.len()));
         }
         writer.commit()?;
-        let mut positions = lock(&self.positions);
-        for (agent, position) in written {
-            positions.entry(agent).or_default().push(position);
+        let mut index = lock(&self.positions);
+        let count = written.len();
+        for (at, (agent, position, data_bytes)) in written.into_iter().enumerate() {
+            index.add(agent, position, data_bytes, at + 1 == count)?;
         }
         Ok(())
     }
@@ -127,7 +168,7 @@ impl AtomSink for OkaywalSink {
     }
 
     fn resume(&self, agent: u32) -> Result<Resumed> {
-        let positions = lock(&self.positions).get(&agent).cloned().unwrap_or_default();
+        let positions = lock(&self.positions).positions.get(&agent).cloned().unwrap_or_default();
         let mut record = Vec::new();
         let mut atoms = 0;
         for position in positions {
@@ -141,6 +182,12 @@ impl AtomSink for OkaywalSink {
             atoms += 1;
         }
         Ok(Resumed { atoms })
+    }
+
+    /// Where each file's last entry ends: okaywal's files are preallocated (blocks and all)
+    /// to a multiple of 64 MiB here, so their lengths say little.
+    fn used_bytes(&self) -> Result<Option<u64>> {
+        Ok(Some(lock(&self.positions).file_ends.values().sum()))
     }
 
     fn close(self: Box<Self>) -> Result<()> {
