@@ -680,8 +680,13 @@ fn micros(duration: Duration) -> String {
     format!("{:.1} µs", duration.as_secs_f64() * 1e6)
 }
 
+/// Seconds, or milliseconds below one second.
 fn seconds(duration: Duration) -> String {
-    format!("{:.3} s", duration.as_secs_f64())
+    if duration < Duration::from_secs(1) {
+        format!("{:.2} ms", duration.as_secs_f64() * 1e3)
+    } else {
+        format!("{:.3} s", duration.as_secs_f64())
+    }
 }
 
 /// `1234567.8` as `1,234,568`.
