@@ -38,13 +38,6 @@ impl AtomSink for LogSink {
         Ok(())
     }
 
-    fn append_batch(&self, atoms: &[AtomRef<'_>]) -> Result<()> {
-        let records: Vec<Vec<u8>> = atoms.iter().map(framed).collect();
-        let records: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
-        self.log.append_batch(&records)?;
-        Ok(())
-    }
-
     fn sync(&self) -> Result<()> {
         self.log.sync()?;
         Ok(())

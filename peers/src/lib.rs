@@ -166,7 +166,8 @@ pub trait AtomSink: Send + Sync {
     fn append(&self, atom: &AtomRef<'_>) -> Result<()>;
 
     /// Stores several atoms (a data set being loaded); durable after [`AtomSink::sync`].
-    /// Each atom keeps its own row, entry or record.
+    /// Each atom keeps its own row, entry or record, as [`AtomSink::append`] writes it, except
+    /// in okaywal, where every commit syncs: there the batch is one entry of one chunk per atom.
     ///
     /// # Errors
     /// The engine's errors.
