@@ -758,6 +758,7 @@ impl Report {
             format!("kernel: {}", machine.kernel),
             format!("bench directory file system (df -T): {}", machine.file_system),
             format!("scale: {}", scale.name),
+            format!("load average at the start (/proc/loadavg): {}", load_average()),
         ];
         assert!(!machine.on_tmpfs(), "the bench directory is on tmpfs: the figures would be meaningless");
         self.lines.push("==== machine ====".to_owned());
@@ -1054,6 +1055,9 @@ impl Report {
     }
 
     fn finish(&mut self, options: &Options) {
+        // Other processes on the machine show up here: the figures are only as quiet as it was.
+        let load = vec![format!("load average at the end (/proc/loadavg): {}", load_average())];
+        self.section(options, "load", load);
         if !self.goals.is_empty() {
             let goals = self.goals.clone();
             self.section(options, "goals", goals);
@@ -1065,6 +1069,12 @@ impl Report {
         }
         eprintln!("==== end peers ====");
     }
+}
+
+/// The 1-, 5- and 15-minute load averages.
+fn load_average() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
 /// A ratio cell: blank for continuum's own rows.
