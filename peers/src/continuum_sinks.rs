@@ -141,12 +141,16 @@ impl AtomSink for StoreSink {
 
     fn resume(&self, agent: u32) -> Result<Resumed> {
         let run = self.run(agent)?;
-        let Some(head) = self.store.agent_atoms(run, &agent_name(agent)).last().copied() else {
+        let atoms = self.store.agent_atoms(run, &agent_name(agent));
+        let Some(head) = atoms.last().copied() else {
             return Ok(Resumed::default());
         };
         let rebuilt = self.store.rebuild_context(head)?;
         std::hint::black_box(&rebuilt.context);
-        Ok(Resumed { atoms: rebuilt.atoms_applied as u64 })
+        // A rebuild that starts from a snapshot covers the agent's atoms up to the snapshot
+        // without applying them again.
+        let in_snapshot = rebuilt.snapshot.map_or(0, |snapshot| atoms.partition_point(|atom| *atom <= snapshot));
+        Ok(Resumed { atoms: (in_snapshot + rebuilt.atoms_applied) as u64 })
     }
 
     fn used_bytes(&self) -> Result<Option<u64>> {

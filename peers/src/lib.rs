@@ -151,8 +151,8 @@ impl Engine {
 /// What rebuilding one agent found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resumed {
-    /// Atoms of the agent read back and decoded (for the continuum store: applied to the
-    /// agent's context).
+    /// Atoms of the agent read back and decoded (for the continuum store: the atoms the
+    /// rebuilt context covers, those of the snapshot it started from and those applied on top).
     pub atoms: u64,
 }
 
