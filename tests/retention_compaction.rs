@@ -113,10 +113,13 @@ fn the_background_thread_writes_policy_snapshots() {
     let store = Store::builder(dir.path()).snapshot_policy(every(4)).open().expect("open");
     let ids = chain(&store, "bg", 9, 4);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while store.snapshots().len() < 2 && std::time::Instant::now() < deadline {
+    while store.snapshots().last() != Some(&ids[7]) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(store.snapshots(), vec![ids[3], ids[7]]);
+    // When the thread falls behind it coalesces requests to the newest atom of the agent.
+    let snapshots = store.snapshots();
+    assert_eq!(snapshots.last(), Some(&ids[7]), "{snapshots:?}");
+    assert!(snapshots.iter().all(|s| *s == ids[3] || *s == ids[7]), "{snapshots:?}");
 }
 
 #[test]

@@ -47,6 +47,20 @@ pub struct SnapshotFallback {
     pub reason: &'static str,
 }
 
+/// Which atoms after a floor (a snapshot, or 0) belong to the run being rebuilt.
+struct RunMembers {
+    floor: u64,
+    /// Atom `floor + 1 + i` is at `members[i]`.
+    members: Vec<bool>,
+}
+
+impl RunMembers {
+    fn contains(&self, atom: u64) -> bool {
+        let at = atom.checked_sub(self.floor + 1).and_then(|at| usize::try_from(at).ok());
+        at.and_then(|at| self.members.get(at)).copied().unwrap_or(false)
+    }
+}
+
 /// Snapshots tried before a rebuild falls back to the log from the start.
 const SNAPSHOT_CANDIDATES_MAX: usize = 8;
 
@@ -202,9 +216,14 @@ impl Store {
             (entry.run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
         };
         // Which atoms up to `atom` belong to the run, taken once so that the scan holds no lock.
-        let in_run: Vec<bool> = {
-            let index = self.shared.index.read();
-            (1..=atom.0).map(|id| index.atom(AtomId(id)).is_some_and(|e| e.run == run)).collect()
+        // Only atoms after the snapshot matter: the rebuild stops at the snapshot.
+        let floor = after.unwrap_or(0);
+        let in_run = RunMembers {
+            floor,
+            members: {
+                let index = self.shared.index.read();
+                (floor + 1..=atom.0).map(|id| index.atom(AtomId(id)).is_some_and(|e| e.run == run)).collect()
+            },
         };
         let mut scan = RunScan::default();
         for item in self.shared.log.iter_from(Lsn::new(from_lsn))? {
@@ -217,14 +236,13 @@ impl Store {
         Ok(scan)
     }
 
-    fn scan_record(&self, scan: &mut RunScan, in_run: &[bool], lsn: u64, bytes: Bytes) -> Result<()> {
+    fn scan_record(&self, scan: &mut RunScan, in_run: &RunMembers, lsn: u64, bytes: Bytes) -> Result<()> {
         let codec_error = |source: CodecError| Error::Codec { lsn, source };
         let (kind, subject) = self.shared.codec.peek(&bytes).map_err(codec_error)?;
         if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted | RecordKind::AtomReclaimed) {
             return Ok(());
         }
-        let member = usize::try_from(subject).ok().and_then(|id| id.checked_sub(1)).and_then(|at| in_run.get(at));
-        if member != Some(&true) {
+        if !in_run.contains(subject) {
             return Ok(());
         }
         if matches!(kind, RecordKind::AtomCompleted | RecordKind::AtomReclaimed) {
