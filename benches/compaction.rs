@@ -11,8 +11,6 @@
 //! history).
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use continuum::synthetic::Transcript;
@@ -83,29 +81,24 @@ fn micros(d: Duration) -> f64 {
 /// Latency of foreground atoms with and without a concurrent compaction round.
 fn foreground_latency(root: &Path, history_atoms: usize, outputs: &[AtomOutput]) -> String {
     let dir = tempfile::tempdir_in(root).expect("dir");
-    let store = Arc::new(open(dir.path()));
+    let store = open(dir.path());
     let ids = history(&store, "history", history_atoms, outputs);
     settle(&store, *ids.last().expect("history"));
     let run = store.create_run(RunSpec::new("foreground")).expect("run");
     let quiet: Vec<Duration> = (0..2_000).map(|i| timed_atom(&store, run, i, &outputs[i % outputs.len()])).collect();
 
-    let done = Arc::new(AtomicBool::new(false));
-    let compactor = {
-        let (store, done) = (Arc::clone(&store), Arc::clone(&done));
-        std::thread::spawn(move || {
-            let started = Instant::now();
-            let report = store.compact().expect("compact");
-            done.store(true, Ordering::Release);
-            (report, started.elapsed())
-        })
-    };
+    // The round runs on the store's own background thread, at its lowered priority.
+    let before = store.last_compaction().map(|report| report.round);
+    let started = Instant::now();
+    assert!(store.compact_in_background(), "the store has a background thread");
     let mut busy = Vec::new();
     let mut i = 2_000;
-    while !done.load(Ordering::Acquire) {
+    while store.last_compaction().map(|report| report.round) == before {
         busy.push(timed_atom(&store, run, i, &outputs[i % outputs.len()]));
         i += 1;
     }
-    let (report, took) = compactor.join().expect("compactor");
+    let took = started.elapsed();
+    let report = store.last_compaction().expect("a round completed");
     let (q50, q99, qmax, qn) = percentiles(quiet);
     let (b50, b99, bmax, bn) = percentiles(busy);
     format!(

@@ -22,6 +22,8 @@ const IDLE_WAIT: Duration = Duration::from_secs(3600);
 pub(crate) enum Job {
     /// Write a policy snapshot of this atom's context.
     Snapshot(AtomId),
+    /// Run a compaction round now.
+    Compact,
     /// Wake up (to notice `stopping`).
     Wake,
 }
@@ -44,7 +46,10 @@ impl Worker {
         let flag = Arc::clone(&stopping);
         let thread = std::thread::Builder::new()
             .name("continuum-background".into())
-            .spawn(move || run(&weak, &receiver, &flag, interval))
+            .spawn(move || {
+                lower_priority();
+                run(&weak, &receiver, &flag, interval);
+            })
             .map_err(|e| Error::io("spawn the background thread", std::path::PathBuf::new(), e))?;
         Ok(Self { shared: Arc::downgrade(shared), sender, stopping, thread: Some(thread) })
     }
@@ -72,6 +77,16 @@ impl Drop for Worker {
     }
 }
 
+/// Lowers this thread's scheduling priority (nice 10), so that agents' threads get the CPU
+/// first when snapshots and compaction compete with them. Best effort: a failure changes
+/// nothing else.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 10);
+    }
+}
+
 fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, interval: Option<Duration>) {
     let mut next_compaction = interval.map(|every| Instant::now() + every);
     loop {
@@ -94,7 +109,7 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
                 }
             }
             Ok(Job::Wake) => {}
-            Err(RecvTimeoutError::Timeout) => {
+            Ok(Job::Compact) | Err(RecvTimeoutError::Timeout) => {
                 match store.compact() {
                     Ok(report) => tracing::debug!(?report, "background compaction"),
                     Err(error) => tracing::warn!(%error, "background compaction failed"),

@@ -44,6 +44,8 @@ const RECORD_PREFIX_BYTES: u64 = 4;
 /// What one round of [`Store::compact`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CompactionReport {
+    /// Which round this was since the store was opened (from 1).
+    pub round: u64,
     /// Finished runs dropped by retention age.
     pub runs_dropped: usize,
     /// Snapshot files deleted by retention.
@@ -150,6 +152,8 @@ impl Store {
         let plan = self.plan()?;
         if !self.mark_reclaimed(&plan)? {
             report.aborted = true;
+            report.round = self.shared.compaction_rounds.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+            *self.shared.last_compaction.lock() = Some(report.clone());
             return Ok(report);
         }
         let threshold = self.shared.policies.compaction.live_fraction_min;
@@ -173,8 +177,21 @@ impl Store {
         let (deleted, bytes) = self.delete_empty_prefix()?;
         report.segments_deleted = deleted;
         report.bytes_reclaimed += bytes;
+        report.round = self.shared.compaction_rounds.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
         tracing::info!(?report, "compaction round");
+        *self.shared.last_compaction.lock() = Some(report.clone());
         Ok(report)
+    }
+
+    /// Asks the background thread to run a compaction round now (at its lowered priority);
+    /// returns `false` if the store has no background thread or its queue is full.
+    pub fn compact_in_background(&self) -> bool {
+        self.worker.as_ref().is_some_and(|worker| worker.request(crate::store::background::Job::Compact))
+    }
+
+    /// The report of the last compaction round that completed since the store was opened.
+    pub fn last_compaction(&self) -> Option<CompactionReport> {
+        self.shared.last_compaction.lock().clone()
     }
 
     /// The log's size next to its live data, from one planning scan (nothing is changed).

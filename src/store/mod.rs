@@ -116,6 +116,8 @@ impl StoreBuilder {
             snapshot_clock: Mutex::new(std::collections::HashMap::new()),
             compacting: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
+            compaction_rounds: std::sync::atomic::AtomicU64::new(0),
+            last_compaction: Mutex::new(None),
         });
         let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
         Ok(Store { worker, shared })
@@ -146,6 +148,9 @@ pub(crate) struct Shared {
     compacting: Mutex<()>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.
     closing: std::sync::atomic::AtomicBool,
+    /// Compaction rounds completed since open, and the last one's report.
+    compaction_rounds: std::sync::atomic::AtomicU64,
+    last_compaction: Mutex<Option<CompactionReport>>,
 }
 
 impl std::fmt::Debug for Store {
