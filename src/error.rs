@@ -63,6 +63,11 @@ pub enum Error {
     #[error("the log is closed")]
     Closed,
 
+    /// The store was opened read-only (`Log::open_read_only`, `Store::open_read_only`): it
+    /// takes no appends and changes no file.
+    #[error("the store is open read-only")]
+    ReadOnly,
+
     /// A record is larger than the log accepts.
     #[error("a record of {bytes} bytes is larger than the maximum of {max} bytes")]
     RecordTooLarge {
@@ -319,6 +324,7 @@ impl Error {
             Error::Poisoned { op, kind } => Error::Poisoned { op, kind: *kind },
             Error::Locked { dir } => Error::Locked { dir: dir.clone() },
             Error::Closed => Error::Closed,
+            Error::ReadOnly => Error::ReadOnly,
             Error::RecordTooLarge { bytes, max } => Error::RecordTooLarge { bytes: *bytes, max: *max },
             Error::BatchTooLarge { records, bytes, records_max, bytes_max } => Error::BatchTooLarge {
                 records: *records,

@@ -53,8 +53,10 @@ pub mod context;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod inspect;
 pub mod limits;
 pub mod log;
+pub mod metrics;
 pub(crate) mod snapshot;
 pub mod storage;
 pub mod store;
@@ -66,6 +68,7 @@ pub use config::{Config, Durability, RecoveryMode};
 pub use context::Context;
 pub use error::{CorruptionKind, Error, Result};
 pub use log::{Log, LogBuilder, Lsn, LsnRange, RecoveryReport};
+pub use metrics::MetricsSnapshot;
 pub use store::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, CompactionReport, Executed,
     ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy, SpaceReport, Store, StoreBuilder,

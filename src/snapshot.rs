@@ -42,6 +42,16 @@ pub(crate) enum SnapshotError {
 }
 
 impl SnapshotError {
+    /// Offset in the file of the field at fault (docs/FORMAT.md §9).
+    pub fn offset(self) -> u64 {
+        match self {
+            SnapshotError::Truncated | SnapshotError::BadHeader(_) | SnapshotError::Missing => 0,
+            SnapshotError::TooLarge => 24,
+            SnapshotError::DigestMismatch => DIGEST_AT as u64,
+            SnapshotError::Decompress | SnapshotError::Decode => HEADER_BYTES as u64,
+        }
+    }
+
     /// A sentence for reports and log lines.
     pub fn reason(self) -> &'static str {
         match self {
@@ -128,7 +138,9 @@ pub(crate) fn publish(storage: &dyn Storage, store_dir: &Path, atom: u64, bytes:
     file.sync_data().map_err(|e| Error::io("fdatasync", &temp, e))?;
     storage.rename(&temp, &target).map_err(|e| Error::io("rename", &temp, e))?;
     // IMPORTANT: the rename is durable only once the directory is synced.
-    storage.sync_dir(&dir).map_err(|e| Error::io("sync directory", &dir, e))
+    storage.sync_dir(&dir).map_err(|e| Error::io("sync directory", &dir, e))?;
+    tracing::debug!(atom, bytes = bytes.len(), path = %target.display(), "snapshot published");
+    Ok(())
 }
 
 /// Reads a snapshot file's bytes (bounded by the limit, so a huge file is refused).

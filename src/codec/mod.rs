@@ -10,6 +10,7 @@ pub(crate) mod envelope;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 use prost::Message;
@@ -251,6 +252,9 @@ pub(crate) struct Codec {
     current: RwLock<Option<u32>>,
     compressors: Mutex<Vec<(Option<u32>, zstd::bulk::Compressor<'static>)>>,
     decompressors: Mutex<Vec<(Option<u32>, zstd::bulk::Decompressor<'static>)>>,
+    /// Bytes of protobuf bodies encoded, and of the envelopes written for them (metrics).
+    encoded_raw_bytes: AtomicU64,
+    encoded_stored_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Codec {
@@ -303,8 +307,20 @@ impl Codec {
         self.wrap(kind::ATOM_COMPLETED, atom, &body, true)
     }
 
+    /// Bytes of protobuf bodies encoded so far, and of the envelopes they became.
+    pub fn encoded_bytes(&self) -> (u64, u64) {
+        (self.encoded_raw_bytes.load(Ordering::Relaxed), self.encoded_stored_bytes.load(Ordering::Relaxed))
+    }
+
     /// Puts `body` in an envelope, compressed when allowed and worthwhile.
     fn wrap(&self, kind: u8, subject: u64, body: &[u8], compressible: bool) -> Vec<u8> {
+        let out = self.wrap_uncounted(kind, subject, body, compressible);
+        self.encoded_raw_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+        self.encoded_stored_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+        out
+    }
+
+    fn wrap_uncounted(&self, kind: u8, subject: u64, body: &[u8], compressible: bool) -> Vec<u8> {
         let dictionary = self.current_dictionary();
         let compressed = if compressible && body.len() >= limits::COMPRESSION_MIN_BYTES {
             self.compress(dictionary, body).filter(|compressed| compressed.len() + 6 < body.len())

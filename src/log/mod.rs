@@ -22,6 +22,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::{Config, Durability, RecoveryMode};
 use crate::error::{Error, Result};
+use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::storage::{DirLock, FileStorage, Storage};
 
 use index::SegmentIndex;
@@ -130,6 +131,7 @@ pub struct LogBuilder {
     dir: PathBuf,
     config: Config,
     storage: Arc<dyn Storage>,
+    metrics_enabled: bool,
 }
 
 impl LogBuilder {
@@ -178,7 +180,31 @@ impl LogBuilder {
     /// [`Error::Corruption`] when recovery finds damage its mode does not tolerate, and
     /// [`Error::Io`] / [`Error::NoSpace`] from the file system.
     pub fn open(self) -> Result<Log> {
-        Log::open_with(self.storage, self.dir, self.config)
+        Log::open_with(self.storage, self.dir, self.config, self.metrics_enabled)
+    }
+
+    /// Opens the log read-only: no lock is taken and nothing is ever written, truncated,
+    /// synced, created or deleted, so it works while another process has the store open for
+    /// writing (it sees the records written up to the open) and on a damaged store. Recovery
+    /// *reports* what the configured [`RecoveryMode`] would repair — a torn tail is left in
+    /// place and listed in [`Log::recovery_report`] — and appends fail with
+    /// [`Error::ReadOnly`].
+    ///
+    /// Records a concurrent writer has written but not yet acknowledged (its `fdatasync` still
+    /// running) may be visible.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`], [`Error::Corruption`] for damage the mode does not tolerate,
+    /// and [`Error::Io`] (`NotFound` when `dir` holds no segment).
+    pub fn open_read_only(self) -> Result<Log> {
+        recovery::read_only::open(self.storage, self.dir, self.config, self.metrics_enabled)
+    }
+
+    /// Turns the metrics off (for measuring their cost; they are on by default).
+    #[doc(hidden)]
+    pub fn metrics_enabled(mut self, enabled: bool) -> Self {
+        self.metrics_enabled = enabled;
+        self
     }
 }
 
@@ -199,6 +225,7 @@ struct Inner {
     truncating: Mutex<()>,
     stop: Mutex<bool>,
     stop_signal: Condvar,
+    metrics: Arc<Metrics>,
     _lock: DirLock,
 }
 
@@ -219,10 +246,25 @@ impl Log {
 
     /// A builder for a log in `dir`.
     pub fn builder(dir: impl AsRef<Path>) -> LogBuilder {
-        LogBuilder { dir: dir.as_ref().to_path_buf(), config: Config::default(), storage: Arc::new(FileStorage::new()) }
+        LogBuilder {
+            dir: dir.as_ref().to_path_buf(),
+            config: Config::default(),
+            storage: Arc::new(FileStorage::new()),
+            metrics_enabled: true,
+        }
     }
 
-    fn open_with(storage: Arc<dyn Storage>, dir: PathBuf, config: Config) -> Result<Self> {
+    /// Opens the log in `dir` read-only with the default [`Config`]; see
+    /// [`LogBuilder::open_read_only`].
+    ///
+    /// # Errors
+    /// As [`LogBuilder::open_read_only`].
+    pub fn open_read_only(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::builder(dir).open_read_only()
+    }
+
+    fn open_with(storage: Arc<dyn Storage>, dir: PathBuf, config: Config, metrics_enabled: bool) -> Result<Self> {
+        let _span = tracing::info_span!("continuum.open", dir = %dir.display()).entered();
         config.validate()?;
         storage.create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let lock = storage.lock_dir(&dir).map_err(|e| match e.kind() {
@@ -230,9 +272,45 @@ impl Log {
             _ => Error::io("lock", &dir, e),
         })?;
         let recovered = recovery::recover(storage.as_ref(), &dir, &config)?;
+        Ok(Self::from_recovered(storage, dir, config, recovered, lock, Metrics::new(metrics_enabled), false))
+    }
+
+    /// The log over what recovery (writable or read-only) found.
+    fn from_recovered(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        config: Config,
+        recovered: recovery::Recovered,
+        lock: DirLock,
+        metrics: Metrics,
+        read_only: bool,
+    ) -> Self {
+        let report = &recovered.report;
+        tracing::info!(
+            read_only,
+            segments = report.segments,
+            records = report.records,
+            first_lsn = report.first_lsn,
+            next_lsn = report.next_lsn,
+            torn_tail_bytes = report.torn_tail.as_ref().map_or(0, |tail| tail.bytes),
+            skipped_ranges = report.skipped.len(),
+            duration_us = report.duration.as_micros() as u64,
+            "log opened"
+        );
+        metrics.record_recovery(u64::from(report.torn_tail.is_some()), report.skipped.len() as u64);
+        let metrics = Arc::new(metrics);
         let index = Arc::new(RwLock::new(recovered.index));
-        let writer =
-            Writer::new(Arc::clone(&storage), dir.clone(), config.segment_bytes, recovered.active, Arc::clone(&index));
+        let writer = Writer::new(
+            Arc::clone(&storage),
+            dir.clone(),
+            config.segment_bytes,
+            recovered.active,
+            Arc::clone(&index),
+            Arc::clone(&metrics),
+        );
+        if read_only {
+            writer.refuse_writes();
+        }
         let inner = Arc::new(Inner {
             storage,
             dir,
@@ -243,13 +321,14 @@ impl Log {
             truncating: Mutex::new(()),
             stop: Mutex::new(false),
             stop_signal: Condvar::new(),
+            metrics,
             _lock: lock,
         });
         let log = Log { inner, flusher: Mutex::new(None), flusher_started: std::sync::atomic::AtomicBool::new(false) };
-        if log.inner.config.durability == Durability::Buffered {
+        if log.inner.config.durability == Durability::Buffered && !read_only {
             log.start_flusher();
         }
-        Ok(log)
+        log
     }
 
     /// Appends one record with the log's default durability and returns its LSN.
@@ -283,7 +362,8 @@ impl Log {
     /// As [`Log::append_batch`].
     pub fn append_batch_with(&self, records: &[&[u8]], durability: Durability) -> Result<LsnRange> {
         let batch = EncodedBatch::encode(records)?;
-        if durability == Durability::Buffered {
+        if durability == Durability::Buffered && !self.flusher_started.load(std::sync::atomic::Ordering::Relaxed) {
+            self.inner.writer.check_writable()?;
             self.start_flusher();
         }
         self.inner.writer.append(batch, durability)
@@ -363,6 +443,7 @@ impl Log {
     /// # Errors
     /// [`Error::Io`] if an unlink or directory sync fails; the segments not yet deleted stay.
     pub fn truncate_prefix(&self, lsn: Lsn) -> Result<usize> {
+        self.inner.writer.check_writable()?;
         let _one_at_a_time = self.inner.truncating.lock();
         let victims = {
             let mut index = self.inner.index.write();
@@ -382,6 +463,16 @@ impl Log {
     /// What recovery found and did when this log was opened.
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.inner.report
+    }
+
+    /// A copy of the log's counters and latency histograms (see [`crate::metrics`]).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
+    }
+
+    /// The live metrics, for the layers above to record into.
+    pub(crate) fn metrics_handle(&self) -> &Metrics {
+        &self.inner.metrics
     }
 
     /// The file system the log writes through.

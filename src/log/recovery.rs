@@ -27,6 +27,8 @@ use crate::log::record::{self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeade
 use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader, TEMP_SUFFIX};
 use crate::storage::{OpenMode, Storage, StorageFile, WriteMap};
 
+pub(crate) mod read_only;
+
 /// Sector size assumed by the torn-write rule (docs/FORMAT.md, media assumptions).
 const SECTOR_BYTES: usize = 512;
 
@@ -139,6 +141,7 @@ fn remove_temp_files(storage: &dyn Storage, dir: &Path, names: &[String]) -> Res
     }
     if !temps.is_empty() {
         storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
+        tracing::info!(count = temps.len(), "removed leftover temporary segment files");
     }
     Ok(temps.len())
 }
@@ -448,6 +451,7 @@ fn settle_sealed_tail(
         if mode != RecoveryMode::SkipCorrupted {
             return Err(corruption(path, offset, CorruptionKind::SealedSegmentTail { bytes }));
         }
+        tracing::warn!(segment = %path.display(), offset, bytes, "skipped the invalid tail of a sealed segment (SkipCorrupted)");
         report.skipped.push(InvalidRange { segment: path.to_path_buf(), offset, bytes });
     }
     Ok(scan)
@@ -455,6 +459,7 @@ fn settle_sealed_tail(
 
 fn record_skips(scan: &SegmentScan, path: &Path, report: &mut RecoveryReport) {
     for &(start, end) in &scan.skips {
+        tracing::warn!(segment = %path.display(), offset = start, bytes = end - start, "skipped invalid bytes (SkipCorrupted)");
         report.skipped.push(InvalidRange { segment: path.to_path_buf(), offset: start, bytes: end - start });
     }
 }
@@ -475,6 +480,7 @@ fn settle_last_tail(
             return Err(corruption(path, offset, CorruptionKind::TornTail { bytes }));
         }
         cut_tail(file.as_ref(), path, scan.data_end)?;
+        tracing::warn!(segment = %path.display(), offset, bytes, "cut a torn tail");
         report.torn_tail = Some(InvalidRange { segment: path.to_path_buf(), offset, bytes });
     } else {
         // IMPORTANT: after a process crash the page cache may still hold bytes the dead process

@@ -35,6 +35,7 @@ use crate::log::record::EncodedBatch;
 use crate::log::recovery::{self, ActiveState};
 use crate::log::segment::{self, SegmentHeader};
 use crate::log::{Lsn, LsnRange};
+use crate::metrics::Metrics;
 use crate::storage::Storage;
 
 /// Where one queued request learns its outcome, or that it must lead. Each appender waits on
@@ -108,6 +109,8 @@ struct CommitState {
     leader_active: bool,
     poisoned: Option<(&'static str, io::ErrorKind)>,
     closed: bool,
+    /// A read-only log: every append and sync is refused with `Error::ReadOnly`.
+    read_only: bool,
     /// How many requests the next group is expected to gather: the last group's members (who
     /// are likely appending again) plus those that queued while it synced.
     expected_group: usize,
@@ -146,6 +149,7 @@ pub(crate) struct Writer {
     index: Arc<RwLock<SegmentIndex>>,
     /// Whether the active segment may hold unsynced bytes (read by the flusher).
     dirty_hint: AtomicBool,
+    metrics: Arc<Metrics>,
 }
 
 /// A group taken from the queue.
@@ -161,6 +165,7 @@ impl Writer {
         segment_bytes: u64,
         active: ActiveState,
         index: Arc<RwLock<SegmentIndex>>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let last_indexed = index.read().segments.last().and_then(|meta| meta.sparse.last().map(|entry| entry.offset));
         Self {
@@ -181,6 +186,7 @@ impl Writer {
             }),
             index,
             dirty_hint: AtomicBool::new(false),
+            metrics,
         }
     }
 
@@ -190,7 +196,17 @@ impl Writer {
         if batch.frame_len() as u64 > capacity {
             return Err(Error::RecordTooLarge { bytes: batch.frame_len() as u64, max: capacity });
         }
-        self.submit(Some(batch), durability)
+        let timed = self.metrics.times_append(durability).then(Instant::now);
+        let result = self.submit(Some(batch), durability);
+        match &result {
+            Ok(_) => {
+                if let Some(started) = timed {
+                    self.metrics.record_append(durability, started.elapsed());
+                }
+            }
+            Err(error) => self.metrics.record_error(error),
+        }
+        result
     }
 
     /// Makes every acknowledged append durable.
@@ -201,6 +217,16 @@ impl Writer {
     /// Whether unsynced bytes may exist (for the background flusher).
     pub fn is_dirty(&self) -> bool {
         self.dirty_hint.load(Ordering::Acquire)
+    }
+
+    /// Refuses every append and sync from now on with `Error::ReadOnly`.
+    pub fn refuse_writes(&self) {
+        self.commit.lock().read_only = true;
+    }
+
+    /// Whether the writer takes appends (`Error::ReadOnly` if it never will).
+    pub fn check_writable(&self) -> Result<()> {
+        if self.commit.lock().read_only { Err(Error::ReadOnly) } else { Ok(()) }
     }
 
     /// Refuses every later append.
@@ -238,6 +264,9 @@ impl Writer {
     }
 
     fn check_open(commit: &CommitState) -> Result<()> {
+        if commit.read_only {
+            return Err(Error::ReadOnly);
+        }
         if commit.closed {
             return Err(Error::Closed);
         }
@@ -265,6 +294,9 @@ impl Writer {
             commit.gather_budget = last_sync.map_or(Duration::ZERO, |sync| (sync / 2).min(GATHER_BUDGET_MAX));
             if let Err(GroupError { error, poisons: true }) = &outcome {
                 let kind = error.io_kind().unwrap_or(io::ErrorKind::Other);
+                if commit.poisoned.is_none() {
+                    tracing::error!(op = error_op(error), ?kind, %error, "the log is poisoned: appends fail until it is reopened");
+                }
                 commit.poisoned.get_or_insert((error_op(error), kind));
             }
             self.room.notify_all();
@@ -339,10 +371,12 @@ impl Writer {
         let mut ranges = Vec::with_capacity(group.members.len());
         let mut new_sparse = Vec::new();
         let mut need_sync = false;
+        let mut batches = 0;
         leader.buf.clear();
         for member in &mut group.members {
             need_sync |= member.durability == Durability::Sync;
             let Some(batch) = &mut member.batch else { continue };
+            batches += 1;
             let offset = write_start + leader.buf.len() as u64;
             if leader.last_indexed.is_none_or(|at| offset - at >= limits::SPARSE_INDEX_STRIDE_BYTES) {
                 new_sparse.push(SparseEntry { lsn: next_lsn, offset });
@@ -364,6 +398,8 @@ impl Writer {
             leader.last_sync = Some(started.elapsed());
         }
         self.publish(leader, new_sparse);
+        let records = next_lsn - ranges.first().map_or(next_lsn, |range| range.first().get());
+        self.metrics.record_group(batches, records, leader.buf.len() as u64);
         Ok(ranges)
     }
 
@@ -394,8 +430,10 @@ impl Writer {
         if !leader.dirty {
             return Ok(());
         }
+        let started = Instant::now();
         // IMPORTANT: acknowledging a Sync append depends on this fdatasync returning Ok.
         leader.active.file.sync_data().map_err(|e| Error::io("fdatasync", &leader.active.path, e))?;
+        self.metrics.record_fdatasync(started.elapsed());
         leader.dirty = false;
         leader.synced_end = leader.active.data_end;
         self.dirty_hint.store(false, Ordering::Release);
@@ -445,6 +483,9 @@ impl Writer {
         let sealed = index.segments.last_mut().expect("the index always holds the active segment");
         sealed.bytes = SegmentBytes::mapped(sealed_view);
         index.segments.push(recovery::active_meta(&leader.active, Vec::new(), Vec::new()));
+        drop(index);
+        self.metrics.record_rotation();
+        tracing::debug!(seq = header.seq, first_lsn = header.first_lsn, path = %leader.active.path.display(), "segment rotated");
         Ok(())
     }
 

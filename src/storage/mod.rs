@@ -2,6 +2,7 @@
 //!
 //! Two implementations exist:
 //! - [`FileStorage`]: the real file system (positioned I/O, `fdatasync`, `fallocate`, `flock`, mmap).
+//! - [`ReadOnlyStorage`]: reads through another one and refuses every change (read-only opens).
 //! - [`SimStorage`](sim::SimStorage): an in-memory file system for tests that keeps written but
 //!   unsynced data apart from durable data, can crash with several kinds of damage, and can fail
 //!   any chosen call with `EIO` or `ENOSPC`.
@@ -11,6 +12,7 @@
 
 mod file;
 mod mmap;
+mod read_only;
 mod view;
 
 pub mod sim;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 
 pub use file::FileStorage;
 pub use mmap::WriteMap;
+pub use read_only::ReadOnlyStorage;
 pub use view::ReadView;
 
 /// How [`Storage::open`] opens a file.

@@ -214,7 +214,10 @@ impl Store {
     ) -> Result<Executed> {
         let atom = match self.atom_by_key(run, agent, key)? {
             Some(atom) => match self.replay(atom)? {
-                Some(executed) => return Ok(executed),
+                Some(executed) => {
+                    self.shared.log.metrics_handle().record_atom_skipped();
+                    return Ok(executed);
+                }
                 None => atom,
             },
             None => self.begin_atom(run, agent, key, parents, "")?,

@@ -12,6 +12,7 @@ mod background;
 mod compaction;
 mod guard;
 mod index;
+mod inspect;
 mod policy;
 mod rebuild;
 mod replay;
@@ -33,6 +34,7 @@ use crate::storage::Storage;
 use index::StoreIndex;
 
 pub use compaction::{CompactionReport, SpaceReport};
+pub use inspect::{RecordInfo, RunInfo};
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
 pub use replay::{Rebuilt, SnapshotFallback};
 pub use types::{

@@ -14,6 +14,7 @@ use crate::store::types::{AtomId, RunId, RunStatus};
 
 /// Replays every record of `log` into a fresh index, loading dictionaries into `codec`.
 pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
+    let started = std::time::Instant::now();
     let mut index = StoreIndex { next_dictionary: 1, ..StoreIndex::default() };
     let mut orphans = Orphans::default();
     for item in log.iter_from(Lsn::FIRST)? {
@@ -44,6 +45,15 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
     index.atoms.shrink_to_fit();
     index.runs.shrink_to_fit();
     index.agents.shrink_to_fit();
+    let atoms = index.atoms.iter().filter(|entry| entry.state.status().is_some()).count() as u64;
+    let time_to_resume = log.recovery_report().duration + started.elapsed();
+    log.metrics_handle().record_index_rebuild(atoms, time_to_resume);
+    tracing::info!(
+        atoms,
+        runs = index.runs.len(),
+        time_to_resume_us = time_to_resume.as_micros() as u64,
+        "store index rebuilt"
+    );
     Ok(index)
 }
 

@@ -119,7 +119,10 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownAtom`], and read or decode errors of the log.
     pub fn rebuild_context(&self, atom: AtomId) -> Result<Rebuilt> {
-        self.rebuild_context_on(atom, replay_pool())
+        let started = std::time::Instant::now();
+        let rebuilt = self.rebuild_context_on(atom, replay_pool());
+        self.record_rebuild(&rebuilt, started);
+        rebuilt
     }
 
     /// [`Store::rebuild_context`] decoding on `threads` threads (for measuring the speedup).
@@ -187,8 +190,10 @@ impl Store {
             None => return Err(Error::UnknownAtom { atom: atom.0 }),
         }
         let rebuilt = self.rebuild_context(atom)?;
+        let started = std::time::Instant::now();
         let bytes = snapshot::encode(atom.0, &rebuilt.context)?;
         snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes)?;
+        self.shared.log.metrics_handle().record_snapshot_write(bytes.len() as u64, started.elapsed());
         self.shared.snapshots.lock().insert(atom.0);
         self.prune_snapshots_of(atom)?;
         Ok(())

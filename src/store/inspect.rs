@@ -1,0 +1,143 @@
+//! The store's read-only open and what inspection tools read from it: runs, decoded records
+//! with their sizes, and metrics.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::codec::envelope::{self, Compression};
+use crate::codec::{Codec, CodecError, RecordKind, StoreRecord};
+use crate::error::Result;
+use crate::metrics::MetricsSnapshot;
+use crate::store::atoms::Training;
+use crate::store::replay::Rebuilt;
+use crate::store::{RunId, RunStatus, Shared, Store, StoreBuilder, rebuild};
+
+/// One run, as [`Store::runs`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunInfo {
+    /// Its id.
+    pub id: RunId,
+    /// Its name.
+    pub name: String,
+    /// Its status.
+    pub status: RunStatus,
+}
+
+/// A store record decoded, with how it is stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordInfo {
+    /// Its kind.
+    pub kind: RecordKind,
+    /// The atom, run or dictionary it is about (0 for guard records).
+    pub subject: u64,
+    /// Bytes of the record in the log (envelope included).
+    pub stored_bytes: u64,
+    /// Bytes of its protobuf body once decompressed.
+    pub body_bytes: u64,
+    /// How the body is stored: `none`, `zstd`, or `zstd+dictionary` (with the id).
+    pub compression: String,
+    /// The record.
+    pub record: StoreRecord,
+}
+
+impl StoreBuilder {
+    /// Opens the store read-only: the log through [`LogBuilder::open_read_only`] (no lock, no
+    /// write of any kind; a torn tail is reported, not cut), then the index rebuilt in memory.
+    /// Every write (atoms, runs, guards, snapshots) fails.
+    ///
+    /// [`LogBuilder::open_read_only`]: crate::LogBuilder::open_read_only
+    ///
+    /// # Errors
+    /// As [`LogBuilder::open_read_only`](crate::LogBuilder::open_read_only), plus
+    /// [`Error::Codec`](crate::Error::Codec) and
+    /// [`Error::InconsistentLog`](crate::Error::InconsistentLog) for records the index cannot
+    /// take (which a damaged log opened with `SkipCorrupted` can hold).
+    pub fn open_read_only(self) -> Result<Store> {
+        self.policies.validate()?;
+        let log = self.log.open_read_only()?;
+        let codec = Codec::default();
+        let index = rebuild::rebuild(&log, &codec)?;
+        // Listing tries to delete leftover temporary files; the read-only storage refuses.
+        let snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
+        let shared = Arc::new(Shared {
+            log,
+            codec,
+            index: RwLock::new(index),
+            // Trained or not, a read-only store never trains (training appends a dictionary).
+            training: Mutex::new(Training::new(true)),
+            snapshots: Mutex::new(snapshots),
+            policies: self.policies,
+            snapshot_clock: Mutex::new(std::collections::HashMap::new()),
+            compacting: Mutex::new(()),
+            closing: std::sync::atomic::AtomicBool::new(false),
+        });
+        // No background thread: it would write policy snapshots and compact.
+        Ok(Store::view(shared))
+    }
+}
+
+impl Store {
+    /// Opens the store in `dir` read-only with default settings; see
+    /// [`StoreBuilder::open_read_only`].
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::open_read_only`].
+    pub fn open_read_only(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::builder(dir).open_read_only()
+    }
+
+    /// The log's metrics plus the store's: compression of encoded records, snapshots, rebuilds
+    /// and skipped atoms (see [`crate::metrics`]).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let mut snapshot = self.shared.log.metrics();
+        (snapshot.encoded_raw_bytes, snapshot.encoded_stored_bytes) = self.shared.codec.encoded_bytes();
+        snapshot
+    }
+
+    /// Every run, in id order.
+    pub fn runs(&self) -> Vec<RunInfo> {
+        let index = self.shared.index.read();
+        (1..=index.runs.len() as u64)
+            .filter_map(|id| {
+                let entry = index.run(RunId(id))?;
+                Some(RunInfo { id: RunId(id), name: entry.name.clone(), status: entry.status.clone() })
+            })
+            .collect()
+    }
+
+    /// Decodes one record of this store's log (with the store's dictionaries).
+    ///
+    /// # Errors
+    /// A [`CodecError`] for bytes that are not a valid record.
+    pub fn decode_record(&self, bytes: &[u8]) -> std::result::Result<RecordInfo, CodecError> {
+        let (kind, subject) = self.shared.codec.peek(bytes)?;
+        let compression = match envelope::parse(bytes)?.compression {
+            Compression::None => "none".to_owned(),
+            Compression::Zstd { .. } => "zstd".to_owned(),
+            Compression::ZstdDictionary { dictionary_id, .. } => format!("zstd+dictionary#{dictionary_id}"),
+        };
+        Ok(RecordInfo {
+            kind,
+            subject,
+            stored_bytes: bytes.len() as u64,
+            body_bytes: self.shared.codec.decompressed_body_len(bytes)? as u64,
+            compression,
+            record: self.shared.codec.decode(bytes)?,
+        })
+    }
+
+    /// Counts one context rebuild in the metrics.
+    pub(crate) fn record_rebuild(&self, rebuilt: &Result<Rebuilt>, started: Instant) {
+        let metrics = self.shared.log.metrics_handle();
+        match rebuilt {
+            Ok(rebuilt) => {
+                metrics.record_context_rebuild(rebuilt.atoms_applied as u64, started.elapsed());
+                metrics.record_snapshot_fallbacks(rebuilt.fallbacks.len() as u64);
+            }
+            Err(error) => metrics.record_error(error),
+        }
+    }
+}
