@@ -228,7 +228,10 @@ fn verify_segment(
         problems.push(Problem { file: path.to_path_buf(), offset: start, what });
     }
     for &(from, to) in &scan.lost_lsns {
-        let what = format!("LSNs {from}..{to} are missing (in the invalid bytes above)");
+        let what = match to - from {
+            1 => format!("LSN {from} is lost in invalid bytes"),
+            _ => format!("LSNs {from}..={} are lost in invalid bytes", to - 1),
+        };
         let offset = scan.skips.first().map_or(0, |skip| skip.0);
         problems.push(Problem { file: path.to_path_buf(), offset, what });
     }

@@ -1,0 +1,434 @@
+//! Golden tests of `examples/dump.rs`, the store inspection tool, plus the tool run as a real
+//! process against a store another process is writing.
+//!
+//! The store is built record by record with fixed timestamps, so every output is
+//! deterministic; each is compared byte for byte with `tests/golden/dump/*` (text and JSON).
+//! `UPDATE_GOLDEN=1 cargo test --test dump` rewrites them. Guards against: output that drifts
+//! silently, `--json` that stops parsing, `verify` that misses damage or names the wrong file
+//! or offset (the corrupted-store case), and a dump that disturbs a live writer.
+
+#[allow(dead_code, reason = "the example's `main` is not called here")]
+#[path = "../examples/dump.rs"]
+mod dump;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use continuum::codec::StoreRecord;
+use continuum::codec::proto::{
+    AtomCompleted, AtomFailed, AtomStarted, AtomsAbandoned, ChatMessage, Delta, GuardCompleted, GuardStarted,
+    IntermediateResult, RunCreated, RunTerminal, StateChange, ToolCall, ToolOutput, state_change,
+};
+use continuum::{AtomId, AtomOutput, Log, RunSpec, Store};
+
+/// 2026-01-01T00:00:00Z in microseconds.
+const T0: u64 = 1_767_225_600_000_000;
+const SEGMENT_BYTES: u64 = 4096;
+
+fn started(atom: u64, run: u64, agent: &str, key: &str, parents: &[u64], idempotency: &str, at_ms: u64) -> StoreRecord {
+    StoreRecord::AtomStarted(AtomStarted {
+        atom,
+        run,
+        agent: agent.into(),
+        key: key.into(),
+        parents: parents.to_vec(),
+        idempotency_key: idempotency.into(),
+        started_at_unix_us: T0 + at_ms * 1000,
+    })
+}
+
+fn completed(atom: u64, delta: Delta, result: &str, at_ms: u64) -> StoreRecord {
+    StoreRecord::AtomCompleted(AtomCompleted {
+        atom,
+        delta: Some(delta),
+        result: result.as_bytes().to_vec(),
+        ended_at_unix_us: T0 + at_ms * 1000,
+    })
+}
+
+fn message(role: &str, content: &str) -> ChatMessage {
+    ChatMessage { role: role.into(), content: content.into(), tool_call: None }
+}
+
+fn set(key: &str, value: &str) -> StateChange {
+    StateChange { key: key.into(), change: Some(state_change::Change::Set(value.as_bytes().to_vec())) }
+}
+
+/// A tool output of `lines` lines of pseudo-random fares: large enough to fill segments even
+/// compressed.
+fn report_text(seed: u64, lines: u64) -> String {
+    let mut random = continuum::synthetic::SplitMix64::new(seed);
+    (0..lines).map(|i| format!("row {i}: fare {:012x}\n", random.next_u64() >> 16)).collect()
+}
+
+/// The store of the golden tests: two runs; a fork (atoms 2 and 3 from 1), a merge (4 from 2
+/// and 3), a rollback that abandons 4, a retryable failure, a guard, a finished run and a
+/// running atom; two segments and one snapshot.
+fn build_store(dir: &Path) {
+    let run1 = StoreRecord::RunCreated(RunCreated {
+        run: 1,
+        run_name: "trip-42".into(),
+        pipeline: "travel-agent".into(),
+        pipeline_version: "1.3".into(),
+        environment: [("model".to_owned(), "m-1".to_owned())].into_iter().collect(),
+        created_at_unix_us: T0,
+    });
+    let plan = Delta {
+        messages: vec![
+            message("user", "Book me a trip to Paris on Tuesday"),
+            ChatMessage {
+                role: "assistant".into(),
+                content: "Searching flights".into(),
+                tool_call: Some(ToolCall {
+                    id: "call-1".into(),
+                    name: "search_flights".into(),
+                    arguments: r#"{"to":"CDG","day":"tue"}"#.into(),
+                }),
+            },
+        ],
+        tool_outputs: vec![ToolOutput { tool_call_id: "call-1".into(), output: br#"{"flights":["AF123"]}"#.to_vec() }],
+        state_changes: vec![set("destination", "Paris")],
+        ..Delta::default()
+    };
+    let book = Delta {
+        messages: vec![message("assistant", "Booked AF123")],
+        intermediate_results: vec![IntermediateResult { name: "booking".into(), value: b"ABC123".to_vec() }],
+        state_changes: vec![
+            set("booking", "ABC123"),
+            StateChange { key: "destination".into(), change: Some(state_change::Change::Delete(Default::default())) },
+        ],
+        ..Delta::default()
+    };
+    let records = vec![
+        run1,
+        started(1, 1, "planner", "step-1", &[], "", 1),
+        completed(1, plan, "plan ready", 5),
+        started(2, 1, "planner", "step-2", &[1], "trip-42/planner/step-2/book", 6),
+        StoreRecord::GuardStarted(GuardStarted {
+            key: "trip-42/planner/step-2/book".into(),
+            atom: 2,
+            operation: "book".into(),
+            started_at_unix_us: T0 + 7000,
+        }),
+        StoreRecord::GuardCompleted(GuardCompleted {
+            key: "trip-42/planner/step-2/book".into(),
+            result: b"ABC123".to_vec(),
+            ended_at_unix_us: T0 + 9000,
+        }),
+        completed(2, book, "booked", 10),
+        started(3, 1, "researcher", "hotels", &[1], "", 11),
+        StoreRecord::AtomFailed(AtomFailed {
+            atom: 3,
+            error: "hotel API timed out".into(),
+            retryable: true,
+            ended_at_unix_us: T0 + 20_000,
+        }),
+        started(4, 1, "planner", "step-3", &[2, 3], "", 21),
+        completed(
+            4,
+            Delta {
+                tool_outputs: vec![ToolOutput {
+                    tool_call_id: "call-2".into(),
+                    output: report_text(4, 60).into_bytes(),
+                }],
+                ..Delta::default()
+            },
+            "itinerary v1",
+            25,
+        ),
+        StoreRecord::AtomsAbandoned(AtomsAbandoned {
+            after_atom: 2,
+            run: 1,
+            agent: "planner".into(),
+            reason: "wrong dates".into(),
+            at_unix_us: T0 + 26_000,
+        }),
+        started(5, 1, "planner", "step-3", &[2], "", 27),
+        completed(
+            5,
+            Delta {
+                messages: vec![message("assistant", "Itinerary: AF123 on Wednesday")],
+                tool_outputs: vec![ToolOutput {
+                    tool_call_id: "call-3".into(),
+                    output: report_text(5, 60).into_bytes(),
+                }],
+                ..Delta::default()
+            },
+            "itinerary v2",
+            30,
+        ),
+        StoreRecord::RunTerminal(RunTerminal {
+            run: 1,
+            success: true,
+            resume_hint: "booked AF123, itinerary sent".into(),
+            ended_at_unix_us: T0 + 31_000,
+        }),
+        StoreRecord::RunCreated(RunCreated {
+            run: 2,
+            run_name: "nightly-report".into(),
+            pipeline: "research".into(),
+            pipeline_version: "0.9".into(),
+            environment: Default::default(),
+            created_at_unix_us: T0 + 40_000,
+        }),
+        started(6, 2, "writer", "draft", &[], "", 41),
+        completed(
+            6,
+            Delta {
+                tool_outputs: vec![ToolOutput {
+                    tool_call_id: "fetch".into(),
+                    output: report_text(6, 150).into_bytes(),
+                }],
+                ..Delta::default()
+            },
+            "draft 1",
+            45,
+        ),
+        started(7, 2, "writer", "polish", &[6], "", 46),
+    ];
+    let log = Log::builder(dir).segment_bytes(SEGMENT_BYTES).open().expect("open the log");
+    for record in &records {
+        log.append(&continuum::inspect::encode_record(record)).expect("append");
+    }
+    log.close().expect("close the log");
+    let store = Store::builder(dir).segment_bytes(SEGMENT_BYTES).open().expect("open the store");
+    store.snapshot_now(AtomId::from_raw(2)).expect("snapshot of atom 2");
+    drop(store);
+}
+
+/// A fresh golden store in a temporary directory.
+fn golden_store() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    build_store(dir.path());
+    dir
+}
+
+/// Runs dump in-process; returns (exit code, stdout, stderr).
+fn dump(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut argv = vec!["dump".to_owned(), dir.display().to_string()];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = dump::run(argv, &mut out, &mut err);
+    (code, String::from_utf8(out).expect("UTF-8 stdout"), String::from_utf8(err).expect("UTF-8 stderr"))
+}
+
+fn golden_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/dump").join(name)
+}
+
+/// Compares `actual` with the golden file, or rewrites it under `UPDATE_GOLDEN=1`.
+fn check_golden(name: &str, actual: &str) {
+    let path = golden_path(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().expect("golden dir")).expect("create golden dir");
+        std::fs::write(&path, actual).expect("write golden file");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create it)", path.display()));
+    if expected != actual {
+        panic!(
+            "dump output differs from {} (UPDATE_GOLDEN=1 rewrites it)\n--- expected\n{expected}\n--- actual\n{actual}",
+            path.display()
+        );
+    }
+}
+
+/// Every JSON output parses: one document, or one per line.
+fn check_json(output: &str, lines: bool) {
+    if lines {
+        for line in output.lines() {
+            serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        }
+    } else {
+        serde_json::from_str::<serde_json::Value>(output).unwrap_or_else(|e| panic!("{e}: {output}"));
+    }
+}
+
+#[test]
+fn golden_outputs_of_every_command() {
+    let store = golden_store();
+    let cases: &[(&str, &[&str], Option<bool>)] = &[
+        ("summary.txt", &[], None),
+        ("summary.json", &["summary", "--json"], Some(false)),
+        ("records.txt", &["records"], None),
+        ("records.jsonl", &["records", "--json"], Some(true)),
+        ("records-filtered.txt", &["records", "--from", "3", "--to", "14", "--kind", "atom-started"], None),
+        ("runs.txt", &["runs"], None),
+        ("runs.jsonl", &["runs", "--json"], Some(true)),
+        ("run-1.txt", &["run", "1"], None),
+        ("run-1.json", &["run", "trip-42", "--json"], Some(false)),
+        ("atom-1.txt", &["atom", "1"], None),
+        ("atom-2.json", &["atom", "2", "--json"], Some(false)),
+        ("context-planner.txt", &["context", "trip-42", "planner"], None),
+        ("context-planner-at-4.json", &["context", "1", "planner", "--at", "4", "--json"], Some(false)),
+        ("verify.txt", &["verify"], None),
+        ("verify.json", &["verify", "--json"], Some(false)),
+    ];
+    for (name, args, json) in cases {
+        let (code, out, err) = dump(store.path(), args);
+        assert_eq!(code, 0, "dump {args:?} failed: {err}");
+        assert!(err.is_empty(), "dump {args:?} wrote to stderr: {err}");
+        if let Some(lines) = json {
+            check_json(&out, *lines);
+        }
+        check_golden(name, &out);
+    }
+}
+
+#[test]
+fn help_explains_every_command() {
+    let store = golden_store();
+    let (code, out, _) = dump(store.path(), &["--help"]);
+    assert_eq!(code, 0);
+    for command in ["summary", "records", "runs", "run", "atom", "context", "verify", "--json"] {
+        assert!(out.contains(command), "--help does not mention {command}:\n{out}");
+    }
+    check_golden("help.txt", &out);
+    let (code, _, err) = dump(store.path(), &["no-such-command"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no-such-command"), "{err}");
+}
+
+#[test]
+fn verify_reports_the_file_and_offset_of_every_problem_and_fails() {
+    let store = golden_store();
+    let segment = store.path().join("00000000000000000001.seg");
+    let snapshot = store.path().join("snapshots/00000000000000000002.snap");
+    // The first frame starts right after the 64-byte segment header; its payload at 64 + 32.
+    flip_byte(&segment, 64 + 40);
+    flip_byte(&snapshot, 100);
+    let (code, out, err) = dump(store.path(), &["verify"]);
+    assert_eq!(code, 1, "verify of a corrupted store must fail: {out}{err}");
+    assert!(out.contains("PROBLEM 00000000000000000001.seg offset 64: "), "{out}");
+    assert!(out.contains("PROBLEM snapshots/00000000000000000002.snap offset 40: "), "{out}");
+    check_golden("verify-corrupted.txt", &out);
+    let (code, out, _) = dump(store.path(), &["verify", "--json"]);
+    assert_eq!(code, 1);
+    check_json(&out, false);
+    check_golden("verify-corrupted.json", &out);
+    // The other commands still read what verifies, and say what they skipped.
+    let (code, out, err) = dump(store.path(), &["summary"]);
+    assert_eq!(code, 2, "the skipped records break the index: {out}");
+    assert!(err.contains("dump: "), "{err}");
+}
+
+#[test]
+fn a_torn_tail_is_reported_not_cut() {
+    let store = golden_store();
+    let segments = Log::open_read_only(store.path()).expect("read-only open").segments();
+    assert_eq!(segments.len(), 2, "the golden store has a sealed and an active segment");
+    let (last, data_end) = (segments[1].path.clone(), segments[1].data_bytes);
+    let before = std::fs::read(&last).expect("read");
+    let mut torn = before.clone();
+    torn[data_end as usize..data_end as usize + 100].fill(0xEE);
+    std::fs::write(&last, &torn).expect("tear");
+    let (code, out, _) = dump(store.path(), &["summary"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("recovery: torn tail in 00000000000000000018.seg at offset {data_end}, 100 bytes")),
+        "{out}"
+    );
+    let (code, out, _) = dump(store.path(), &["verify"]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains(&format!("PROBLEM 00000000000000000018.seg offset {data_end}: torn tail: 100 invalid bytes")),
+        "{out}"
+    );
+    assert_eq!(std::fs::read(&last).expect("read"), torn, "dump changed the segment");
+}
+
+fn flip_byte(path: &Path, offset: usize) {
+    let mut bytes = std::fs::read(path).expect("read file");
+    bytes[offset] ^= 0x40;
+    std::fs::write(path, bytes).expect("write file");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The compiled tool against a live writer
+
+/// The compiled example (`cargo test` builds examples next to the test's own directory).
+fn dump_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let profile_dir = exe.parent()?.parent()?;
+    let binary = profile_dir.join("examples").join("dump");
+    binary.exists().then_some(binary)
+}
+
+const WRITER_ENV: &str = "CONTINUUM_DUMP_WRITER_DIR";
+/// The child writer stops once this file exists in the store directory.
+const STOP_FILE: &str = "STOP";
+/// Dump runs (of four commands each) made while the writer writes.
+const DUMP_ROUNDS: usize = 3;
+
+/// The child: executes atoms one after another (Sync) until told to stop, printing each
+/// acknowledgement; fails loudly on any error, so that a dump that disturbed it shows in its
+/// exit status.
+#[test]
+fn child_writer() {
+    let Some(dir) = std::env::var_os(WRITER_ENV) else { return };
+    let store = Store::builder(&dir).segment_bytes(64 * 1024).open().expect("the writer opens the store");
+    let run = store.create_run(RunSpec::new("live")).expect("create run");
+    let mut parents = Vec::new();
+    let mut step = 0;
+    while !Path::new(&dir).join(STOP_FILE).exists() {
+        let executed = store
+            .execute(run, "agent", &format!("step-{step}"), &parents, |_| {
+                let delta = continuum::synthetic::Transcript::new(step).next_delta(300);
+                Ok(AtomOutput { delta, result: step.to_le_bytes().to_vec() })
+            })
+            .expect("the writer's atom succeeds");
+        parents = vec![executed.atom];
+        println!("ACK {step}");
+        step += 1;
+    }
+    store.log().sync().expect("final sync");
+    println!("DONE");
+}
+
+#[test]
+fn dump_runs_against_a_store_a_child_process_is_writing() {
+    let Some(binary) = dump_binary() else {
+        eprintln!("skipped: the dump example is not built next to this test");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
+        .env(WRITER_ENV, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the writer");
+    // Wait until the store exists and the writer is appending.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("00000000000000000001.seg").exists() {
+        assert!(Instant::now() < deadline, "the writer never created the store");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    for _ in 0..DUMP_ROUNDS {
+        assert!(child.try_wait().expect("poll the writer").is_none(), "the writer stopped early");
+        for command in [&["summary"][..], &["records", "--json"], &["verify"], &["run", "1"]] {
+            let output = Command::new(&binary).arg(dir.path()).args(command).output().expect("run dump");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(0), "dump {command:?} against a live writer: {stderr}");
+            assert!(stderr.is_empty(), "dump {command:?} wrote to stderr: {stderr}");
+        }
+    }
+    std::fs::write(dir.path().join(STOP_FILE), b"").expect("tell the writer to stop");
+    let output = child.wait_with_output().expect("the writer finishes");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "the writer failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("DONE"), "the writer did not finish: {stdout}");
+    let acks = stdout.matches("ACK ").count();
+    assert!(acks > 0, "the writer acknowledged nothing");
+    // Everything the writer acknowledged is there, and the store is clean.
+    let store = Store::open_read_only(dir.path()).expect("read-only open after the writer");
+    let run = store.run_id("live").expect("the run");
+    assert_eq!(store.run_atoms(run).len(), acks);
+    drop(store);
+    let (code, out, _) = dump(dir.path(), &["verify"]);
+    assert_eq!(code, 0, "{out}");
+}
