@@ -211,7 +211,11 @@ impl Writer {
 
     /// Makes every acknowledged append durable.
     pub fn sync(&self) -> Result<()> {
-        self.submit(None, Durability::Sync).map(|_| ())
+        let result = self.submit(None, Durability::Sync).map(|_| ());
+        if let Err(error) = &result {
+            self.metrics.record_error(error);
+        }
+        result
     }
 
     /// Whether unsynced bytes may exist (for the background flusher).

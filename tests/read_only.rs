@@ -1,0 +1,259 @@
+//! Read-only opens, metrics and tracing.
+//!
+//! - A read-only open works while another *process* holds the store open (and locked) for
+//!   writing, and changes no byte and no modification time of any file in the store: guards
+//!   against an inspection tool that takes the writer's lock, syncs, cuts a tail or deletes
+//!   leftovers, which would disturb or corrupt a live agent.
+//! - A torn tail is reported (and a tracing event says so), never cut, by a read-only open;
+//!   a strict one refuses it; writes fail with `Error::ReadOnly`.
+//! - `store.metrics()` counts what happened (appends, syncs, skipped atoms, snapshots,
+//!   rebuilds, errors), so that a counter wired to the wrong place shows.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use continuum::{AtomOutput, Delta, Error, Log, RecoveryMode, RunSpec, Store};
+
+const HOLDER_ENV: &str = "CONTINUUM_READ_ONLY_HOLDER_DIR";
+const STOP_FILE: &str = "STOP";
+
+fn output(step: u64) -> AtomOutput {
+    AtomOutput { delta: continuum::synthetic::Transcript::new(step).next_delta(200), result: vec![step as u8] }
+}
+
+/// The child: opens the store for writing, executes a few atoms, says READY, and holds the
+/// store open (locked) until told to stop.
+#[test]
+fn child_holder() {
+    let Some(dir) = std::env::var_os(HOLDER_ENV) else { return };
+    let store = Store::builder(&dir).segment_bytes(16 * 1024).open().expect("the holder opens the store");
+    let run = store.create_run(RunSpec::new("held")).expect("create run");
+    let mut parents = Vec::new();
+    for step in 0..40 {
+        let executed = store.execute(run, "agent", &format!("step-{step}"), &parents, |_| Ok(output(step)));
+        parents = vec![executed.expect("atom").atom];
+    }
+    store.snapshot_now(parents[0]).expect("snapshot");
+    println!("READY");
+    while !Path::new(&dir).join(STOP_FILE).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(store);
+    println!("STOPPED");
+}
+
+/// Every file under `dir` with its bytes and modification time.
+fn files(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, SystemTime)> {
+    let mut found = BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).expect("list") {
+            let entry = entry.expect("entry");
+            let metadata = entry.metadata().expect("metadata");
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            } else {
+                let bytes = std::fs::read(entry.path()).expect("read");
+                found.insert(entry.path(), (bytes, metadata.modified().expect("mtime")));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn read_only_open_works_while_another_process_holds_the_store_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "child_holder", "--nocapture", "--test-threads=1"])
+        .env(HOLDER_ENV, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the holder");
+    let mut holder = Holder { child, stop: dir.path().join(STOP_FILE) };
+    let mut lines = BufReader::new(holder.child.stdout.take().expect("stdout")).lines();
+    assert!(lines.by_ref().map_while(Result::ok).any(|line| line.contains("READY")), "the holder never became ready");
+    // The holder has the lock: a writable open is refused.
+    assert!(matches!(Store::open(dir.path()), Err(Error::Locked { .. })));
+    let before = files(dir.path());
+
+    let store = Store::open_read_only(dir.path()).expect("read-only open next to a writer");
+    let run = store.run_id("held").expect("the run");
+    let atoms = store.run_atoms(run);
+    assert_eq!(atoms.len(), 40);
+    for atom in &atoms {
+        store.atom(*atom).expect("atom readable");
+    }
+    let last = *atoms.last().expect("atoms");
+    let rebuilt = store.rebuild_context(last).expect("context rebuild");
+    assert_eq!(rebuilt.snapshot, Some(last), "the holder's snapshot is used");
+    assert!(matches!(store.create_run(RunSpec::new("refused")), Err(Error::ReadOnly)));
+    assert!(store.snapshot_now(last).is_err(), "a read-only store writes no snapshot");
+    assert!(matches!(store.log().append(b"x"), Err(Error::ReadOnly)));
+    assert!(matches!(store.log().sync(), Err(Error::ReadOnly)));
+    assert!(matches!(store.log().truncate_prefix(continuum::Lsn::new(1_000)), Err(Error::ReadOnly)));
+    assert_eq!(store.metrics().errors.iter().sum::<u64>(), 3, "append, sync and run creation counted");
+    drop(store);
+    let log = Log::open_read_only(dir.path()).expect("read-only log");
+    assert_eq!(log.iter_from(continuum::Lsn::FIRST).expect("iter").count() as u64, log.next_lsn().get() - 1);
+    drop(log);
+    let report = continuum::inspect::verify(dir.path(), &mut |_, _| {}).expect("verify");
+    assert!(report.is_clean(), "{:?}", report.problems);
+
+    let after = files(dir.path());
+    assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>(), "files created or deleted");
+    for (path, (bytes, mtime)) in &before {
+        let (bytes_after, mtime_after) = &after[path];
+        assert!(bytes == bytes_after, "{} changed", path.display());
+        assert_eq!(mtime, mtime_after, "{} was touched", path.display());
+    }
+    std::fs::write(&holder.stop, b"").expect("stop the holder");
+    // Read to the end: closing the pipe early would fail the holder's last writes.
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|line| line.contains("STOPPED")), "the holder did not stop cleanly: {rest:?}");
+    assert!(holder.child.wait().expect("holder exit").success(), "the holder failed");
+}
+
+/// The holder process; told to stop (and killed if it does not) when the test ends, even by
+/// a failed assertion.
+struct Holder {
+    child: std::process::Child,
+    stop: PathBuf,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.stop, b"");
+        for _ in 0..500 {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Collects the message and fields of every tracing event, as `name=value` words.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<String>>>);
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={:?} ", field.name(), value));
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        self.0.lock().expect("capture lock").push(fields.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A log of a few records whose last segment gets `garbage` bytes past its data; returns the
+/// segment and the offset of the garbage.
+fn torn_log(dir: &Path, garbage: usize) -> (PathBuf, u64) {
+    let log = Log::builder(dir).segment_bytes(8192).open().expect("open");
+    for i in 0..5u8 {
+        log.append(&[i; 100]).expect("append");
+    }
+    let segment = log.segments().pop().expect("a segment");
+    log.close().expect("close");
+    let mut bytes = std::fs::read(&segment.path).expect("read");
+    bytes[segment.data_bytes as usize..segment.data_bytes as usize + garbage].fill(0x5A);
+    std::fs::write(&segment.path, bytes).expect("tear");
+    (segment.path, segment.data_bytes)
+}
+
+#[test]
+fn a_torn_tail_is_reported_by_a_read_only_open_and_cut_by_a_writable_one_with_events() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (segment, offset) = torn_log(dir.path(), 300);
+    let torn = std::fs::read(&segment).expect("read");
+    let capture = Capture::default();
+    tracing::subscriber::with_default(capture.clone(), || {
+        let log = Log::open_read_only(dir.path()).expect("read-only open of a torn log");
+        let tail = log.recovery_report().torn_tail.clone().expect("the torn tail is reported");
+        assert_eq!((tail.offset, tail.bytes), (offset, 300));
+        assert_eq!(log.metrics().recovery_torn_tails, 1);
+        assert_eq!(log.iter_from(continuum::Lsn::FIRST).expect("iter").count(), 5);
+        drop(log);
+        assert_eq!(std::fs::read(&segment).expect("read"), torn, "a read-only open cut the tail");
+        let strict = Log::builder(dir.path()).recovery_mode(RecoveryMode::Strict).open_read_only();
+        assert!(matches!(strict, Err(Error::Corruption { .. })), "strict refuses a torn tail");
+        let log = Log::open(dir.path()).expect("writable open cuts the tail");
+        assert!(log.recovery_report().torn_tail.is_some());
+    });
+    let events = capture.0.lock().expect("events").clone();
+    let found = |message: &str| events.iter().any(|e| e.contains(message) && e.contains(&format!("offset={offset} ")));
+    assert!(found("left in place"), "no read-only torn-tail event in {events:#?}");
+    assert!(found("cut a torn tail"), "no torn-tail cut event in {events:#?}");
+}
+
+#[test]
+fn a_read_only_open_of_a_directory_without_a_store_fails_and_creates_nothing() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let missing = dir.path().join("nothing-here");
+    assert!(matches!(Log::open_read_only(&missing), Err(Error::Io { .. })));
+    assert!(!missing.exists(), "a read-only open created the directory");
+    assert!(matches!(Store::open_read_only(dir.path()), Err(Error::Io { .. })));
+    assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0, "a read-only open created a file");
+}
+
+#[test]
+fn store_metrics_count_what_happened() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("metrics")).expect("run");
+    let mut parents = Vec::new();
+    for step in 0..10 {
+        let executed = store.execute(run, "agent", &format!("s{step}"), &parents, |_| Ok(output(step)));
+        parents = vec![executed.expect("atom").atom];
+    }
+    let again = store.execute(run, "agent", "s3", &[], |_| Ok(AtomOutput { delta: Delta::default(), result: vec![] }));
+    assert!(again.expect("replayed").replayed);
+    store.snapshot_now(parents[0]).expect("snapshot");
+    store.rebuild_context(parents[0]).expect("rebuild");
+    let metrics = store.metrics();
+    // 1 run + 10 starts + 10 completions.
+    assert_eq!(metrics.records, 21);
+    assert_eq!(metrics.batches, 21);
+    assert!(metrics.record_bytes > 0);
+    assert_eq!(metrics.append_sync_ns.count, 11, "the run and the completions are Sync");
+    assert!(metrics.fdatasyncs >= 11 && metrics.fdatasync_ns.count == metrics.fdatasyncs);
+    assert!(metrics.fdatasync_ns.max > 0 && metrics.fdatasync_ns.p50 <= metrics.fdatasync_ns.max);
+    assert_eq!(metrics.atoms_skipped, 1);
+    assert_eq!(metrics.snapshot_writes, 1);
+    assert!(metrics.snapshot_bytes > 0);
+    assert_eq!(metrics.context_rebuilds, 2, "snapshot_now rebuilds the context it writes");
+    assert_eq!(metrics.index_rebuilds, 1);
+    assert!(metrics.compression_ratio().is_some_and(|ratio| ratio < 1.0), "{:?}", metrics.compression_ratio());
+    let text = metrics.to_prometheus();
+    assert!(text.contains("continuum_records_total 21\n"), "{text}");
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    let metrics = store.metrics();
+    assert_eq!((metrics.index_rebuilds, metrics.index_rebuild_atoms), (1, 10));
+    assert!(metrics.time_to_resume_ns > 0);
+    assert_eq!(metrics.records, 0, "metrics start at zero on open");
+}
