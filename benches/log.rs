@@ -5,7 +5,9 @@
 //! - `group_commit`: `Sync` appends from 16 threads against 1 thread;
 //! - `buffered_append_512`: single-writer `Buffered` and `None` appends;
 //! - `iterate_1gib`: iterating a 1 GiB log warm;
-//! - `open_1gib`: reopening (recovering) that log warm.
+//! - `open_1gib`: reopening (recovering) that log warm;
+//! - `metrics_overhead`: `Buffered`, `None` and `Sync` appends with the metrics on and off
+//!   (a hidden builder switch), interleaved, to measure what always-on metrics cost.
 //!
 //! Criterion reports each benchmark as usual. After each group a summary block (on stderr) gives
 //! the figures docs/BENCHMARKS.md quotes, measured by a separate fixed-size loop: latency
@@ -49,6 +51,7 @@ const GROUP_COMMIT: &str = "group_commit";
 const BUFFERED_APPEND: &str = "buffered_append_512";
 const ITERATE: &str = "iterate_1gib";
 const OPEN: &str = "open_1gib";
+const METRICS_OVERHEAD: &str = "metrics_overhead";
 
 fn main() {
     let options = Options::from_args();
@@ -70,6 +73,9 @@ fn main() {
     if options.runs(ITERATE) || options.runs(OPEN) {
         bench_big_log(&mut criterion, &options, root.path());
     }
+    if options.runs(METRICS_OVERHEAD) {
+        bench_metrics_overhead(&options, root.path());
+    }
     criterion.final_summary();
 }
 
@@ -84,6 +90,7 @@ fn list_benchmarks(criterion: &mut Criterion) {
         format!("{BUFFERED_APPEND}/none"),
         format!("{ITERATE}/4kib_records"),
         format!("{OPEN}/4kib_records"),
+        format!("{METRICS_OVERHEAD}/summary_only"),
     ];
     for id in &ids {
         criterion.bench_function(id, |b| b.iter(|| ()));
@@ -557,6 +564,85 @@ fn bench_open(criterion: &mut Criterion, options: &Options, dir: &Path, records:
             verdict("median open, seconds", open.as_secs_f64(), "< 1", open < Duration::from_secs(1), 3),
         ],
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// metrics_overhead
+
+/// Appends per trial of the unsynced modes; `Sync` appends per setting.
+const OVERHEAD_APPENDS: usize = 200_000;
+const OVERHEAD_SYNC_APPENDS: usize = 4_000;
+
+/// Appends with the metrics on and off, on the same log (a hidden switch flips them between
+/// trials, so the file, its flusher and its page cache are the same for both): `Buffered` and
+/// `None` in trials of sequential appends, alternating on/off; `Sync` in single appends,
+/// alternating, comparing p50 latencies. The A/A figure compares the two halves of the "off"
+/// trials with each other: the noise floor.
+fn bench_metrics_overhead(options: &Options, root: &Path) {
+    let trials = options.count(30);
+    let appends = options.count(OVERHEAD_APPENDS) as u64;
+    let mut lines = vec![format!(
+        "unsynced: {trials} trials each of {appends} appends of 512 B, metrics on and off alternating on one log \
+         (median rate); sync: {} single appends each, alternating (p50 latency)",
+        options.count(OVERHEAD_SYNC_APPENDS)
+    )];
+    for (name, durability) in [("buffered", Durability::Buffered), ("none", Durability::None)] {
+        let log = open_log(&root.join(format!("metrics-{name}")), durability);
+        let mut rates = [Vec::new(), Vec::new()];
+        for trial in 0..2 * trials {
+            let on = (trial / 2 + trial) % 2 == 0; // on, off, off, on, on, off, ...
+            log.set_metrics_enabled(on);
+            let elapsed = sequential_appends(&log, appends);
+            discard_sealed(&log);
+            rates[usize::from(!on)].push(appends as f64 / elapsed.as_secs_f64());
+        }
+        let (noise_a, noise_b) = halves(&rates[1]);
+        let [on, off] = rates.map(|mut r| median(&mut r));
+        lines.push(format!("{name:<8} appends/s  metrics on {}  off {}", thousands(on), thousands(off)));
+        lines.push(overhead_line(name, off / on - 1.0, noise_b / noise_a - 1.0));
+        log.close().expect("the overhead bench log should close");
+    }
+    let iterations = options.count(50_000_000) as u64;
+    let (on, off) = continuum::metrics::append_path_cost(iterations);
+    let per_append = |d: Duration| d.as_secs_f64() * 1e9 / iterations as f64;
+    lines.push(format!(
+        "isolated   what the metrics add per unsynced append: on {:.2} ns, off {:.2} ns ({iterations} iterations)",
+        per_append(on),
+        per_append(off)
+    ));
+    let log = open_log(&root.join("metrics-sync"), Durability::Sync);
+    let record = [0x7E_u8; RECORD_BYTES];
+    let mut latencies = [Vec::new(), Vec::new()];
+    for round in 0..2 * options.count(OVERHEAD_SYNC_APPENDS) {
+        let on = (round / 2 + round) % 2 == 0;
+        log.set_metrics_enabled(on);
+        latencies[usize::from(!on)].push(time(|| log.append(&record).expect("a Sync append should succeed")));
+    }
+    let p50 = |mut l: Vec<Duration>| {
+        l.sort_unstable();
+        percentile(&l, 50.0)
+    };
+    let (first, second): (Vec<_>, Vec<_>) = latencies[1].iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let noise =
+        ratio(p50(second.into_iter().map(|(_, d)| *d).collect()), p50(first.into_iter().map(|(_, d)| *d).collect()));
+    let [on, off] = latencies.map(p50);
+    lines.push(format!("sync     append p50  metrics on {}  off {}", micros(on), micros(off)));
+    lines.push(overhead_line("sync", ratio(on, off) - 1.0, noise - 1.0));
+    log.close().expect("the overhead bench log should close");
+    summary(options, METRICS_OVERHEAD, &lines);
+}
+
+/// Medians of the even-indexed and the odd-indexed values.
+fn halves(values: &[f64]) -> (f64, f64) {
+    let mut even: Vec<f64> = values.iter().step_by(2).copied().collect();
+    let mut odd: Vec<f64> = values.iter().skip(1).step_by(2).copied().collect();
+    (median(&mut even), median(&mut odd))
+}
+
+/// The overhead (cost with the metrics on, relative to off) next to the A/A difference.
+fn overhead_line(name: &str, overhead: f64, noise: f64) -> String {
+    let label = format!("{name:<8} overhead % (A/A noise {:+.2} %)", noise * 100.0);
+    verdict(&label, overhead * 100.0, "< 2", overhead < 0.02, 2)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -470,6 +470,12 @@ impl Log {
         self.inner.metrics.snapshot()
     }
 
+    /// Turns the append-path metrics on or off (for measuring their cost side by side).
+    #[doc(hidden)]
+    pub fn set_metrics_enabled(&self, enabled: bool) {
+        self.inner.metrics.set_enabled(enabled);
+    }
+
     /// The live metrics, for the layers above to record into.
     pub(crate) fn metrics_handle(&self) -> &Metrics {
         &self.inner.metrics
