@@ -249,6 +249,8 @@ fn summary(store: &Store, dir: &Path, json: bool, out: &mut dyn Write) -> Result
         atoms.abandoned += counts.abandoned;
     }
     let running_runs = runs.iter().filter(|run| run.status == RunStatus::Running).count();
+    let dropped_runs = runs.iter().filter(|run| run.status == RunStatus::Dropped).count();
+    let finished_runs = runs.len() - running_runs - dropped_runs;
     let disk_bytes: u64 = files.iter().map(|(_, bytes)| bytes).sum();
     let segment_file_bytes: u64 = files.iter().filter(|(name, _)| name.ends_with(".seg")).map(|(_, b)| b).sum();
     let snapshot_bytes: u64 = snapshots.iter().map(|file| file.bytes).sum();
@@ -263,7 +265,7 @@ fn summary(store: &Store, dir: &Path, json: bool, out: &mut dyn Write) -> Result
             })).collect::<Vec<_>>(),
             "snapshots": snapshots.iter().map(|f| snapshot_json(dir, f)).collect::<Vec<_>>(),
             "recovery": recovery_json(dir, report),
-            "runs": {"total": runs.len(), "running": running_runs, "finished": runs.len() - running_runs},
+            "runs": {"total": runs.len(), "running": running_runs, "finished": finished_runs, "dropped": dropped_runs},
             "agents": agents,
             "atoms": atoms.json(),
             "records": {"total": totals.count, "by_kind": totals.by_kind},
@@ -273,8 +275,8 @@ fn summary(store: &Store, dir: &Path, json: bool, out: &mut dyn Write) -> Result
             "compression": {"record_bytes_stored": totals.stored_bytes, "record_bytes_raw": totals.body_bytes,
                 "ratio": ratio(totals.stored_bytes, totals.body_bytes)},
             "live": {"bytes": live, "fraction_of_log_data": ratio(live, log_data_bytes),
-                "space_amplification": ratio(disk_bytes, live),
-                "note": "every run counts as live until retention exists: an upper bound"},
+                "space_amplification": ratio(log_data_bytes, live),
+                "disk_amplification": ratio(disk_bytes, live)},
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
         return Ok(());
@@ -299,7 +301,7 @@ fn summary(store: &Store, dir: &Path, json: bool, out: &mut dyn Write) -> Result
         writeln!(out, "  {}  {}  {} bytes  {state}", relative(dir, &file.path), file.atom, file.bytes)?;
     }
     write_recovery(dir, report, out)?;
-    writeln!(out, "runs: {} ({running_runs} running, {} finished)", runs.len(), runs.len() - running_runs)?;
+    writeln!(out, "runs: {} ({running_runs} running, {finished_runs} finished, {dropped_runs} dropped)", runs.len())?;
     writeln!(out, "agents: {agents}")?;
     writeln!(out, "atoms: {}", atoms.text())?;
     let kinds: Vec<String> = totals.by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
@@ -319,10 +321,15 @@ fn summary(store: &Store, dir: &Path, json: bool, out: &mut dyn Write) -> Result
     )?;
     writeln!(
         out,
-        "live: {live} bytes, {} of log data (every run counts as live until retention exists: an upper bound)",
+        "live: {live} bytes, {} of log data (records retention keeps, as compaction plans them)",
         fixed(ratio(live, log_data_bytes))
     )?;
-    writeln!(out, "space amplification: {} (bytes on disk / live bytes)", fixed(ratio(disk_bytes, live)))?;
+    writeln!(
+        out,
+        "space amplification: {} (log data / live); {} counting preallocation and snapshots (bytes on disk / live)",
+        fixed(ratio(log_data_bytes, live)),
+        fixed(ratio(disk_bytes, live))
+    )?;
     Ok(())
 }
 
@@ -478,6 +485,15 @@ fn record_text(record: &StoreRecord) -> String {
         StoreRecord::GuardCompleted(m) => {
             format!("key {:?} result {} at {}", m.key, bytes_text(&m.result, 60), time(m.ended_at_unix_us))
         }
+        StoreRecord::AtomReclaimed(m) => format!(
+            "atom#{} delta reclaimed by retention; result {} at {}",
+            m.atom,
+            bytes_text(&m.result, 60),
+            time(m.ended_at_unix_us)
+        ),
+        StoreRecord::RunDropped(m) => {
+            format!("run#{} dropped by retention (next atom {}) at {}", m.run, m.next_atom, time(m.dropped_at_unix_us))
+        }
         StoreRecord::Dictionary(m) => format!("dictionary#{} {} bytes", m.id, m.dictionary.len()),
         StoreRecord::AtomsAbandoned(m) => format!(
             "run#{} agent {:?} after atom#{} reason {:?} at {}",
@@ -496,6 +512,7 @@ fn record_json(record: &StoreRecord) -> Value {
         StoreRecord::RunCreated(m) => json!({
             "run": m.run, "name": m.run_name, "pipeline": m.pipeline, "pipeline_version": m.pipeline_version,
             "environment": m.environment.iter().collect::<BTreeMap<_, _>>(), "created_at_unix_us": m.created_at_unix_us,
+            "snapshot_every_atoms": m.snapshot_every_atoms, "snapshot_every_ms": m.snapshot_every_ms,
         }),
         StoreRecord::AtomStarted(m) => json!({
             "atom": m.atom, "run": m.run, "agent": m.agent, "key": m.key, "parents": m.parents,
@@ -516,6 +533,12 @@ fn record_json(record: &StoreRecord) -> Value {
         }),
         StoreRecord::GuardCompleted(m) => json!({
             "key": m.key, "result": bytes_json(&m.result), "ended_at_unix_us": m.ended_at_unix_us,
+        }),
+        StoreRecord::AtomReclaimed(m) => json!({
+            "atom": m.atom, "delta": Value::Null, "result": bytes_json(&m.result), "ended_at_unix_us": m.ended_at_unix_us,
+        }),
+        StoreRecord::RunDropped(m) => json!({
+            "run": m.run, "next_atom": m.next_atom, "dropped_at_unix_us": m.dropped_at_unix_us,
         }),
         StoreRecord::Dictionary(m) => json!({"id": m.id, "bytes": m.dictionary.len()}),
         StoreRecord::AtomsAbandoned(m) => json!({
@@ -556,6 +579,7 @@ fn status_text(status: &RunStatus) -> String {
         RunStatus::Running => "running".to_owned(),
         RunStatus::Finished { success: true, .. } => "succeeded".to_owned(),
         RunStatus::Finished { success: false, .. } => "failed".to_owned(),
+        RunStatus::Dropped => "dropped".to_owned(),
     }
 }
 
@@ -613,7 +637,7 @@ fn run_tree(store: &Store, run: &str, json: bool, out: &mut dyn Write) -> Result
     let (agents, counts) = run_atoms(store, info.id)?;
     let hint = match &info.status {
         RunStatus::Finished { resume_hint, .. } => resume_hint.clone(),
-        RunStatus::Running => String::new(),
+        _ => String::new(),
     };
     if json {
         let value = json!({

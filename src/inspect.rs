@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use crate::codec::{Codec, StoreRecord};
 use crate::error::{Error, Result};
-use crate::log::Lsn;
 use crate::snapshot;
 use crate::storage::{FileStorage, OpenMode, ReadOnlyStorage, Storage};
 use crate::store::{AtomId, Store};
@@ -160,22 +159,14 @@ pub fn disk_usage(storage: Arc<dyn Storage>, dir: &Path) -> Result<Vec<(String, 
     Ok(files)
 }
 
-/// Bytes of live records in the store's log: the records that retention must keep.
-///
-/// **Placeholder until retention exists:** no run can be dropped yet, so every record belongs
-/// to a live run and this is the sum of every record's stored size. Compaction (issue 4) will
-/// replace it with its own liveness computation; until then the live fraction it yields is an
-/// upper bound and says so where it is shown.
+/// Bytes of live records in the store's log: what retention keeps, as compaction's planning
+/// scan computes it ([`Store::space_report`]; reclaimable deltas count as their estimated
+/// remains, the active segment as all live). Reads only.
 ///
 /// # Errors
-/// Read errors of the log.
+/// Read and decode errors of the log.
 pub fn live_bytes(store: &Store) -> Result<u64> {
-    let mut bytes = 0;
-    for item in store.log().iter_from(Lsn::FIRST)? {
-        let (_, record) = item?;
-        bytes += record.len() as u64;
-    }
-    Ok(bytes)
+    Ok(store.space_report()?.live_bytes)
 }
 
 /// The bytes the store writes for `record` (no dictionary): lets tests build a log record by

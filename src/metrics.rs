@@ -297,7 +297,6 @@ impl Metrics {
     }
 
     /// One compaction run: bytes it read, wrote, and gave back to the file system.
-    #[allow(dead_code, reason = "the hook compaction (issue 4) calls; tested below")]
     pub(crate) fn record_compaction(&self, bytes_read: u64, bytes_written: u64, bytes_reclaimed: u64) {
         add(&self.compactions, 1);
         add(&self.compaction_bytes_read, bytes_read);

@@ -73,6 +73,7 @@ fn build_store(dir: &Path) {
         pipeline_version: "1.3".into(),
         environment: [("model".to_owned(), "m-1".to_owned())].into_iter().collect(),
         created_at_unix_us: T0,
+        ..RunCreated::default()
     });
     let plan = Delta {
         messages: vec![
@@ -171,6 +172,7 @@ fn build_store(dir: &Path) {
             pipeline_version: "0.9".into(),
             environment: Default::default(),
             created_at_unix_us: T0 + 40_000,
+            ..RunCreated::default()
         }),
         started(6, 2, "writer", "draft", &[], "", 41),
         completed(
@@ -192,7 +194,7 @@ fn build_store(dir: &Path) {
         log.append(&continuum::inspect::encode_record(record)).expect("append");
     }
     log.close().expect("close the log");
-    let store = Store::builder(dir).segment_bytes(SEGMENT_BYTES).open().expect("open the store");
+    let store = Store::builder(dir).segment_bytes(SEGMENT_BYTES).background(false).open().expect("open the store");
     store.snapshot_now(AtomId::from_raw(2)).expect("snapshot of atom 2");
     drop(store);
 }

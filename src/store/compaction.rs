@@ -178,6 +178,11 @@ impl Store {
         report.segments_deleted = deleted;
         report.bytes_reclaimed += bytes;
         report.round = self.shared.compaction_rounds.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        self.shared.log.metrics_handle().record_compaction(
+            report.bytes_read,
+            report.bytes_written,
+            report.bytes_reclaimed,
+        );
         tracing::info!(?report, "compaction round");
         *self.shared.last_compaction.lock() = Some(report.clone());
         Ok(report)

@@ -73,6 +73,8 @@ impl StoreBuilder {
             snapshot_clock: Mutex::new(std::collections::HashMap::new()),
             compacting: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
+            compaction_rounds: std::sync::atomic::AtomicU64::new(0),
+            last_compaction: Mutex::new(None),
         });
         // No background thread: it would write policy snapshots and compact.
         Ok(Store::view(shared))
