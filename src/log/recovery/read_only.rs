@@ -1,5 +1,5 @@
 //! Read-only recovery: the same scan as a writable open, through
-//! [`ReadOnlyStorage`](crate::storage::ReadOnlyStorage), reporting instead of repairing.
+//! [`ReadOnlyStorage`], reporting instead of repairing.
 //!
 //! - No lock, no temporary-file cleanup, no tail cut, no `fdatasync`, no segment creation.
 //! - Segments are read as copies (never mapped) and later read with positioned reads below the
