@@ -21,8 +21,8 @@ use clap::{Parser, Subcommand};
 use continuum::codec::StoreRecord;
 use continuum::codec::proto::{self, Delta, state_change};
 use continuum::inspect::{self, SnapshotFile};
-use continuum::store::RecordInfo;
-use continuum::{Atom, AtomId, AtomStatus, Context, Lsn, RecoveryMode, RunId, RunStatus, Store};
+use continuum::store::{RecordDecoder, RecordInfo};
+use continuum::{Atom, AtomId, AtomStatus, Context, Log, Lsn, RecoveryMode, RunId, RunStatus, Store};
 use serde_json::{Value, json};
 
 type Failure = Box<dyn std::error::Error>;
@@ -141,14 +141,15 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, Failure> {
         return verify(&cli.dir, cli.json, out);
     }
     // SkipCorrupted: show whatever verifies; the summary lists what was skipped.
-    let store = Store::builder(&cli.dir)
-        .recovery_mode(RecoveryMode::SkipCorrupted)
-        .open_read_only()
-        .map_err(|error| format!("cannot read the store: {error} (`dump <dir> verify` lists the damage)"))?;
+    let store = match Store::builder(&cli.dir).recovery_mode(RecoveryMode::SkipCorrupted).open_read_only() {
+        Ok(store) => store,
+        Err(error) => return without_index(cli, &command, &error, out),
+    };
     let json = cli.json;
+    let decode = |bytes: &[u8]| store.decode_record(bytes);
     match command {
-        Command::Summary => summary(&store, &cli.dir, json, out)?,
-        Command::Records { from, to, kind } => records(&store, from, to, kind.as_deref(), json, out)?,
+        Command::Summary => summary(store.log(), Some(&store), &decode, &cli.dir, json, out)?,
+        Command::Records { from, to, kind } => records(store.log(), &decode, from, to, kind.as_deref(), json, out)?,
         Command::Runs => runs(&store, json, out)?,
         Command::Run { run } => run_tree(&store, &run, json, out)?,
         Command::Atom { atom } => atom_detail(&store, AtomId::from_raw(atom), json, out)?,
@@ -156,6 +157,30 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, Failure> {
         Command::Verify => unreachable!("handled above"),
     }
     Ok(0)
+}
+
+/// A store whose index cannot be rebuilt (records lost to corruption that later records
+/// depend on): `records` still shows every record that verifies, `summary` what the log alone
+/// tells (and fails, naming the reason); the other commands need the index.
+fn without_index(cli: &Cli, command: &Command, error: &continuum::Error, out: &mut dyn Write) -> Result<i32, Failure> {
+    let unavailable = || format!("cannot read the store: {error} (`dump <dir> verify` lists the damage)");
+    let log = Log::builder(&cli.dir)
+        .recovery_mode(RecoveryMode::SkipCorrupted)
+        .open_read_only()
+        .map_err(|_| unavailable())?;
+    let decoder = RecordDecoder::new();
+    let decode = |bytes: &[u8]| decoder.decode(bytes);
+    match command {
+        Command::Summary => {
+            summary(&log, None, &decode, &cli.dir, cli.json, out)?;
+            Err(unavailable().into())
+        }
+        Command::Records { from, to, kind } => {
+            records(&log, &decode, *from, *to, kind.as_deref(), cli.json, out)?;
+            Ok(0)
+        }
+        _ => Err(unavailable().into()),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -215,12 +240,19 @@ struct RecordTotals {
     body_bytes: u64,
 }
 
-fn record_totals(store: &Store) -> Result<RecordTotals, Failure> {
+/// Decodes one record of the log: with the store's dictionaries, or (when the store index
+/// cannot be rebuilt) with a decoder that learns them as it goes.
+type Decode<'a> = &'a dyn Fn(&[u8]) -> Result<RecordInfo, continuum::codec::CodecError>;
+
+fn record_totals(log: &Log, decode: Decode<'_>) -> Result<RecordTotals, Failure> {
     let mut totals = RecordTotals::default();
-    for item in store.log().iter_from(Lsn::FIRST)? {
+    for item in log.iter_from(Lsn::FIRST)? {
         let (_, bytes) = item?;
-        let info = store.decode_record(&bytes)?;
         totals.count += 1;
+        let Ok(info) = decode(&bytes) else {
+            *totals.by_kind.entry("Undecodable".to_owned()).or_default() += 1;
+            continue;
+        };
         *totals.by_kind.entry(kind_name(&info)).or_default() += 1;
         totals.stored_bytes += info.stored_bytes;
         totals.body_bytes += info.body_bytes;
@@ -228,14 +260,18 @@ fn record_totals(store: &Store) -> Result<RecordTotals, Failure> {
     Ok(totals)
 }
 
-fn summary(store: &Store, dir: &Path, json: bool, out: &mut dyn Write) -> Result<(), Failure> {
-    let storage: std::sync::Arc<dyn continuum::storage::Storage> =
-        std::sync::Arc::new(continuum::storage::FileStorage::new());
-    let segments = store.log().segments();
-    let snapshots = inspect::snapshot_files(storage.clone(), dir)?;
-    let files = inspect::disk_usage(storage, dir)?;
-    let totals = record_totals(store)?;
-    let live = inspect::live_bytes(store)?;
+/// What only the store (its rebuilt index) knows.
+struct StoreFacts {
+    runs: usize,
+    running: usize,
+    finished: usize,
+    dropped: usize,
+    agents: usize,
+    atoms: AtomCounts,
+    live_bytes: u64,
+}
+
+fn store_facts(store: &Store) -> Result<StoreFacts, Failure> {
     let runs = store.runs();
     let mut atoms = AtomCounts::default();
     let mut agents = 0;
@@ -248,87 +284,141 @@ fn summary(store: &Store, dir: &Path, json: bool, out: &mut dyn Write) -> Result
         atoms.failed_retryable += counts.failed_retryable;
         atoms.abandoned += counts.abandoned;
     }
-    let running_runs = runs.iter().filter(|run| run.status == RunStatus::Running).count();
-    let dropped_runs = runs.iter().filter(|run| run.status == RunStatus::Dropped).count();
-    let finished_runs = runs.len() - running_runs - dropped_runs;
-    let disk_bytes: u64 = files.iter().map(|(_, bytes)| bytes).sum();
-    let segment_file_bytes: u64 = files.iter().filter(|(name, _)| name.ends_with(".seg")).map(|(_, b)| b).sum();
-    let snapshot_bytes: u64 = snapshots.iter().map(|file| file.bytes).sum();
-    let log_data_bytes: u64 = segments.iter().map(|segment| segment.data_bytes).sum();
-    let ratio = |a: u64, b: u64| if b == 0 { None } else { Some(a as f64 / b as f64) };
-    let report = store.log().recovery_report();
+    let running = runs.iter().filter(|run| run.status == RunStatus::Running).count();
+    let dropped = runs.iter().filter(|run| run.status == RunStatus::Dropped).count();
+    Ok(StoreFacts {
+        runs: runs.len(),
+        running,
+        finished: runs.len() - running - dropped,
+        dropped,
+        agents,
+        atoms,
+        live_bytes: inspect::live_bytes(store)?,
+    })
+}
+
+/// The figures of a summary.
+struct Summary {
+    segments: Vec<continuum::log::SegmentInfo>,
+    snapshots: Vec<SnapshotFile>,
+    totals: RecordTotals,
+    store: Option<StoreFacts>,
+    disk_bytes: u64,
+    segment_file_bytes: u64,
+    snapshot_bytes: u64,
+    log_data_bytes: u64,
+}
+
+fn ratio(a: u64, b: u64) -> Option<f64> {
+    if b == 0 { None } else { Some(a as f64 / b as f64) }
+}
+
+/// The summary of the store in `dir`: `store` is `None` when its index cannot be rebuilt, and
+/// then runs, agents, atoms and liveness are left out.
+fn summary(
+    log: &Log,
+    store: Option<&Store>,
+    decode: Decode<'_>,
+    dir: &Path,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    let storage: std::sync::Arc<dyn continuum::storage::Storage> =
+        std::sync::Arc::new(continuum::storage::FileStorage::new());
+    let snapshots = inspect::snapshot_files(storage.clone(), dir)?;
+    let files = inspect::disk_usage(storage, dir)?;
+    let segments = log.segments();
+    let summary = Summary {
+        log_data_bytes: segments.iter().map(|segment| segment.data_bytes).sum(),
+        segments,
+        snapshot_bytes: snapshots.iter().map(|file| file.bytes).sum(),
+        snapshots,
+        totals: record_totals(log, decode)?,
+        store: store.map(store_facts).transpose()?,
+        disk_bytes: files.iter().map(|(_, bytes)| bytes).sum(),
+        segment_file_bytes: files.iter().filter(|(name, _)| name.ends_with(".seg")).map(|(_, b)| b).sum(),
+    };
     if json {
-        let value = json!({
-            "segments": segments.iter().map(|s| json!({
-                "file": file_name(&s.path), "first_lsn": s.first_lsn.get(), "last_lsn": s.next_lsn.get().saturating_sub(1),
-                "records": s.next_lsn.get() - s.first_lsn.get(), "data_bytes": s.data_bytes, "sealed": s.sealed,
-            })).collect::<Vec<_>>(),
-            "snapshots": snapshots.iter().map(|f| snapshot_json(dir, f)).collect::<Vec<_>>(),
-            "recovery": recovery_json(dir, report),
-            "runs": {"total": runs.len(), "running": running_runs, "finished": finished_runs, "dropped": dropped_runs},
-            "agents": agents,
-            "atoms": atoms.json(),
-            "records": {"total": totals.count, "by_kind": totals.by_kind},
-            "bytes_on_disk": {"total": disk_bytes, "segment_files": segment_file_bytes, "snapshots": snapshot_bytes,
-                "other": disk_bytes - segment_file_bytes - snapshot_bytes},
-            "log_data_bytes": log_data_bytes,
-            "compression": {"record_bytes_stored": totals.stored_bytes, "record_bytes_raw": totals.body_bytes,
-                "ratio": ratio(totals.stored_bytes, totals.body_bytes)},
-            "live": {"bytes": live, "fraction_of_log_data": ratio(live, log_data_bytes),
-                "space_amplification": ratio(log_data_bytes, live),
-                "disk_amplification": ratio(disk_bytes, live)},
-        });
-        writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
-        return Ok(());
+        writeln!(out, "{}", serde_json::to_string_pretty(&summary_json(&summary, log, dir))?)?;
+        Ok(())
+    } else {
+        summary_text(&summary, log, dir, out)
     }
-    writeln!(out, "segments: {}", segments.len())?;
-    for s in &segments {
+}
+
+fn summary_json(summary: &Summary, log: &Log, dir: &Path) -> Value {
+    let Summary { totals, disk_bytes, segment_file_bytes, snapshot_bytes, log_data_bytes, .. } = summary;
+    let facts = summary.store.as_ref();
+    json!({
+        "segments": summary.segments.iter().map(|s| json!({
+            "file": file_name(&s.path), "first_lsn": s.first_lsn.get(), "last_lsn": s.next_lsn.get().saturating_sub(1),
+            "data_bytes": s.data_bytes, "sealed": s.sealed,
+        })).collect::<Vec<_>>(),
+        "snapshots": summary.snapshots.iter().map(|f| snapshot_json(dir, f)).collect::<Vec<_>>(),
+        "recovery": recovery_json(dir, log.recovery_report()),
+        "runs": facts.map(|f| json!({"total": f.runs, "running": f.running, "finished": f.finished, "dropped": f.dropped})),
+        "agents": facts.map(|f| f.agents),
+        "atoms": facts.map(|f| f.atoms.json()),
+        "records": {"total": totals.count, "by_kind": totals.by_kind},
+        "bytes_on_disk": {"total": disk_bytes, "segment_files": segment_file_bytes, "snapshots": snapshot_bytes,
+            "other": disk_bytes - segment_file_bytes - snapshot_bytes},
+        "log_data_bytes": log_data_bytes,
+        "compression": {"record_bytes_stored": totals.stored_bytes, "record_bytes_raw": totals.body_bytes,
+            "ratio": ratio(totals.stored_bytes, totals.body_bytes)},
+        "live": facts.map(|f| json!({"bytes": f.live_bytes, "fraction_of_log_data": ratio(f.live_bytes, *log_data_bytes),
+            "space_amplification": ratio(*log_data_bytes, f.live_bytes),
+            "disk_amplification": ratio(*disk_bytes, f.live_bytes)})),
+    })
+}
+
+fn summary_text(summary: &Summary, log: &Log, dir: &Path, out: &mut dyn Write) -> Result<(), Failure> {
+    let Summary { totals, disk_bytes, segment_file_bytes, snapshot_bytes, log_data_bytes, .. } = summary;
+    writeln!(out, "segments: {}", summary.segments.len())?;
+    for s in &summary.segments {
         let state = if s.sealed { "sealed" } else { "active" };
-        let last = s.next_lsn.get().saturating_sub(1);
-        writeln!(
-            out,
-            "  {}  LSN {}..={}  {} records  {} data bytes  {state}",
-            file_name(&s.path),
-            s.first_lsn,
-            last,
-            s.next_lsn.get() - s.first_lsn.get(),
-            s.data_bytes
-        )?;
+        let (first, next) = (s.first_lsn.get(), s.next_lsn.get());
+        let name = file_name(&s.path);
+        writeln!(out, "  {name}  LSN {first}..={}  {} data bytes  {state}", next.saturating_sub(1), s.data_bytes)?;
     }
-    writeln!(out, "snapshots: {}", snapshots.len())?;
-    for file in &snapshots {
+    writeln!(out, "snapshots: {}", summary.snapshots.len())?;
+    for file in &summary.snapshots {
         let state = file.problem.map_or("ok".to_owned(), |(_, reason)| format!("UNUSABLE: {reason}"));
         writeln!(out, "  {}  {}  {} bytes  {state}", relative(dir, &file.path), file.atom, file.bytes)?;
     }
-    write_recovery(dir, report, out)?;
-    writeln!(out, "runs: {} ({running_runs} running, {finished_runs} finished, {dropped_runs} dropped)", runs.len())?;
-    writeln!(out, "agents: {agents}")?;
-    writeln!(out, "atoms: {}", atoms.text())?;
+    write_recovery(dir, log.recovery_report(), out)?;
+    match &summary.store {
+        Some(f) => {
+            writeln!(out, "runs: {} ({} running, {} finished, {} dropped)", f.runs, f.running, f.finished, f.dropped)?;
+            writeln!(out, "agents: {}", f.agents)?;
+            writeln!(out, "atoms: {}", f.atoms.text())?;
+        }
+        None => writeln!(out, "runs, agents, atoms: unavailable (the store index cannot be rebuilt)")?,
+    }
     let kinds: Vec<String> = totals.by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
     writeln!(out, "records: {} ({})", totals.count, kinds.join(", "))?;
+    let other = disk_bytes - segment_file_bytes - snapshot_bytes;
     writeln!(
         out,
-        "bytes on disk: {disk_bytes} (segment files {segment_file_bytes}, preallocated; snapshots {snapshot_bytes}; other {})",
-        disk_bytes - segment_file_bytes - snapshot_bytes
+        "bytes on disk: {disk_bytes} (segment files {segment_file_bytes}, preallocated; snapshots {snapshot_bytes}; other {other})"
     )?;
     writeln!(out, "log data: {log_data_bytes} bytes (segment headers, frame headers and records)")?;
-    writeln!(
-        out,
-        "compression: records stored in {} bytes, {} raw: ratio {}",
-        totals.stored_bytes,
-        totals.body_bytes,
-        fixed(ratio(totals.stored_bytes, totals.body_bytes))
-    )?;
+    let (stored, raw) = (totals.stored_bytes, totals.body_bytes);
+    writeln!(out, "compression: records stored in {stored} bytes, {raw} raw: ratio {}", fixed(ratio(stored, raw)))?;
+    let Some(f) = &summary.store else {
+        writeln!(out, "live: unavailable (the store index cannot be rebuilt)")?;
+        return Ok(());
+    };
+    let live = f.live_bytes;
     writeln!(
         out,
         "live: {live} bytes, {} of log data (records retention keeps, as compaction plans them)",
-        fixed(ratio(live, log_data_bytes))
+        fixed(ratio(live, *log_data_bytes))
     )?;
     writeln!(
         out,
         "space amplification: {} (log data / live); {} counting preallocation and snapshots (bytes on disk / live)",
-        fixed(ratio(log_data_bytes, live)),
-        fixed(ratio(disk_bytes, live))
+        fixed(ratio(*log_data_bytes, live)),
+        fixed(ratio(*disk_bytes, live))
     )?;
     Ok(())
 }
@@ -370,7 +460,10 @@ fn write_recovery(dir: &Path, report: &continuum::RecoveryReport, out: &mut dyn 
         )?;
     }
     for (from, to) in &report.lost_lsns {
-        writeln!(out, "recovery: LSNs {from}..{to} lost in skipped bytes")?;
+        match to - from {
+            1 => writeln!(out, "recovery: LSN {from} lost in skipped bytes")?,
+            _ => writeln!(out, "recovery: LSNs {from}..={} lost in skipped bytes", to - 1)?,
+        }
     }
     Ok(())
 }
@@ -395,7 +488,8 @@ fn normalize_kind(kind: &str) -> String {
 }
 
 fn records(
-    store: &Store,
+    log: &Log,
+    decode: Decode<'_>,
     from: Option<u64>,
     to: Option<u64>,
     kind: Option<&str>,
@@ -403,12 +497,12 @@ fn records(
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
     let wanted = kind.map(normalize_kind);
-    for item in store.log().iter_from(Lsn::new(from.unwrap_or(1).max(1)))? {
+    for item in log.iter_from(Lsn::new(from.unwrap_or(1).max(1)))? {
         let (lsn, bytes) = item?;
         if to.is_some_and(|to| lsn.get() > to) {
             break;
         }
-        let info = match store.decode_record(&bytes) {
+        let info = match decode(&bytes) {
             Ok(info) => info,
             Err(error) => {
                 writeln!(out, "{lsn:>6}  UNDECODABLE  {error} ({} bytes)", bytes.len())?;

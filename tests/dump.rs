@@ -310,10 +310,19 @@ fn verify_reports_the_file_and_offset_of_every_problem_and_fails() {
     assert_eq!(code, 1);
     check_json(&out, false);
     check_golden("verify-corrupted.json", &out);
-    // The other commands still read what verifies, and say what they skipped.
+    // Record 1 (run 1's creation) is lost, so the index cannot be rebuilt: the summary shows
+    // what the log alone tells and fails; every record that verifies is still listed.
     let (code, out, err) = dump(store.path(), &["summary"]);
-    assert_eq!(code, 2, "the skipped records break the index: {out}");
-    assert!(err.contains("dump: "), "{err}");
+    assert_eq!(code, 2, "the lost record breaks the index: {out}");
+    assert!(err.contains("cannot read the store"), "{err}");
+    check_golden("summary-corrupted.txt", &out);
+    let (code, out, err) = dump(store.path(), &["records"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 18, "every record but the lost one: {out}");
+    assert!(out.starts_with("     2  AtomStarted"), "{out}");
+    let (code, _, err) = dump(store.path(), &["runs"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("verify"), "{err}");
 }
 
 #[test]

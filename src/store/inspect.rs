@@ -43,6 +43,51 @@ pub struct RecordInfo {
     pub record: StoreRecord,
 }
 
+/// A record decoded with `codec`, with how it is stored.
+pub(crate) fn record_info(codec: &Codec, bytes: &[u8]) -> std::result::Result<RecordInfo, CodecError> {
+    let (kind, subject) = codec.peek(bytes)?;
+    let compression = match envelope::parse(bytes)?.compression {
+        Compression::None => "none".to_owned(),
+        Compression::Zstd { .. } => "zstd".to_owned(),
+        Compression::ZstdDictionary { dictionary_id, .. } => format!("zstd+dictionary#{dictionary_id}"),
+    };
+    Ok(RecordInfo {
+        kind,
+        subject,
+        stored_bytes: bytes.len() as u64,
+        body_bytes: codec.decompressed_body_len(bytes)? as u64,
+        compression,
+        record: codec.decode(bytes)?,
+    })
+}
+
+/// Decodes the records of a log without a store, for a damaged store whose index cannot be
+/// rebuilt: compression dictionaries are learnt from the records as they are met, so decode
+/// them in log order.
+#[derive(Debug, Default)]
+pub struct RecordDecoder {
+    codec: Codec,
+}
+
+impl RecordDecoder {
+    /// A decoder that knows no dictionary yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes one record; a dictionary record is remembered for the records after it.
+    ///
+    /// # Errors
+    /// A [`CodecError`] for bytes that are not a valid record (or need an unknown dictionary).
+    pub fn decode(&self, bytes: &[u8]) -> std::result::Result<RecordInfo, CodecError> {
+        let info = record_info(&self.codec, bytes)?;
+        if let StoreRecord::Dictionary(dictionary) = &info.record {
+            self.codec.add_dictionary(dictionary.id, &dictionary.dictionary);
+        }
+        Ok(info)
+    }
+}
+
 impl StoreBuilder {
     /// Opens the store read-only: the log through [`LogBuilder::open_read_only`] (no lock, no
     /// write of any kind; a torn tail is reported, not cut), then the index rebuilt in memory.
@@ -115,20 +160,7 @@ impl Store {
     /// # Errors
     /// A [`CodecError`] for bytes that are not a valid record.
     pub fn decode_record(&self, bytes: &[u8]) -> std::result::Result<RecordInfo, CodecError> {
-        let (kind, subject) = self.shared.codec.peek(bytes)?;
-        let compression = match envelope::parse(bytes)?.compression {
-            Compression::None => "none".to_owned(),
-            Compression::Zstd { .. } => "zstd".to_owned(),
-            Compression::ZstdDictionary { dictionary_id, .. } => format!("zstd+dictionary#{dictionary_id}"),
-        };
-        Ok(RecordInfo {
-            kind,
-            subject,
-            stored_bytes: bytes.len() as u64,
-            body_bytes: self.shared.codec.decompressed_body_len(bytes)? as u64,
-            compression,
-            record: self.shared.codec.decode(bytes)?,
-        })
+        record_info(&self.shared.codec, bytes)
     }
 
     /// Counts one context rebuild in the metrics.

@@ -34,7 +34,7 @@ use crate::storage::Storage;
 use index::StoreIndex;
 
 pub use compaction::{CompactionReport, SpaceReport};
-pub use inspect::{RecordInfo, RunInfo};
+pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
 pub use replay::{Rebuilt, SnapshotFallback};
 pub use types::{
