@@ -192,6 +192,9 @@ fn a_torn_tail_is_reported_by_a_read_only_open_and_cut_by_a_writable_one_with_ev
     let torn = std::fs::read(&segment).expect("read");
     let capture = Capture::default();
     tracing::subscriber::with_default(capture.clone(), || {
+        // Callsites first hit by other tests' threads cached their interest before this
+        // subscriber existed; ask again.
+        tracing::callsite::rebuild_interest_cache();
         let log = Log::open_read_only(dir.path()).expect("read-only open of a torn log");
         let tail = log.recovery_report().torn_tail.clone().expect("the torn tail is reported");
         assert_eq!((tail.offset, tail.bytes), (offset, 300));
@@ -208,6 +211,7 @@ fn a_torn_tail_is_reported_by_a_read_only_open_and_cut_by_a_writable_one_with_ev
     let found = |message: &str| events.iter().any(|e| e.contains(message) && e.contains(&format!("offset={offset} ")));
     assert!(found("left in place"), "no read-only torn-tail event in {events:#?}");
     assert!(found("cut a torn tail"), "no torn-tail cut event in {events:#?}");
+    assert!(events.iter().any(|e| e.contains("log opened")), "no open event in {events:#?}");
 }
 
 #[test]
@@ -223,7 +227,8 @@ fn a_read_only_open_of_a_directory_without_a_store_fails_and_creates_nothing() {
 #[test]
 fn store_metrics_count_what_happened() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let store = Store::open(dir.path()).expect("open");
+    // No background thread: it would compact (and count) on its own schedule.
+    let store = Store::builder(dir.path()).background(false).open().expect("open");
     let run = store.create_run(RunSpec::new("metrics")).expect("run");
     let mut parents = Vec::new();
     for step in 0..10 {
@@ -250,8 +255,14 @@ fn store_metrics_count_what_happened() {
     assert!(metrics.compression_ratio().is_some_and(|ratio| ratio < 1.0), "{:?}", metrics.compression_ratio());
     let text = metrics.to_prometheus();
     assert!(text.contains("continuum_records_total 21\n"), "{text}");
+    assert_eq!(metrics.compactions, 0);
+    let round = store.compact().expect("a compaction round");
+    let metrics = store.metrics();
+    assert_eq!(metrics.compactions, 1);
+    assert_eq!(metrics.compaction_bytes_read, round.bytes_read);
+    assert_eq!(metrics.compaction_bytes_reclaimed, round.bytes_reclaimed);
     drop(store);
-    let store = Store::open(dir.path()).expect("reopen");
+    let store = Store::builder(dir.path()).background(false).open().expect("reopen");
     let metrics = store.metrics();
     assert_eq!((metrics.index_rebuilds, metrics.index_rebuild_atoms), (1, 10));
     assert!(metrics.time_to_resume_ns > 0);
