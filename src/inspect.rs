@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::codec::{Codec, StoreRecord};
 use crate::error::{Error, Result};
-use crate::snapshot;
+use crate::snapshot::{self, SnapshotError};
 use crate::storage::{FileStorage, OpenMode, ReadOnlyStorage, Storage};
 use crate::store::{AtomId, Store};
 
@@ -117,18 +117,28 @@ pub fn snapshot_files(storage: Arc<dyn Storage>, dir: &Path) -> Result<Vec<Snaps
     let mut files = Vec::new();
     for atom in snapshot::list(&storage, dir)? {
         let path = snapshot::path(dir, atom);
-        let problem = match snapshot::read(&storage, dir, atom)? {
-            Ok(bytes) => snapshot::decode(&bytes, atom).err(),
-            Err(error) => Some(error),
+        let (bytes, problem) = match snapshot::read(&storage, dir, atom)? {
+            Ok(bytes) => (bytes.len() as u64, snapshot::decode(&bytes, atom).err()),
+            // Deleted by retention since the listing: not a problem, not a file any more.
+            Err(SnapshotError::Missing) => continue,
+            Err(error) => match file_len(&storage, &path)? {
+                Some(len) => (len, Some(error)),
+                None => continue,
+            },
         };
-        let bytes = storage
-            .open(&path, OpenMode::ReadOnly)
-            .and_then(|file| file.len())
-            .map_err(|e| Error::io("stat", &path, e))?;
         let problem = problem.map(|error| (error.offset(), error.reason()));
         files.push(SnapshotFile { atom: AtomId::from_raw(atom), path, bytes, problem });
     }
     Ok(files)
+}
+
+/// The length of the file at `path`, or `None` if it no longer exists.
+fn file_len(storage: &dyn Storage, path: &Path) -> Result<Option<u64>> {
+    match storage.open(path, OpenMode::ReadOnly).and_then(|file| file.len()) {
+        Ok(len) => Ok(Some(len)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("stat", path, e)),
+    }
 }
 
 /// Every file of the store (segments, snapshots, the lock file, anything else), by path
@@ -148,9 +158,8 @@ pub fn disk_usage(storage: Arc<dyn Storage>, dir: &Path) -> Result<Vec<(String, 
             Err(e) => return Err(Error::io("list directory", &at, e)),
         };
         for name in names {
-            let path = at.join(&name);
-            let bytes = storage.open(&path, OpenMode::ReadOnly).and_then(|f| f.len());
-            let bytes = bytes.map_err(|e| Error::io("stat", &path, e))?;
+            // A file deleted since the listing (retention, compaction) is not counted.
+            let Some(bytes) = file_len(&storage, &at.join(&name))? else { continue };
             let shown = if sub.is_empty() { name } else { format!("{sub}/{name}") };
             files.push((shown, bytes));
         }

@@ -371,7 +371,7 @@ const WRITER_ENV: &str = "CONTINUUM_DUMP_WRITER_DIR";
 /// The child writer stops once this file exists in the store directory.
 const STOP_FILE: &str = "STOP";
 /// Dump runs (of four commands each) made while the writer writes.
-const DUMP_ROUNDS: usize = 3;
+const DUMP_ROUNDS: usize = 6;
 
 /// The child: executes atoms one after another (Sync) until told to stop, printing each
 /// acknowledgement; fails loudly on any error, so that a dump that disturbed it shows in its

@@ -157,14 +157,17 @@ pub(crate) fn verify_segments(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SegmentsVerified> {
     let storage = ReadOnlyStorage::new(storage);
-    let lsns = list_segments(&storage, dir)?;
-    let mut files = Vec::with_capacity(lsns.len());
-    let mut total = 0;
-    for &first_lsn in &lsns {
-        let (path, file) = open_segment(&storage, dir, first_lsn)?;
-        total += file.len().map_err(|e| Error::io("stat", &path, e))?;
-        files.push((first_lsn, path, file));
-    }
+    let mut attempt = 1;
+    // Every segment is opened before any is read, so that a writer deleting or replacing
+    // files meanwhile (prefix truncation, compaction) cannot pull one out from under the scan.
+    let (files, total) = loop {
+        match open_all_segments(&storage, dir) {
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound && attempt < LISTING_ATTEMPTS => {
+                attempt += 1;
+            }
+            other => break other?,
+        }
+    };
     let mut verified = SegmentsVerified { segments: files.len(), ..SegmentsVerified::default() };
     let mut previous: Option<(SegmentHeader, u64)> = None;
     let last = files.len().saturating_sub(1);
@@ -186,6 +189,20 @@ pub(crate) fn verify_segments(
         progress(verified.bytes, total.max(verified.bytes));
     }
     Ok(verified)
+}
+
+/// Every segment of `dir`, opened, with the sum of their lengths.
+#[expect(clippy::type_complexity, reason = "a private helper's plain tuple")]
+fn open_all_segments(storage: &dyn Storage, dir: &Path) -> Result<(Vec<(u64, PathBuf, Arc<dyn StorageFile>)>, u64)> {
+    let lsns = list_segments(storage, dir)?;
+    let mut files = Vec::with_capacity(lsns.len());
+    let mut total = 0;
+    for &first_lsn in &lsns {
+        let (path, file) = open_segment(storage, dir, first_lsn)?;
+        total += file.len().map_err(|e| Error::io("stat", &path, e))?;
+        files.push((first_lsn, path, file));
+    }
+    Ok((files, total))
 }
 
 /// Problems of one segment, its record count, and its header with the LSN after it (for the
