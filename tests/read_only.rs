@@ -7,7 +7,7 @@
 //!   rebuilds, errors), so that a counter wired to the wrong place shows.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use continuum::{AtomOutput, Delta, Error, Log, RecoveryMode, RunSpec, Store};
 
@@ -45,6 +45,18 @@ impl tracing::Subscriber for Capture {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
+/// The capturing subscriber, installed once as the global default for this test binary: a
+/// thread-local (`with_default`) one misses events whose callsites other tests' threads hit
+/// first, so tests find their own events by their fields instead.
+fn capture() -> &'static Capture {
+    static CAPTURE: OnceLock<Capture> = OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let capture = Capture::default();
+        tracing::subscriber::set_global_default(capture.clone()).expect("the first global subscriber");
+        capture
+    })
+}
+
 /// A log of a few records whose last segment gets `garbage` bytes past its data; returns the
 /// segment and the offset of the garbage.
 fn torn_log(dir: &Path, garbage: usize) -> (PathBuf, u64) {
@@ -65,11 +77,8 @@ fn a_torn_tail_is_reported_by_a_read_only_open_and_cut_by_a_writable_one_with_ev
     let dir = tempfile::tempdir().expect("temporary directory");
     let (segment, offset) = torn_log(dir.path(), 300);
     let torn = std::fs::read(&segment).expect("read");
-    let capture = Capture::default();
-    tracing::subscriber::with_default(capture.clone(), || {
-        // Callsites first hit by other tests' threads cached their interest before this
-        // subscriber existed; ask again.
-        tracing::callsite::rebuild_interest_cache();
+    let capture = capture();
+    {
         let log = Log::open_read_only(dir.path()).expect("read-only open of a torn log");
         let tail = log.recovery_report().torn_tail.clone().expect("the torn tail is reported");
         assert_eq!((tail.offset, tail.bytes), (offset, 300));
@@ -81,12 +90,14 @@ fn a_torn_tail_is_reported_by_a_read_only_open_and_cut_by_a_writable_one_with_ev
         assert!(matches!(strict, Err(Error::Corruption { .. })), "strict refuses a torn tail");
         let log = Log::open(dir.path()).expect("writable open cuts the tail");
         assert!(log.recovery_report().torn_tail.is_some());
-    });
+    }
     let events = capture.0.lock().expect("events").clone();
-    let found = |message: &str| events.iter().any(|e| e.contains(message) && e.contains(&format!("offset={offset} ")));
+    let segment_field = format!("segment={} offset={offset} ", segment.display());
+    let found = |message: &str| events.iter().any(|e| e.contains(message) && e.contains(&segment_field));
     assert!(found("left in place"), "no read-only torn-tail event in {events:#?}");
     assert!(found("cut a torn tail"), "no torn-tail cut event in {events:#?}");
-    assert!(events.iter().any(|e| e.contains("log opened")), "no open event in {events:#?}");
+    let opened = |e: &&String| e.contains("log opened") && e.contains("torn_tail_bytes=300 ");
+    assert!(events.iter().any(|e| opened(&e)), "no open event of this log in {events:#?}");
 }
 
 #[test]

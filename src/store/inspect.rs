@@ -5,15 +5,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Mutex, RwLock};
-
 use crate::codec::envelope::{self, Compression};
 use crate::codec::{Codec, CodecError, RecordKind, StoreRecord};
 use crate::error::Result;
 use crate::metrics::MetricsSnapshot;
-use crate::store::atoms::Training;
 use crate::store::replay::Rebuilt;
-use crate::store::{RunId, RunStatus, Shared, Store, StoreBuilder, rebuild};
+use crate::store::{RunId, RunStatus, Shared, Store, StoreBuilder};
 
 /// One run, as [`Store::runs`] lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,25 +99,9 @@ impl StoreBuilder {
     /// take (which a damaged log opened with `SkipCorrupted` can hold).
     pub fn open_read_only(self) -> Result<Store> {
         self.policies.validate()?;
-        let log = self.log.open_read_only()?;
-        let codec = Codec::default();
-        let index = rebuild::rebuild(&log, &codec)?;
-        // Listing tries to delete leftover temporary files; the read-only storage refuses.
-        let snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
-        let shared = Arc::new(Shared {
-            log,
-            codec,
-            index: RwLock::new(index),
-            // Trained or not, a read-only store never trains (training appends a dictionary).
-            training: Mutex::new(Training::new(true)),
-            snapshots: Mutex::new(snapshots),
-            policies: self.policies,
-            snapshot_clock: Mutex::new(std::collections::HashMap::new()),
-            compacting: Mutex::new(()),
-            closing: std::sync::atomic::AtomicBool::new(false),
-            compaction_rounds: std::sync::atomic::AtomicU64::new(0),
-            last_compaction: Mutex::new(None),
-        });
+        // Listing snapshots tries to delete leftover temporary files; the read-only storage
+        // refuses, and the listing goes on.
+        let shared = Arc::new(Shared::new(self.log.open_read_only()?, self.policies, true)?);
         // No background thread: it would write policy snapshots and compact.
         Ok(Store::view(shared))
     }

@@ -103,26 +103,33 @@ impl StoreBuilder {
     /// [`Error::InvalidConfig`] for an invalid policy.
     pub fn open(self) -> Result<Store> {
         self.policies.validate()?;
-        let log = self.log.open()?;
+        let shared = Arc::new(Shared::new(self.log.open()?, self.policies, false)?);
+        let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
+        Ok(Store { worker, shared })
+    }
+}
+
+impl Shared {
+    /// Rebuilds the index of the opened `log` and lists its snapshots. A `read_only` store
+    /// never trains a dictionary (training appends one).
+    fn new(log: Log, policies: policy::Policies, read_only: bool) -> Result<Self> {
         let codec = Codec::default();
         let index = rebuild::rebuild(&log, &codec)?;
-        let trained = codec.current_dictionary().is_some();
+        let trained = read_only || codec.current_dictionary().is_some();
         let snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
-        let shared = Arc::new(Shared {
+        Ok(Shared {
             log,
             codec,
             index: RwLock::new(index),
             training: Mutex::new(atoms::Training::new(trained)),
             snapshots: Mutex::new(snapshots),
-            policies: self.policies,
+            policies,
             snapshot_clock: Mutex::new(std::collections::HashMap::new()),
             compacting: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
-        });
-        let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
-        Ok(Store { worker, shared })
+        })
     }
 }
 
