@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::{Acked, DIR, check_recovered, open, run_workload};
 use continuum::storage::sim::{CrashDamage, DataDamage, DirDamage, Fault, FaultKind, Op, SimStorage};
-use continuum::{Error, Log, Lsn};
+use continuum::{Durability, Error, Log, Lsn};
 
 const SEGMENT_BYTES: u64 = 4096;
 const RECORDS: u64 = 120;
@@ -108,6 +108,43 @@ fn concurrent_appenders_in_a_failed_group_all_get_the_error() {
     assert!(results.iter().all(Result::is_err), "no append may be acknowledged: {results:?}");
     assert!(results.iter().any(|r| matches!(r, Err(Error::Io { .. }))));
     assert_eq!(log.next_lsn(), Lsn::new(2), "readers never see the failed group");
+}
+
+/// Synced and unsynced appends racing into a group whose `fdatasync` fails: no synced append
+/// is acknowledged, every acknowledged append is readable, and readers see nothing else.
+#[test]
+fn a_failed_sync_among_mixed_appends_acknowledges_no_synced_one_and_shows_only_acknowledged_ones() {
+    let sim = SimStorage::new(5);
+    let log = std::sync::Arc::new(open(&sim, 1 << 20).expect("open"));
+    log.append(b"before").expect("append");
+    sim.inject(Fault { op: Some(Op::SyncData), nth: 1, kind: FaultKind::Eio });
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(16));
+    let results: Vec<_> = (0..16)
+        .map(|t| {
+            let (log, barrier) = (std::sync::Arc::clone(&log), std::sync::Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                let durability = if t % 2 == 0 { Durability::Sync } else { Durability::None };
+                let record = format!("thread {t}").into_bytes();
+                barrier.wait();
+                (durability, record.clone(), log.append_with(&record, durability))
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|handle| handle.join().expect("thread"))
+        .collect();
+    let mut acknowledged = 0;
+    for (durability, record, result) in &results {
+        match (durability, result) {
+            (Durability::Sync, Ok(lsn)) => panic!("a sync append at {lsn:?} was acknowledged"),
+            (_, Ok(lsn)) => {
+                acknowledged += 1;
+                assert_eq!(log.read(*lsn).expect("read").as_deref(), Some(&record[..]), "acknowledged, so readable");
+            }
+            (_, Err(_)) => {}
+        }
+    }
+    assert_eq!(log.next_lsn(), Lsn::new(2 + acknowledged), "readers see exactly the acknowledged appends");
 }
 
 #[test]
