@@ -123,6 +123,28 @@ fn the_background_thread_writes_policy_snapshots() {
 }
 
 #[test]
+fn a_clean_close_writes_the_snapshots_still_due() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = |background: bool| {
+        Store::builder(dir.path())
+            .snapshot_policy(every(5))
+            .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None })
+            .background(background)
+            .open()
+            .expect("open")
+    };
+    let ids = {
+        let store = open(true);
+        chain(&store, "close", 200, 13)
+    };
+    // Dropping the store let its thread finish the snapshots still queued: the last atom due
+    // (the 200th) has one, so the next open resumes from it.
+    let store = open(false);
+    assert_eq!(store.snapshots().last(), Some(&ids[199]));
+    assert_eq!(store.rebuild_context(ids[199]).expect("rebuild").snapshot, Some(ids[199]));
+}
+
+#[test]
 fn retention_keeps_the_newest_k_snapshots_of_each_agent() {
     let sim = SimStorage::new(3);
     let store = open_with(&sim, every(2), keep(2));

@@ -92,22 +92,20 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
     loop {
         let wait = next_compaction.map_or(IDLE_WAIT, |at| at.saturating_duration_since(Instant::now()));
         let job = jobs.recv_timeout(wait);
-        if stopping.load(Ordering::Acquire) {
-            return;
-        }
         let Some(shared) = shared.upgrade() else { return };
         let store = Store::view(shared);
+        if stopping.load(Ordering::Acquire) {
+            // A clean close writes the snapshots still due (one per agent at most), so that
+            // the next open resumes every agent from a recent one.
+            let pending = match job {
+                Ok(Job::Snapshot(atom)) => vec![atom],
+                _ => Vec::new(),
+            };
+            write_snapshots(&store, coalesce(&store, pending, jobs));
+            return;
+        }
         match job {
-            Ok(Job::Snapshot(atom)) => {
-                for atom in coalesce(&store, atom, jobs) {
-                    if stopping.load(Ordering::Acquire) {
-                        return;
-                    }
-                    if let Err(error) = store.policy_snapshot(atom) {
-                        tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
-                    }
-                }
-            }
+            Ok(Job::Snapshot(atom)) => write_snapshots(&store, coalesce(&store, vec![atom], jobs)),
             Ok(Job::Wake) => {}
             Ok(Job::Compact) | Err(RecvTimeoutError::Timeout) => {
                 match store.compact() {
@@ -121,10 +119,18 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
     }
 }
 
-/// `first` and every snapshot request already queued, reduced to the newest atom of each
+/// Writes policy snapshots of `atoms`; a failure is logged and the others are still written.
+fn write_snapshots(store: &Store, atoms: Vec<AtomId>) {
+    for atom in atoms {
+        if let Err(error) = store.policy_snapshot(atom) {
+            tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+        }
+    }
+}
+
+/// `atoms` and every snapshot request already queued, reduced to the newest atom of each
 /// agent: when snapshots fall behind, the thread catches up instead of writing stale ones.
-fn coalesce(store: &Store, first: AtomId, jobs: &Receiver<Job>) -> Vec<AtomId> {
-    let mut atoms = vec![first];
+fn coalesce(store: &Store, mut atoms: Vec<AtomId>, jobs: &Receiver<Job>) -> Vec<AtomId> {
     while let Ok(job) = jobs.try_recv() {
         if let Job::Snapshot(atom) = job {
             atoms.push(atom);
