@@ -24,13 +24,15 @@ fn outputs(count: usize) -> Vec<AtomOutput> {
         .collect()
 }
 
+/// The store as these benchmarks measure it: no policy snapshots, no background thread (the
+/// atom path alone).
+fn open_store(dir: &Path) -> Store {
+    Store::builder(dir).snapshot_policy(continuum::SnapshotPolicy::NEVER).background(false).open().expect("open store")
+}
+
 /// A store on `dir` with a run, warmed up past dictionary training.
 fn warm_store(dir: &Path, outputs: &[AtomOutput]) -> (Store, continuum::RunId) {
-    let store = Store::builder(dir)
-        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
-        .background(false)
-        .open()
-        .expect("open store");
+    let store = open_store(dir);
     let run = store.create_run(RunSpec::new("bench")).expect("run");
     for (i, output) in outputs.iter().enumerate().take(2_100) {
         let atom = store.begin_atom(run, "warmup", &format!("w{i}"), &[], "").expect("begin");
@@ -121,11 +123,7 @@ fn bench_atoms(c: &mut Criterion, group_name: &str, root: &Path, threads_list: &
 fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64) {
     let outputs = outputs(count);
     let dir = tempfile::tempdir_in(root).expect("dir");
-    let store = Store::builder(dir.path())
-        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
-        .background(false)
-        .open()
-        .expect("store");
+    let store = open_store(dir.path());
     let run = store.create_run(RunSpec::new("space")).expect("run");
     let mut measured_from = 0;
     let mut parents = Vec::new();
@@ -147,11 +145,7 @@ fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64) {
 fn index_bytes_per_atom(root: &Path, count: u64) -> (f64, Duration) {
     let dir = tempfile::tempdir_in(root).expect("dir");
     {
-        let store = Store::builder(dir.path())
-            .snapshot_policy(continuum::SnapshotPolicy::NEVER)
-            .background(false)
-            .open()
-            .expect("store");
+        let store = open_store(dir.path());
         let run = store.create_run(RunSpec::new("big")).expect("run");
         let empty = AtomOutput::default();
         let mut parents = Vec::new();
@@ -162,11 +156,7 @@ fn index_bytes_per_atom(root: &Path, count: u64) -> (f64, Duration) {
         }
     }
     let started = Instant::now();
-    let store = Store::builder(dir.path())
-        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
-        .background(false)
-        .open()
-        .expect("reopen");
+    let store = open_store(dir.path());
     let rebuild = started.elapsed();
     (store.index_heap_bytes() as f64 / count as f64, rebuild)
 }

@@ -12,7 +12,7 @@ use crate::store::index::{self, AtomEntry, EntryState, StoreIndex};
 use crate::store::types::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunStatus,
 };
-use crate::store::{Store, now_us, unknown_run};
+use crate::store::{SnapshotPolicy, Store, now_us, unknown_run};
 
 /// Samples of encoded deltas kept until the store's compression dictionary is trained.
 pub(crate) struct Training {
@@ -144,8 +144,8 @@ impl Store {
     pub fn complete_atom(&self, atom: AtomId, output: &AtomOutput) -> Result<()> {
         self.sample_for_dictionary(&output.delta);
         let bytes = self.shared.codec.encode_completion(atom.0, &output.delta, &output.result, now_us());
-        self.finish_atom(atom, &bytes, "completed", EntryState::Completed)?;
-        self.after_completion(atom);
+        let (agent, policy) = self.finish_atom(atom, &bytes, "completed", EntryState::Completed)?;
+        self.after_completion(atom, agent, policy);
         Ok(())
     }
 
@@ -161,11 +161,18 @@ impl Store {
             ended_at_unix_us: now_us(),
         });
         let state = if failure.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
-        self.finish_atom(atom, &self.shared.codec.encode(&record), "failed", state)
+        self.finish_atom(atom, &self.shared.codec.encode(&record), "failed", state).map(|_| ())
     }
 
-    /// Appends an encoded end record for `atom`, guarding the transition.
-    fn finish_atom(&self, atom: AtomId, record: &[u8], to: &'static str, state: EntryState) -> Result<()> {
+    /// Appends an encoded end record for `atom`, guarding the transition. Returns the atom's
+    /// agent and the snapshot policy of its run (read under the lock taken anyway).
+    fn finish_atom(
+        &self,
+        atom: AtomId,
+        record: &[u8],
+        to: &'static str,
+        state: EntryState,
+    ) -> Result<(u32, SnapshotPolicy)> {
         let previous = {
             let mut index = self.shared.index.write();
             let entry = index.atom_mut(atom).ok_or(Error::UnknownAtom { atom: atom.0 })?;
@@ -185,7 +192,9 @@ impl Store {
             Ok(lsn) => {
                 entry.ended_lsn = lsn.get();
                 entry.state = state;
-                Ok(())
+                let (agent, run) = (entry.agent, RunId(u64::from(entry.run)));
+                let own = index.run(run).and_then(|run| run.snapshot_policy);
+                Ok((agent, own.unwrap_or(self.shared.policies.snapshot)))
             }
             Err(error) => {
                 entry.state = previous;

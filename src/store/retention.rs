@@ -8,7 +8,7 @@ use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::snapshot;
 use crate::store::background::Job;
-use crate::store::policy::SnapshotClock;
+use crate::store::policy::{SnapshotClock, SnapshotPolicy};
 use crate::store::types::{AtomId, RunId, RunStatus};
 use crate::store::{Store, now_us};
 
@@ -16,13 +16,7 @@ impl Store {
     /// Counts a completed atom towards its agent's next policy snapshot, and writes (or has
     /// the background thread write) one when it is due. Never fails the completion: a
     /// snapshot is an optimisation, and a failed one is logged.
-    pub(crate) fn after_completion(&self, atom: AtomId) {
-        let (agent, policy) = {
-            let index = self.shared.index.read();
-            let Some(entry) = index.atom(atom) else { return };
-            let run = index.run(RunId(u64::from(entry.run)));
-            (entry.agent, run.and_then(|run| run.snapshot_policy).unwrap_or(self.shared.policies.snapshot))
-        };
+    pub(crate) fn after_completion(&self, atom: AtomId, agent: u32, policy: SnapshotPolicy) {
         let due = {
             let mut clocks = self.shared.snapshot_clock.lock();
             let clock = clocks.entry(agent).or_insert_with(SnapshotClock::new);
