@@ -3,7 +3,8 @@
 //!
 //! Stores are built on tmpfs (`/dev/shm`, so 1,000,000 atoms take seconds, not an hour of
 //! fdatasyncs) and read warm. Deltas are realistic ~500-byte agent deltas; the agent keeps a
-//! bounded window (it drops its oldest message once it holds 40) and a few thousand state keys.
+//! bounded window (it drops its oldest message once it holds 40), a few thousand state keys,
+//! and 1,000 slots each of tool outputs and intermediate results.
 //!
 //! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000).
 
@@ -36,8 +37,14 @@ fn build(root: &Path, count: u64, snapshot_every: Option<u64>) -> (tempfile::Tem
     for i in 0..count {
         let mut delta = transcript.next_delta(500);
         delta.drop_oldest_messages = u32::from(i >= 40);
+        // A bounded context, as the issue describes it: tool outputs and intermediate results
+        // are keyed by one of 1,000 slots (the generator's own keys are unique per step, which
+        // would grow the context by one entry per atom).
         for output in &mut delta.tool_outputs {
             output.tool_call_id = format!("call-{}", i % 1000);
+        }
+        for result in &mut delta.intermediate_results {
+            result.name = format!("step-{}.summary", i % 1000);
         }
         for message in &mut delta.messages {
             if let Some(call) = &mut message.tool_call {

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use prost::Message;
 
 use crate::codec::CodecError;
-use crate::codec::proto::{self, ChatMessage, Delta, state_change};
+use crate::codec::delta_view::{DeltaSpans, MessageSpans, ToolCallSpans};
+use crate::codec::proto::{self, ChatMessage, Delta, ToolCall, state_change};
+use crate::codec::wire::Span;
 
 /// The state an agent needs to continue: its message window, recorded tool outputs,
 /// intermediate results and key/value state. Applying the same deltas in the same order always
@@ -83,6 +85,59 @@ impl Context {
         }
     }
 
+    /// [`Context::apply`] for a delta read in place from the completion body `body` (what
+    /// replay uses): the same fold, copying bytes into the buffers the context already has
+    /// wherever it can. An overwritten key keeps its value's buffer, and messages dropped from
+    /// the window lend theirs to the messages added in the same delta, so a steady-state agent
+    /// (bounded window, bounded keys) replays without allocating.
+    ///
+    /// # Errors
+    /// [`CodecError::Protobuf`] if a string of the delta is not UTF-8 (as prost would say);
+    /// the context is then partly updated and must be discarded.
+    pub(crate) fn apply_spans(&mut self, body: &[u8], delta: &DeltaSpans) -> Result<(), CodecError> {
+        let messages = &mut self.inner.messages;
+        for summary in &delta.summarizations {
+            let to = (summary.to as usize).min(messages.len());
+            let from = (summary.from as usize).min(to);
+            if from < to {
+                let replacement = ChatMessage {
+                    role: text(body, summary.role)?.to_owned(),
+                    content: text(body, summary.summary)?.to_owned(),
+                    tool_call: None,
+                };
+                messages.splice(from..to, std::iter::once(replacement));
+            }
+        }
+        let dropped = (delta.drop_oldest_messages as usize).min(messages.len());
+        let recycled = dropped.min(delta.messages.len());
+        messages.drain(..dropped - recycled);
+        // The next `recycled` oldest messages move to the end and are overwritten in order.
+        messages.rotate_left(recycled);
+        let kept = messages.len() - recycled;
+        for (slot, new) in messages[kept..].iter_mut().zip(&delta.messages) {
+            overwrite_message(slot, body, new)?;
+        }
+        for new in &delta.messages[recycled..] {
+            messages.push(owned_message(body, new)?);
+        }
+        for output in &delta.tool_outputs {
+            put(&mut self.inner.tool_outputs, text(body, output.key)?, output.value.of(body));
+        }
+        for result in &delta.intermediate_results {
+            put(&mut self.inner.intermediate_results, text(body, result.key)?, result.value.of(body));
+        }
+        for change in &delta.state_changes {
+            let key = text(body, change.key)?;
+            match change.value {
+                Some(value) => put(&mut self.inner.state, key, value.of(body)),
+                None => {
+                    self.inner.state.remove(key);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The deterministic protobuf encoding (maps are ordered).
     pub fn encode(&self) -> Vec<u8> {
         self.inner.encode_to_vec()
@@ -95,6 +150,60 @@ impl Context {
     pub fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
         proto::Context::decode(bytes).map(|inner| Self { inner }).map_err(|_| CodecError::Protobuf)
     }
+}
+
+/// Sets `key` to `value`, reusing the old value's buffer if the key exists.
+fn put(map: &mut BTreeMap<String, Vec<u8>>, key: &str, value: &[u8]) {
+    match map.get_mut(key) {
+        Some(old) => {
+            old.clear();
+            old.extend_from_slice(value);
+        }
+        None => {
+            map.insert(key.to_owned(), value.to_vec());
+        }
+    }
+}
+
+fn set_text(target: &mut String, text: &str) {
+    target.clear();
+    target.push_str(text);
+}
+
+/// The text at `span` of `body`.
+fn text(body: &[u8], span: Span) -> Result<&str, CodecError> {
+    std::str::from_utf8(span.of(body)).map_err(|_| CodecError::Protobuf)
+}
+
+fn owned_message(body: &[u8], new: &MessageSpans) -> Result<ChatMessage, CodecError> {
+    Ok(ChatMessage {
+        role: text(body, new.role)?.to_owned(),
+        content: text(body, new.content)?.to_owned(),
+        tool_call: new.tool_call.map(|call| owned_call(body, &call)).transpose()?,
+    })
+}
+
+fn owned_call(body: &[u8], call: &ToolCallSpans) -> Result<ToolCall, CodecError> {
+    Ok(ToolCall {
+        id: text(body, call.id)?.to_owned(),
+        name: text(body, call.name)?.to_owned(),
+        arguments: text(body, call.arguments)?.to_owned(),
+    })
+}
+
+/// Makes `slot` equal to the message `new`, in `slot`'s buffers.
+fn overwrite_message(slot: &mut ChatMessage, body: &[u8], new: &MessageSpans) -> Result<(), CodecError> {
+    set_text(&mut slot.role, text(body, new.role)?);
+    set_text(&mut slot.content, text(body, new.content)?);
+    match (&mut slot.tool_call, &new.tool_call) {
+        (Some(old), Some(call)) => {
+            set_text(&mut old.id, text(body, call.id)?);
+            set_text(&mut old.name, text(body, call.name)?);
+            set_text(&mut old.arguments, text(body, call.arguments)?);
+        }
+        (slot_call, call) => *slot_call = call.map(|call| owned_call(body, &call)).transpose()?,
+    }
+    Ok(())
 }
 
 #[cfg(test)]

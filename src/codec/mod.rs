@@ -6,7 +6,9 @@
 //! contexts. Decoding any bytes returns a record or a [`CodecError`], never panics, and never
 //! allocates more than [`limits::RECORD_DECOMPRESSED_BYTES_MAX`].
 
+pub(crate) mod delta_view;
 pub(crate) mod envelope;
+pub(crate) mod wire;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -434,6 +436,76 @@ impl Codec {
     }
 }
 
+/// Reads records' bodies into a caller's buffer, holding one decompression context for as long
+/// as it lives instead of taking one from the codec's pool for every record. Replay decodes
+/// with one reader per thread and chunk.
+pub(crate) struct BodyReader<'c> {
+    codec: &'c Codec,
+    held: Option<(Option<u32>, zstd::bulk::Decompressor<'static>)>,
+}
+
+impl Codec {
+    /// A [`BodyReader`] over this codec.
+    pub fn body_reader(&self) -> BodyReader<'_> {
+        BodyReader { codec: self, held: None }
+    }
+}
+
+impl BodyReader<'_> {
+    /// Appends the body of the record `bytes` to `out`, decompressed if it was compressed;
+    /// returns the record's kind and subject. On error `out` is as it was.
+    ///
+    /// # Errors
+    /// A [`CodecError`] for a malformed envelope or a body that does not decompress to the
+    /// length its envelope states.
+    pub fn append_body(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(RecordKind, u64), CodecError> {
+        let envelope = checked_envelope(bytes)?;
+        let kind = RecordKind::from_code(envelope.kind).ok_or(CodecError::UnknownKind(envelope.kind))?;
+        let (dictionary, len) = match envelope.compression {
+            Compression::None => {
+                out.extend_from_slice(envelope.body);
+                return Ok((kind, envelope.subject));
+            }
+            Compression::Zstd { uncompressed_len } => (None, uncompressed_len as usize),
+            Compression::ZstdDictionary { dictionary_id, uncompressed_len } => {
+                (Some(dictionary_id), uncompressed_len as usize)
+            }
+        };
+        let decompressor = self.decompressor(dictionary)?;
+        let start = out.len();
+        out.resize(start + len, 0);
+        // The slice bounds the output: zstd fails rather than write past it.
+        match decompressor.decompress_to_buffer(envelope.body, &mut out[start..]) {
+            Ok(written) if written == len => Ok((kind, envelope.subject)),
+            _ => {
+                out.truncate(start);
+                Err(CodecError::Decompress)
+            }
+        }
+    }
+
+    fn decompressor(&mut self, dictionary: Option<u32>) -> Result<&mut zstd::bulk::Decompressor<'static>, CodecError> {
+        if self.held.as_ref().is_none_or(|(id, _)| *id != dictionary) {
+            if let Some(held) = self.held.take() {
+                self.codec.decompressors.lock().push(held);
+            }
+            self.held = Some((dictionary, self.codec.take_decompressor(dictionary)?));
+        }
+        match &mut self.held {
+            Some((_, decompressor)) => Ok(decompressor),
+            None => Err(CodecError::Decompress),
+        }
+    }
+}
+
+impl Drop for BodyReader<'_> {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            self.codec.decompressors.lock().push(held);
+        }
+    }
+}
+
 fn checked_envelope(bytes: &[u8]) -> Result<envelope::Envelope<'_>, CodecError> {
     let envelope = envelope::parse(bytes)?;
     if RecordKind::from_code(envelope.kind).is_none() {
@@ -452,4 +524,4 @@ pub(crate) fn train_dictionary(samples: &[Vec<u8>]) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -9,12 +9,12 @@
 //! order. A snapshot that fails its SHA-256 or does not decode is never used: the rebuild falls
 //! back to an older one, or to the log from the start, and reports it.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
 use bytes::Bytes;
 use rayon::prelude::*;
 
+use crate::codec::delta_view::{self, DeltaSpans};
 use crate::codec::{CodecError, RecordKind, StoreRecord};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -61,54 +61,119 @@ impl RunMembers {
     }
 }
 
+/// A scan part covers at least this many LSNs (smaller scans are not split).
+const SCAN_PART_LSNS_MIN: u64 = 4096;
+
+/// What one thread's part of a scan found: `(atom, start, len)` of each start record's parents
+/// in `parents`, and each completion record.
+#[derive(Default)]
+struct ScanPart {
+    starts: Vec<(u64, usize, usize)>,
+    parents: Vec<u64>,
+    completions: Vec<(u64, Completion)>,
+}
+
 /// Snapshots tried before a rebuild falls back to the log from the start.
 const SNAPSHOT_CANDIDATES_MAX: usize = 8;
 
-/// What one scan of a run's records learned: each atom's parents, and the raw bytes of each
-/// completion record, by atom id.
-#[derive(Default)]
+/// A completion (or reclaimed completion) record: its LSN and bytes.
+type Completion = (u64, Bytes);
+
+/// What one scan of a run's records learned about its atoms after a floor (a snapshot, or 0)
+/// up to the rebuilt atom: each one's parents and its completion record. Dense, since atom ids
+/// are: atom `floor + 1 + i` is at slot `i`.
 struct RunScan {
-    parents: BTreeMap<u64, Vec<u64>>,
-    completions: BTreeMap<u64, Bytes>,
+    floor: u64,
+    /// Where each atom's parents are in `parents`; `None` if its start record was not seen.
+    starts: Vec<Option<(u32, u32)>>,
+    parents: Vec<u64>,
+    completions: Vec<Option<Completion>>,
 }
 
 impl RunScan {
-    /// `atom` and all its ancestors, ordered by id.
-    fn ancestry(&self, atom: u64) -> Result<BTreeSet<u64>> {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![atom];
-        while let Some(id) = stack.pop() {
-            if seen.insert(id) {
-                let parents = self.parents.get(&id).ok_or(Error::UnknownAtom { atom: id })?;
-                stack.extend(parents.iter().copied());
-            }
-        }
-        Ok(seen)
+    fn new(floor: u64, atoms: usize) -> Self {
+        Self { floor, starts: vec![None; atoms], parents: Vec::new(), completions: vec![None; atoms] }
     }
 
-    /// The ancestors of `atom` (itself included) with ids above `snapshot`, if a snapshot of
-    /// `snapshot` can start `atom`'s rebuild: `snapshot` is an ancestor, and every path down
-    /// from `atom` meets it before any smaller id. A snapshot folds its own ancestry in id
-    /// order; under this condition the rest of `atom`'s ancestry all comes after it, so the
-    /// fold order is `atom`'s own id order. (The condition is sufficient, not necessary: some
-    /// merges of branches could use the snapshot but are rebuilt from an older one instead.)
-    fn after_snapshot(&self, atom: u64, snapshot: u64) -> Option<BTreeSet<u64>> {
-        let mut seen = BTreeSet::new();
-        let mut reached = false;
-        let mut stack = vec![atom];
-        while let Some(id) = stack.pop() {
-            if id == snapshot {
-                reached = true;
+    fn slot(&self, atom: u64) -> Option<usize> {
+        let at = usize::try_from(atom.checked_sub(self.floor + 1)?).ok()?;
+        (at < self.starts.len()).then_some(at)
+    }
+
+    fn id(&self, slot: usize) -> u64 {
+        self.floor + 1 + slot as u64
+    }
+
+    fn parents_at(&self, slot: usize) -> Option<&[u64]> {
+        let (start, len) = self.starts.get(slot).copied().flatten()?;
+        self.parents.get(start as usize..start as usize + len as usize)
+    }
+
+    fn set_parents(&mut self, slot: usize, parents: &[u64]) -> Result<()> {
+        let too_many = || Error::InvalidConfig { reason: "a rebuild's history has over 4 billion parent links".into() };
+        let start = u32::try_from(self.parents.len()).map_err(|_| too_many())?;
+        let len = u32::try_from(parents.len()).map_err(|_| too_many())?;
+        self.parents.extend_from_slice(parents);
+        self.starts[slot] = Some((start, len));
+        Ok(())
+    }
+
+    /// `atom` and all its ancestors (the scan's floor must be 0), ordered by id. Parents have
+    /// smaller ids than their children, so one sweep down from `atom` marks them all.
+    fn ancestry(&self, atom: u64) -> Result<Vec<u64>> {
+        let top = self.slot(atom).ok_or(Error::UnknownAtom { atom })?;
+        let mut needed = vec![false; top + 1];
+        needed[top] = true;
+        for slot in (0..=top).rev() {
+            if !needed[slot] {
                 continue;
             }
-            if id < snapshot {
-                return None;
-            }
-            if seen.insert(id) {
-                stack.extend(self.parents.get(&id)?.iter().copied());
+            let id = self.id(slot);
+            for &parent in self.parents_at(slot).ok_or(Error::UnknownAtom { atom: id })? {
+                if parent >= id {
+                    return Err(Error::InconsistentLog { lsn: 0, reason: "a parent's id is not below its child's" });
+                }
+                needed[self.slot(parent).ok_or(Error::UnknownAtom { atom: parent })?] = true;
             }
         }
-        reached.then_some(seen)
+        Ok(self.marked(&needed))
+    }
+
+    /// The ancestors of `atom` (itself included) with ids above the scan's floor `snapshot`,
+    /// if a snapshot of `snapshot` can start `atom`'s rebuild: `snapshot` is an ancestor, and
+    /// every path down from `atom` meets it before any smaller id. A snapshot folds its own
+    /// ancestry in id order; under this condition the rest of `atom`'s ancestry all comes
+    /// after it, so the fold order is `atom`'s own id order. (The condition is sufficient, not
+    /// necessary: some merges of branches could use the snapshot but are rebuilt from an older
+    /// one instead.)
+    fn after_snapshot(&self, atom: u64, snapshot: u64) -> Option<Vec<u64>> {
+        if atom == snapshot {
+            return Some(Vec::new());
+        }
+        let top = self.slot(atom)?;
+        let mut needed = vec![false; top + 1];
+        needed[top] = true;
+        let mut reached = false;
+        for slot in (0..=top).rev() {
+            if !needed[slot] {
+                continue;
+            }
+            let id = self.id(slot);
+            for &parent in self.parents_at(slot)? {
+                if parent == snapshot {
+                    reached = true;
+                } else if parent < snapshot || parent >= id {
+                    return None;
+                } else {
+                    needed[self.slot(parent)?] = true;
+                }
+            }
+        }
+        reached.then(|| self.marked(&needed))
+    }
+
+    fn marked(&self, needed: &[bool]) -> Vec<u64> {
+        needed.iter().enumerate().filter(|(_, needed)| **needed).map(|(slot, _)| self.id(slot)).collect()
     }
 }
 
@@ -138,11 +203,10 @@ impl Store {
     fn rebuild_context_on(&self, atom: AtomId, pool: Option<&rayon::ThreadPool>) -> Result<Rebuilt> {
         let mut fallbacks = Vec::new();
         for candidate in self.snapshot_candidates(atom) {
-            let scan = self.scan_run(atom, Some(candidate))?;
+            let scan = self.scan_run(atom, Some(candidate), pool)?;
             let Some(pending) = scan.after_snapshot(atom.0, candidate) else { continue };
             match self.load_snapshot(candidate)? {
                 Ok(mut context) => {
-                    let pending: Vec<u64> = pending.into_iter().collect();
                     let atoms_applied = apply_deltas(self, &scan, &mut context, &pending, pool)?;
                     return Ok(Rebuilt { context, snapshot: Some(AtomId(candidate)), fallbacks, atoms_applied });
                 }
@@ -156,8 +220,8 @@ impl Store {
                 }
             }
         }
-        let scan = self.scan_run(atom, None)?;
-        let pending: Vec<u64> = scan.ancestry(atom.0)?.into_iter().collect();
+        let scan = self.scan_run(atom, None, pool)?;
+        let pending = scan.ancestry(atom.0)?;
         let mut context = Context::new();
         let atoms_applied = apply_deltas(self, &scan, &mut context, &pending, pool)?;
         Ok(Rebuilt { context, snapshot: None, fallbacks, atoms_applied })
@@ -207,7 +271,7 @@ impl Store {
     /// One pass over the log, from the first start record of the run's atoms after `after`
     /// (all of them for `None`) to `atom`'s last record, keeping the start records' parents
     /// and the completion records of the run's atoms.
-    fn scan_run(&self, atom: AtomId, after: Option<u64>) -> Result<RunScan> {
+    fn scan_run(&self, atom: AtomId, after: Option<u64>, pool: Option<&rayon::ThreadPool>) -> Result<RunScan> {
         let (run, from_lsn, to_lsn) = {
             let index = self.shared.index.read();
             let entry = index.atom(atom).filter(|e| e.started_lsn != 0).ok_or(Error::UnknownAtom { atom: atom.0 })?;
@@ -230,48 +294,85 @@ impl Store {
                 (floor + 1..=atom.0).map(|id| index.atom(AtomId(id)).is_some_and(|e| e.run == run)).collect()
             },
         };
-        let mut scan = RunScan::default();
-        for item in self.shared.log.iter_from(Lsn::new(from_lsn))? {
-            let (lsn, bytes) = item?;
-            if lsn.get() > to_lsn {
-                break;
+        let mut scan = RunScan::new(floor, in_run.members.len());
+        // Split the LSN range evenly over the pool's threads; each part seeks to its start
+        // through the segments' sparse index.
+        let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads) as u64;
+        let parts = if to_lsn - from_lsn < SCAN_PART_LSNS_MIN * 2 { 1 } else { threads.max(1) };
+        let step = (to_lsn - from_lsn + 1).div_ceil(parts);
+        let ranges: Vec<(u64, u64)> =
+            (0..parts).map(|i| (from_lsn + i * step, (from_lsn + (i + 1) * step - 1).min(to_lsn))).collect();
+        let scan_all = || ranges.par_iter().map(|(from, to)| self.scan_range(*from, *to, &in_run)).collect();
+        let found: Vec<Result<ScanPart>> = match pool {
+            Some(pool) if parts > 1 => pool.install(scan_all),
+            _ => ranges.iter().map(|(from, to)| self.scan_range(*from, *to, &in_run)).collect(),
+        };
+        for part in found {
+            let part = part?;
+            for (atom, start, len) in part.starts {
+                if let Some(slot) = scan.slot(atom) {
+                    scan.set_parents(slot, part.parents.get(start..start + len).unwrap_or_default())?;
+                }
             }
-            self.scan_record(&mut scan, &in_run, lsn.get(), bytes)?;
+            for (atom, completion) in part.completions {
+                if let Some(slot) = scan.slot(atom) {
+                    scan.completions[slot] = Some(completion);
+                }
+            }
         }
         Ok(scan)
     }
 
-    fn scan_record(&self, scan: &mut RunScan, in_run: &RunMembers, lsn: u64, bytes: Bytes) -> Result<()> {
-        let codec_error = |source: CodecError| Error::Codec { lsn, source };
-        let (kind, subject) = self.shared.codec.peek(&bytes).map_err(codec_error)?;
-        if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted | RecordKind::AtomReclaimed) {
-            return Ok(());
-        }
-        if !in_run.contains(subject) {
-            return Ok(());
-        }
-        if matches!(kind, RecordKind::AtomCompleted | RecordKind::AtomReclaimed) {
-            scan.completions.insert(subject, bytes);
-            return Ok(());
-        }
-        match self.shared.codec.decode(&bytes).map_err(codec_error)? {
-            StoreRecord::AtomStarted(started) => {
-                scan.parents.insert(started.atom, started.parents);
-                Ok(())
+    /// The start and completion records of the run's atoms with LSNs in `from..=to`.
+    fn scan_range(&self, from: u64, to: u64, in_run: &RunMembers) -> Result<ScanPart> {
+        let mut part = ScanPart::default();
+        let mut reader = self.shared.codec.body_reader();
+        let mut body = Vec::new();
+        let mut parents = Vec::new();
+        for item in self.shared.log.iter_from(Lsn::new(from))? {
+            let (lsn, bytes) = item?;
+            let lsn = lsn.get();
+            if lsn > to {
+                break;
             }
-            _ => Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
+            let codec_error = |source: CodecError| Error::Codec { lsn, source };
+            let (kind, subject) = self.shared.codec.peek(&bytes).map_err(codec_error)?;
+            if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted | RecordKind::AtomReclaimed)
+                || !in_run.contains(subject)
+            {
+                continue;
+            }
+            if kind != RecordKind::AtomStarted {
+                part.completions.push((subject, (lsn, bytes)));
+                continue;
+            }
+            body.clear();
+            reader.append_body(&bytes, &mut body).map_err(codec_error)?;
+            if delta_view::read_start_parents(&body, subject, &mut parents).is_err() {
+                // Not the plain encoding the fast reader expects: let prost decide.
+                match self.shared.codec.decode(&bytes).map_err(codec_error)? {
+                    StoreRecord::AtomStarted(started) => parents = started.parents,
+                    _ => return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
+                }
+            }
+            part.starts.push((subject, part.parents.len(), parents.len()));
+            part.parents.extend_from_slice(&parents);
         }
+        Ok(part)
     }
 
-    /// Reads and decompresses every completion record of `atom`'s run up to it, without
-    /// decoding or applying anything: the bound a rebuild is measured against.
+    /// Reads and decompresses every completion record of `atom`'s run up to it on one thread,
+    /// without decoding or applying anything: the bound a rebuild is measured against.
     #[doc(hidden)]
     pub fn read_and_decompress_run(&self, atom: AtomId) -> Result<usize> {
-        let scan = self.scan_run(atom, None)?;
+        let scan = self.scan_run(atom, None, None)?;
+        let mut reader = self.shared.codec.body_reader();
+        let mut body = Vec::new();
         let mut bytes = 0;
-        for record in scan.completions.values() {
-            bytes +=
-                self.shared.codec.decompressed_body_len(record).map_err(|source| Error::Codec { lsn: 0, source })?;
+        for (lsn, record) in scan.completions.iter().flatten() {
+            body.clear();
+            reader.append_body(record, &mut body).map_err(|source| Error::Codec { lsn: *lsn, source })?;
+            bytes += body.len();
         }
         Ok(bytes)
     }
@@ -286,8 +387,65 @@ impl Store {
     }
 }
 
-/// Decodes the deltas of the completed atoms among `atoms` (ascending ids) in parallel and
-/// applies them in order; returns how many were applied.
+/// Completion records decoded by one thread: their bodies back to back, and where each is.
+struct DecodedPart<'a> {
+    records: &'a [Pending<'a>],
+    /// Per record: its kind, and the end of its body in `bodies` (each starts where the one
+    /// before it ends).
+    ends: Vec<(RecordKind, u64, usize)>,
+    bodies: Vec<u8>,
+}
+
+/// A completed atom to apply: its id and its completion record.
+type Pending<'a> = (u64, &'a Completion);
+
+/// Decompresses the completion bodies of `records` (the parallel half of a rebuild).
+fn decode_part<'a>(store: &Store, records: &'a [Pending<'a>]) -> Result<DecodedPart<'a>> {
+    let mut reader = store.shared.codec.body_reader();
+    let mut part = DecodedPart { records, ends: Vec::with_capacity(records.len()), bodies: Vec::new() };
+    for (_, (lsn, bytes)) in records {
+        let (kind, subject) =
+            reader.append_body(bytes, &mut part.bodies).map_err(|source| Error::Codec { lsn: *lsn, source })?;
+        part.ends.push((kind, subject, part.bodies.len()));
+    }
+    Ok(part)
+}
+
+/// Applies decoded completions in order (the sequential half of a rebuild of `target`).
+fn apply_part(
+    store: &Store,
+    part: &DecodedPart<'_>,
+    context: &mut Context,
+    spans: &mut DeltaSpans,
+    target: u64,
+) -> Result<()> {
+    let mut start = 0;
+    for (&(kind, subject, end), &(id, (lsn, bytes))) in part.ends.iter().zip(part.records) {
+        let body = part.bodies.get(start..end).unwrap_or_default();
+        start = end;
+        match kind {
+            RecordKind::AtomCompleted => {}
+            RecordKind::AtomReclaimed => return Err(Error::HistoryReclaimed { atom: target, reclaimed: id }),
+            _ => {
+                return Err(Error::InconsistentLog { lsn: *lsn, reason: "a completed atom's end is not a completion" });
+            }
+        }
+        if spans.read_completion(body, subject).is_ok() {
+            context.apply_spans(body, spans).map_err(|source| Error::Codec { lsn: *lsn, source })?;
+            continue;
+        }
+        // Not the encoding the zero-copy reader expects: prost decodes it, or says why not.
+        match store.shared.codec.decode(bytes).map_err(|source| Error::Codec { lsn: *lsn, source })? {
+            StoreRecord::AtomCompleted(done) => context.apply_owned(done.delta.unwrap_or_default()),
+            _ => return Err(Error::InconsistentLog { lsn: *lsn, reason: "kind and body disagree" }),
+        }
+    }
+    Ok(())
+}
+
+/// Applies the deltas of the completed atoms among `atoms` (ascending ids) in order; returns
+/// how many were applied. Chunk by chunk: while one thread applies a chunk, the others
+/// decompress the next, so memory stays bounded by two chunks however long the history is.
 fn apply_deltas(
     store: &Store,
     scan: &RunScan,
@@ -296,33 +454,52 @@ fn apply_deltas(
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<usize> {
     let target = atoms.last().copied().unwrap_or(0);
-    let completed: Vec<(u64, &Bytes)> = {
+    let completed: Vec<Pending<'_>> = {
         let index = store.shared.index.read();
         atoms
             .iter()
             .filter(|id| index.atom(AtomId(**id)).is_some_and(|e| e.state == EntryState::Completed))
             // A completion after the rebuilt atom's last record is not part of its past.
-            .filter_map(|id| scan.completions.get(id).map(|bytes| (*id, bytes)))
+            .filter_map(|id| {
+                scan.slot(*id).and_then(|slot| scan.completions[slot].as_ref()).map(|record| (*id, record))
+            })
             .collect()
     };
-    let decode = |(id, bytes): &(u64, &Bytes)| match store.shared.codec.decode(bytes) {
-        Ok(StoreRecord::AtomCompleted(done)) => Ok(done.delta.unwrap_or_default()),
-        Ok(StoreRecord::AtomReclaimed(_)) => Err(Error::HistoryReclaimed { atom: target, reclaimed: *id }),
-        Ok(_) => Err(Error::InconsistentLog { lsn: 0, reason: "a completed atom's end is not a completion" }),
-        Err(source) => Err(Error::Codec { lsn: *id, source }),
-    };
-    // Decode a bounded chunk in parallel, apply it in order, repeat: memory stays bounded by
-    // the chunk however long the history is.
-    for chunk in completed.chunks(limits::REPLAY_CHUNK_ATOMS) {
-        let deltas: Vec<Result<_>> = match pool {
-            Some(pool) => pool.install(|| chunk.par_iter().map(decode).collect()),
-            None => chunk.iter().map(decode).collect(),
-        };
-        for delta in deltas {
-            context.apply_owned(delta?);
-        }
-    }
+    let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
+    match pool {
+        Some(pool) => pool.install(|| pipeline(store, &completed, context, threads, target)),
+        None => pipeline(store, &completed, context, threads, target),
+    }?;
     Ok(completed.len())
+}
+
+/// Decodes and applies `completed` chunk by chunk on the current pool's `threads` threads.
+fn pipeline(
+    store: &Store,
+    completed: &[Pending<'_>],
+    context: &mut Context,
+    threads: usize,
+    target: u64,
+) -> Result<()> {
+    let mut spans = DeltaSpans::default();
+    let mut chunks = completed.chunks(limits::REPLAY_CHUNK_ATOMS);
+    let Some(first) = chunks.next() else { return Ok(()) };
+    let mut current = decode_chunk(store, first, threads)?;
+    for next in chunks {
+        let apply = || current.iter().try_for_each(|part| apply_part(store, part, context, &mut spans, target));
+        let (decoded, applied) = rayon::join(|| decode_chunk(store, next, threads), apply);
+        applied?;
+        current = decoded?;
+    }
+    current.iter().try_for_each(|part| apply_part(store, part, context, &mut spans, target))
+}
+
+/// Decompresses one chunk, split evenly over `threads` threads.
+fn decode_chunk<'a>(store: &Store, chunk: &'a [Pending<'a>], threads: usize) -> Result<Vec<DecodedPart<'a>>> {
+    if threads <= 1 {
+        return Ok(vec![decode_part(store, chunk)?]);
+    }
+    chunk.par_chunks(chunk.len().div_ceil(threads).max(1)).map(|part| decode_part(store, part)).collect()
 }
 
 /// The shared pool rebuilds decode on: one thread per core, at most `REPLAY_THREADS_MAX`.

@@ -1,0 +1,384 @@
+//! Zero-copy views of the two records replay reads most: an `AtomCompleted` body's delta, as
+//! byte spans of the body that `Context::apply_spans` copies into place, and an `AtomStarted`
+//! body's parents. Strings are not checked here: the delta's are checked as they are applied,
+//! each once. Nothing here allocates once its vectors have grown; an input the views do
+//! not handle is [`Unusual`] and is decoded with prost instead (`wire.rs`).
+
+use crate::codec::wire::{self, Fields, Span, Unusual, Value};
+
+/// One chat message of a delta.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MessageSpans {
+    pub role: Span,
+    pub content: Span,
+    pub tool_call: Option<ToolCallSpans>,
+}
+
+/// A message's tool call.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ToolCallSpans {
+    pub id: Span,
+    pub name: Span,
+    pub arguments: Span,
+}
+
+/// A keyed value: a tool output (by tool-call id) or an intermediate result (by name).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct EntrySpans {
+    pub key: Span,
+    pub value: Span,
+}
+
+/// A state change: set the key to a value, or delete it (`value: None`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ChangeSpans {
+    pub key: Span,
+    pub value: Option<Span>,
+}
+
+/// A summarization of messages `from..to`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SummarySpans {
+    pub from: u32,
+    pub to: u32,
+    pub role: Span,
+    pub summary: Span,
+}
+
+/// A delta read in place: every field as spans of the completion body it came from. Reused
+/// from one record to the next, so its vectors stop allocating once grown.
+#[derive(Debug, Default)]
+pub(crate) struct DeltaSpans {
+    pub messages: Vec<MessageSpans>,
+    pub tool_outputs: Vec<EntrySpans>,
+    pub intermediate_results: Vec<EntrySpans>,
+    pub state_changes: Vec<ChangeSpans>,
+    pub drop_oldest_messages: u32,
+    pub summarizations: Vec<SummarySpans>,
+}
+
+impl DeltaSpans {
+    /// Reads the delta of the `AtomCompleted` body `body`, which must be about atom `subject`.
+    /// A completion without a delta reads as an empty delta.
+    ///
+    /// # Errors
+    /// [`Unusual`] for anything but a well-formed completion that encodes each embedded
+    /// message once (what this crate writes); its caller then decodes it with prost.
+    pub fn read_completion(&mut self, body: &[u8], subject: u64) -> Result<(), Unusual> {
+        self.clear();
+        let mut atom = 0;
+        let mut delta = None;
+        let mut fields = Fields::new(body);
+        while let Some(field) = fields.next_field() {
+            match field? {
+                (1, value) => atom = wire::varint(value)?,
+                (2, value) => once(&mut delta, wire::bytes(value)?)?,
+                (3, value) => {
+                    wire::bytes(value)?;
+                }
+                (4, value) => {
+                    wire::varint(value)?;
+                }
+                _ => {}
+            }
+        }
+        if atom != subject {
+            return Err(Unusual);
+        }
+        match delta {
+            Some(delta) => self.read_delta(body, delta),
+            None => Ok(()),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.messages.clear();
+        self.tool_outputs.clear();
+        self.intermediate_results.clear();
+        self.state_changes.clear();
+        self.drop_oldest_messages = 0;
+        self.summarizations.clear();
+    }
+
+    fn read_delta(&mut self, body: &[u8], delta: Span) -> Result<(), Unusual> {
+        let mut fields = Fields::nested(body, delta);
+        while let Some(field) = fields.next_field() {
+            match field? {
+                (1, value) => self.messages.push(read_message(body, wire::bytes(value)?)?),
+                (2, value) => self.tool_outputs.push(read_entry(body, wire::bytes(value)?)?),
+                (3, value) => self.intermediate_results.push(read_entry(body, wire::bytes(value)?)?),
+                (4, value) => {
+                    if let Some(change) = read_change(body, wire::bytes(value)?)? {
+                        self.state_changes.push(change);
+                    }
+                }
+                // prost reads a `uint32` as the low 32 bits of the varint.
+                (5, value) => self.drop_oldest_messages = wire::varint(value)? as u32,
+                (6, value) => self.summarizations.push(read_summary(body, wire::bytes(value)?)?),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An embedded message field seen a second time would be merged by prost: left to it.
+fn once(slot: &mut Option<Span>, span: Span) -> Result<(), Unusual> {
+    match slot.replace(span) {
+        Some(_) => Err(Unusual),
+        None => Ok(()),
+    }
+}
+
+/// Records a string field's span, unchecked: `Context::apply_spans` checks it is UTF-8 as it
+/// copies it. A string seen a second time is [`Unusual`], so that every occurrence prost would
+/// check is one that gets applied (and checked).
+fn text_once(slot: &mut Span, seen: &mut u8, bit: u8, value: Value) -> Result<(), Unusual> {
+    if *seen & bit != 0 {
+        return Err(Unusual);
+    }
+    *seen |= bit;
+    *slot = wire::bytes(value)?;
+    Ok(())
+}
+
+fn read_message(body: &[u8], span: Span) -> Result<MessageSpans, Unusual> {
+    let mut message = MessageSpans::default();
+    let mut tool_call = None;
+    let mut seen = 0;
+    let mut fields = Fields::nested(body, span);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => text_once(&mut message.role, &mut seen, 1, value)?,
+            (2, value) => text_once(&mut message.content, &mut seen, 2, value)?,
+            (3, value) => once(&mut tool_call, wire::bytes(value)?)?,
+            _ => {}
+        }
+    }
+    if let Some(span) = tool_call {
+        let mut call = ToolCallSpans::default();
+        let mut seen = 0;
+        let mut fields = Fields::nested(body, span);
+        while let Some(field) = fields.next_field() {
+            match field? {
+                (1, value) => text_once(&mut call.id, &mut seen, 1, value)?,
+                (2, value) => text_once(&mut call.name, &mut seen, 2, value)?,
+                (3, value) => text_once(&mut call.arguments, &mut seen, 4, value)?,
+                _ => {}
+            }
+        }
+        message.tool_call = Some(call);
+    }
+    Ok(message)
+}
+
+fn read_entry(body: &[u8], span: Span) -> Result<EntrySpans, Unusual> {
+    let mut entry = EntrySpans::default();
+    let mut seen = 0;
+    let mut fields = Fields::nested(body, span);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => text_once(&mut entry.key, &mut seen, 1, value)?,
+            (2, value) => entry.value = wire::bytes(value)?,
+            _ => {}
+        }
+    }
+    Ok(entry)
+}
+
+/// A state change; `None` if its `change` is unset.
+fn read_change(body: &[u8], span: Span) -> Result<Option<ChangeSpans>, Unusual> {
+    let mut key = Span::default();
+    let mut seen = 0;
+    // The `change` oneof: `Some(Some(value))` for set, `Some(None)` for delete.
+    let mut change: Option<Option<Span>> = None;
+    let mut fields = Fields::nested(body, span);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => text_once(&mut key, &mut seen, 1, value)?,
+            // A second `change` would be merged or replaced by prost: left to it.
+            (2 | 3, _) if change.is_some() => return Err(Unusual),
+            (2, value) => change = Some(Some(wire::bytes(value)?)),
+            (3, value) => {
+                // `Delete` has no fields; any it carries are unknown and skipped, as prost does.
+                let mut inner = Fields::nested(body, wire::bytes(value)?);
+                while let Some(field) = inner.next_field() {
+                    field?;
+                }
+                change = Some(None);
+            }
+            _ => {}
+        }
+    }
+    match change {
+        Some(value) => Ok(Some(ChangeSpans { key, value })),
+        // Applying it does nothing, but prost would still check its key: left to prost.
+        None => Err(Unusual),
+    }
+}
+
+fn read_summary(body: &[u8], span: Span) -> Result<SummarySpans, Unusual> {
+    let mut summary = SummarySpans::default();
+    let mut fields = Fields::nested(body, span);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => summary.from = wire::varint(value)? as u32,
+            (2, value) => summary.to = wire::varint(value)? as u32,
+            (3, value) => summary.role = wire::text(body, value)?,
+            (4, value) => summary.summary = wire::text(body, value)?,
+            _ => {}
+        }
+    }
+    Ok(summary)
+}
+
+/// Reads the parents of the `AtomStarted` body `body` about atom `subject` into `parents`
+/// (cleared first), packed or not.
+///
+/// # Errors
+/// [`Unusual`] for anything but a well-formed start record; decode it with prost instead.
+pub(crate) fn read_start_parents(body: &[u8], subject: u64, parents: &mut Vec<u64>) -> Result<(), Unusual> {
+    parents.clear();
+    let mut atom = 0;
+    let mut fields = Fields::new(body);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => atom = wire::varint(value)?,
+            (2 | 7, value) => {
+                wire::varint(value)?;
+            }
+            (3 | 4 | 6, value) => {
+                wire::text(body, value)?;
+            }
+            (5, Value::Varint(parent)) => parents.push(parent),
+            (5, Value::Bytes(span)) => {
+                let mut packed = span.of(body);
+                while !packed.is_empty() {
+                    parents.push(crate::codec::envelope::take_varint(&mut packed).map_err(|_| Unusual)?);
+                }
+            }
+            (5, Value::Fixed) => return Err(Unusual),
+            _ => {}
+        }
+    }
+    if atom != subject {
+        return Err(Unusual);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use prost::Message;
+
+    use super::*;
+    use crate::codec::proto::{AtomCompleted, AtomStarted, Delta};
+    use crate::codec::tests::arb_delta;
+    use crate::context::Context;
+
+    /// What prost makes of `body` applied to `base`: the context, or `None` if prost rejects it.
+    fn by_prost(base: &Context, body: &[u8], subject: u64) -> Option<Context> {
+        let done = AtomCompleted::decode(body).ok().filter(|done| done.atom == subject)?;
+        let mut context = base.clone();
+        context.apply_owned(done.delta.unwrap_or_default());
+        Some(context)
+    }
+
+    /// What the zero-copy path makes of it: `Err(())` if it leaves the record to prost,
+    /// `Ok(None)` if it rejects it.
+    fn by_spans(base: &Context, body: &[u8], subject: u64) -> Result<Option<Context>, ()> {
+        let mut spans = DeltaSpans::default();
+        spans.read_completion(body, subject).map_err(|_| ())?;
+        let mut context = base.clone();
+        Ok(context.apply_spans(body, &spans).ok().map(|()| context))
+    }
+
+    fn base_context(deltas: &[Delta]) -> Context {
+        let mut context = Context::new();
+        for delta in deltas {
+            context.apply(delta);
+        }
+        context
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Every completion this crate writes takes the zero-copy path, and it folds exactly
+        /// as prost's decoding does (on a context that already has messages and keys, so that
+        /// the reuse of buffers is exercised).
+        #[test]
+        fn completions_fold_as_prost_decodes_them(
+            history in proptest::collection::vec(arb_delta(), 0..4),
+            delta in proptest::option::of(arb_delta()),
+            atom in 1u64..u64::MAX,
+        ) {
+            let base = base_context(&history);
+            let body = AtomCompleted { atom, delta, result: b"r".to_vec(), ended_at_unix_us: 7 }.encode_to_vec();
+            let expected = by_prost(&base, &body, atom);
+            prop_assert!(expected.is_some());
+            prop_assert_eq!(by_spans(&base, &body, atom), Ok(expected));
+        }
+
+        /// On damaged bytes the zero-copy path either leaves the record to prost, or agrees with
+        /// prost: the same context when prost accepts it, an error when prost rejects it.
+        #[test]
+        fn damaged_completions_never_disagree_with_prost(
+            history in proptest::collection::vec(arb_delta(), 0..3),
+            delta in arb_delta(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+            cut in any::<prop::sample::Index>(),
+            truncate in any::<bool>(),
+        ) {
+            let base = base_context(&history);
+            let mut body = AtomCompleted { atom: 3, delta: Some(delta), result: Vec::new(), ended_at_unix_us: 1 }.encode_to_vec();
+            for (at, byte) in flips {
+                let at = at.index(body.len());
+                body[at] = byte;
+            }
+            if truncate {
+                body.truncate(cut.index(body.len() + 1));
+            }
+            if let Ok(spans) = by_spans(&base, &body, 3) {
+                prop_assert_eq!(spans, by_prost(&base, &body, 3));
+            }
+        }
+
+        /// Start records: the same parents as prost reads, packed or not; damaged ones never
+        /// read differently.
+        #[test]
+        fn start_parents_read_as_prost_decodes_them(
+            parents in proptest::collection::vec(any::<u64>(), 0..6),
+            agent in any::<String>(),
+            flip in proptest::option::of((any::<prop::sample::Index>(), any::<u8>())),
+        ) {
+            let started = AtomStarted { atom: 9, run: 2, agent, key: "k".into(), parents, idempotency_key: String::new(), started_at_unix_us: 4 };
+            let mut body = started.encode_to_vec();
+            if let Some((at, byte)) = flip {
+                let at = at.index(body.len());
+                body[at] = byte;
+            }
+            let mut read = Vec::new();
+            if read_start_parents(&body, 9, &mut read).is_ok() {
+                let decoded = AtomStarted::decode(body.as_slice()).ok().filter(|started| started.atom == 9);
+                prop_assert_eq!(decoded.map(|started| started.parents), Some(read));
+            } else {
+                prop_assert!(flip.is_some(), "an undamaged start record must take the fast path");
+            }
+        }
+    }
+
+    #[test]
+    fn unpacked_parents_and_repeated_fields_are_handled() {
+        // parents = 5 written unpacked (wire type 0) twice, then packed once.
+        let mut body = vec![0x08, 9, 0x28, 1, 0x28, 2, 0x2a, 2, 3, 4];
+        let mut read = Vec::new();
+        assert_eq!(read_start_parents(&body, 9, &mut read), Ok(()));
+        assert_eq!(read, [1, 2, 3, 4]);
+        assert_eq!(AtomStarted::decode(body.as_slice()).map(|s| s.parents), Ok(vec![1, 2, 3, 4]));
+        // A group (wire type 3) is left to prost.
+        body.extend_from_slice(&[0x33, 0x34]);
+        assert_eq!(read_start_parents(&body, 9, &mut read), Err(Unusual));
+    }
+}
