@@ -1030,7 +1030,8 @@ fn context(
         ("state", context.state()),
     ] {
         writeln!(out, "{title}: {}", map.len())?;
-        for (key, value) in map {
+        let ordered: BTreeMap<&String, &Vec<u8>> = map.iter().collect();
+        for (key, value) in ordered {
             writeln!(out, "  {key:?} = {}", bytes_text(value, CONTEXT_VALUE_CHARS_MAX))?;
         }
     }
@@ -1041,7 +1042,8 @@ fn context(
 const CONTEXT_VALUE_CHARS_MAX: usize = 120;
 
 fn context_json(context: &Context) -> Value {
-    let map = |m: &BTreeMap<String, Vec<u8>>| {
+    // serde_json's map is ordered by key: the output is deterministic.
+    let map = |m: &continuum::KeyedValues| {
         m.iter().map(|(k, v)| (k.clone(), bytes_json(v))).collect::<serde_json::Map<_, _>>()
     };
     json!({

@@ -1,21 +1,42 @@
 //! [`Context`]: the state an agent needs to continue, and the deterministic fold of deltas
 //! that produces it.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use prost::Message;
+use prost::encoding::{self, WireType};
 
 use crate::codec::CodecError;
-use crate::codec::delta_view::{DeltaSpans, MessageSpans, ToolCallSpans};
+use crate::codec::delta_view::{MessageSpans, Op, ToolCallSpans};
 use crate::codec::proto::{self, ChatMessage, Delta, ToolCall, state_change};
 use crate::codec::wire::Span;
+
+/// How far [`Context::apply_ops`] has rotated a context's message window in place instead of
+/// moving every message down when the oldest ones are dropped: message `i` of the window is at
+/// `(offset + i) % len` until [`Context::settle`] puts it back in order. Held by the replay that
+/// applies the ops, never by a context a caller sees.
+#[derive(Debug, Default)]
+pub(crate) struct Rotation(usize);
+
+/// Keyed values of a context (tool outputs, intermediate results, state): a hash map, since
+/// replay looks a key up for every change; [`Context::encode`] orders them by key.
+pub type KeyedValues = HashMap<String, Vec<u8>>;
 
 /// The state an agent needs to continue: its message window, recorded tool outputs,
 /// intermediate results and key/value state. Applying the same deltas in the same order always
 /// gives the same context, byte for byte ([`Context::encode`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Context {
-    inner: proto::Context,
+    inner: Inner,
+}
+
+/// The fields of `proto::Context`, with hash maps for its ordered maps.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Inner {
+    messages: Vec<ChatMessage>,
+    tool_outputs: KeyedValues,
+    intermediate_results: KeyedValues,
+    state: KeyedValues,
 }
 
 impl Context {
@@ -29,18 +50,18 @@ impl Context {
         &self.inner.messages
     }
 
-    /// Recorded tool outputs by tool-call id.
-    pub fn tool_outputs(&self) -> &BTreeMap<String, Vec<u8>> {
+    /// Recorded tool outputs by tool-call id (unordered).
+    pub fn tool_outputs(&self) -> &KeyedValues {
         &self.inner.tool_outputs
     }
 
-    /// Intermediate results by name.
-    pub fn intermediate_results(&self) -> &BTreeMap<String, Vec<u8>> {
+    /// Intermediate results by name (unordered).
+    pub fn intermediate_results(&self) -> &KeyedValues {
         &self.inner.intermediate_results
     }
 
-    /// Key/value state.
-    pub fn state(&self) -> &BTreeMap<String, Vec<u8>> {
+    /// Key/value state (unordered).
+    pub fn state(&self) -> &KeyedValues {
         &self.inner.state
     }
 
@@ -85,62 +106,108 @@ impl Context {
         }
     }
 
-    /// [`Context::apply`] for a delta read in place from the completion body `body` (what
-    /// replay uses): the same fold, copying bytes into the buffers the context already has
-    /// wherever it can. An overwritten key keeps its value's buffer, and messages dropped from
-    /// the window lend theirs to the messages added in the same delta, so a steady-state agent
-    /// (bounded window, bounded keys) replays without allocating.
+    /// [`Context::apply`] for a delta read in place from the completion body `body` as a list
+    /// of ops (what replay uses): the same fold, copying bytes into the buffers the context
+    /// already has wherever it can. An overwritten key keeps its value's buffer, and messages
+    /// dropped from the window lend theirs to the messages added in the same delta, so a
+    /// steady-state agent (bounded window, bounded keys) replays without allocating, and
+    /// without moving its window: the window may be left rotated (`rotation`), and the caller
+    /// must [`Context::settle`] it before anything else reads or updates the context.
     ///
     /// # Errors
     /// [`CodecError::Protobuf`] if a string of the delta is not UTF-8 (as prost would say);
     /// the context is then partly updated and must be discarded.
-    pub(crate) fn apply_spans(&mut self, body: &[u8], delta: &DeltaSpans) -> Result<(), CodecError> {
-        let messages = &mut self.inner.messages;
-        for summary in &delta.summarizations {
-            let to = (summary.to as usize).min(messages.len());
-            let from = (summary.from as usize).min(to);
-            if from < to {
-                let replacement = ChatMessage {
-                    role: text(body, summary.role)?.to_owned(),
-                    content: text(body, summary.summary)?.to_owned(),
-                    tool_call: None,
-                };
-                messages.splice(from..to, std::iter::once(replacement));
-            }
-        }
-        let dropped = (delta.drop_oldest_messages as usize).min(messages.len());
-        let recycled = dropped.min(delta.messages.len());
-        messages.drain(..dropped - recycled);
-        // The next `recycled` oldest messages move to the end and are overwritten in order.
-        messages.rotate_left(recycled);
-        let kept = messages.len() - recycled;
-        for (slot, new) in messages[kept..].iter_mut().zip(&delta.messages) {
-            overwrite_message(slot, body, new)?;
-        }
-        for new in &delta.messages[recycled..] {
-            messages.push(owned_message(body, new)?);
-        }
-        for output in &delta.tool_outputs {
-            put(&mut self.inner.tool_outputs, text(body, output.key)?, output.value.of(body));
-        }
-        for result in &delta.intermediate_results {
-            put(&mut self.inner.intermediate_results, text(body, result.key)?, result.value.of(body));
-        }
-        for change in &delta.state_changes {
-            let key = text(body, change.key)?;
-            match change.value {
-                Some(value) => put(&mut self.inner.state, key, value.of(body)),
-                None => {
-                    self.inner.state.remove(key);
+    pub(crate) fn apply_ops(&mut self, body: &[u8], ops: &[Op], rotation: &mut Rotation) -> Result<(), CodecError> {
+        // Window slots `next_recycled..` (`recycled` of them, modulo the window's length) hold
+        // dropped messages to be overwritten by this delta's messages, in order.
+        let (mut next_recycled, mut recycled) = (0, 0);
+        for op in ops {
+            match *op {
+                Op::Summarize { from, to, role, summary } => {
+                    self.settle(rotation);
+                    let messages = &mut self.inner.messages;
+                    let to = (to as usize).min(messages.len());
+                    let from = (from as usize).min(to);
+                    if from < to {
+                        let replacement = ChatMessage {
+                            role: text(body, role)?.to_owned(),
+                            content: text(body, summary)?.to_owned(),
+                            tool_call: None,
+                        };
+                        messages.splice(from..to, std::iter::once(replacement));
+                    }
+                }
+                Op::Window { drop, added } => {
+                    let len = self.inner.messages.len();
+                    let dropped = (drop as usize).min(len);
+                    if dropped > 0 && dropped == added as usize {
+                        // The steady state of a bounded window: the `dropped` oldest slots take
+                        // the new messages, and the window's start moves past them.
+                        (next_recycled, recycled) = (rotation.0, dropped);
+                        rotation.0 = (rotation.0 + dropped) % len;
+                    } else {
+                        self.settle(rotation);
+                        let messages = &mut self.inner.messages;
+                        let kept = dropped.min(added as usize);
+                        messages.drain(..dropped - kept);
+                        // The next `kept` oldest messages move to the end, to be overwritten.
+                        messages.rotate_left(kept);
+                        (next_recycled, recycled) = (messages.len() - kept, kept);
+                    }
+                }
+                Op::Message(new) => {
+                    let messages = &mut self.inner.messages;
+                    let len = messages.len();
+                    match messages.get_mut(next_recycled % len.max(1)) {
+                        Some(slot) if recycled > 0 => {
+                            overwrite_message(slot, body, &new)?;
+                            (next_recycled, recycled) = (next_recycled + 1, recycled - 1);
+                        }
+                        _ => messages.push(owned_message(body, &new)?),
+                    }
+                }
+                Op::ToolOutput(entry) => {
+                    put(&mut self.inner.tool_outputs, text(body, entry.key)?, entry.value.of(body))
+                }
+                Op::Result(entry) => {
+                    put(&mut self.inner.intermediate_results, text(body, entry.key)?, entry.value.of(body));
+                }
+                Op::Set(entry) => put(&mut self.inner.state, text(body, entry.key)?, entry.value.of(body)),
+                Op::Delete { key } => {
+                    self.inner.state.remove(text(body, key)?);
                 }
             }
         }
         Ok(())
     }
 
-    /// The deterministic protobuf encoding (maps are ordered).
+    /// Puts the message window back in order after [`Context::apply_ops`]; replay calls it
+    /// once its last delta is applied (and before any other kind of update).
+    pub(crate) fn settle(&mut self, rotation: &mut Rotation) {
+        let len = self.inner.messages.len();
+        if len > 0 && !rotation.0.is_multiple_of(len) {
+            self.inner.messages.rotate_left(rotation.0 % len);
+        }
+        rotation.0 = 0;
+    }
+
+    /// The deterministic protobuf encoding of `proto::Context`: messages in window order, then
+    /// each map's entries ordered by key, byte for byte what prost writes for the same context
+    /// held in ordered maps.
     pub fn encode(&self) -> Vec<u8> {
-        self.inner.encode_to_vec()
+        let mut out = Vec::new();
+        for message in &self.inner.messages {
+            encoding::message::encode(1, message, &mut out);
+        }
+        for (tag, map) in [(2, &self.inner.tool_outputs), (3, &self.inner.intermediate_results), (4, &self.inner.state)]
+        {
+            let mut entries: Vec<(&String, &Vec<u8>)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (key, value) in entries {
+                encode_entry(tag, key, value, &mut out);
+            }
+        }
+        out
     }
 
     /// Decodes [`Context::encode`]'s bytes.
@@ -148,12 +215,40 @@ impl Context {
     /// # Errors
     /// [`CodecError::Protobuf`] for bytes that are not a context.
     pub fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
-        proto::Context::decode(bytes).map(|inner| Self { inner }).map_err(|_| CodecError::Protobuf)
+        let decoded = proto::Context::decode(bytes).map_err(|_| CodecError::Protobuf)?;
+        Ok(Self {
+            inner: Inner {
+                messages: decoded.messages,
+                tool_outputs: decoded.tool_outputs.into_iter().collect(),
+                intermediate_results: decoded.intermediate_results.into_iter().collect(),
+                state: decoded.state.into_iter().collect(),
+            },
+        })
+    }
+}
+
+/// One `map<string, bytes>` entry as prost encodes it: a length-delimited message whose key
+/// (field 1) and value (field 2) are left out when empty.
+fn encode_entry(tag: u32, key: &str, value: &[u8], out: &mut Vec<u8>) {
+    let field_len =
+        |len: usize| if len == 0 { 0 } else { encoding::key_len(1) + encoding::encoded_len_varint(len as u64) + len };
+    let (key_len, value_len) = (field_len(key.len()), field_len(value.len()));
+    encoding::encode_key(tag, WireType::LengthDelimited, out);
+    encoding::encode_varint((key_len + value_len) as u64, out);
+    if !key.is_empty() {
+        encoding::encode_key(1, WireType::LengthDelimited, out);
+        encoding::encode_varint(key.len() as u64, out);
+        out.extend_from_slice(key.as_bytes());
+    }
+    if !value.is_empty() {
+        encoding::encode_key(2, WireType::LengthDelimited, out);
+        encoding::encode_varint(value.len() as u64, out);
+        out.extend_from_slice(value);
     }
 }
 
 /// Sets `key` to `value`, reusing the old value's buffer if the key exists.
-fn put(map: &mut BTreeMap<String, Vec<u8>>, key: &str, value: &[u8]) {
+fn put(map: &mut KeyedValues, key: &str, value: &[u8]) {
     match map.get_mut(key) {
         Some(old) => {
             old.clear();
@@ -239,6 +334,26 @@ mod tests {
         assert_eq!(context.tool_outputs().get("t1").map(Vec::as_slice), Some(&b"out"[..]));
         assert!(context.state().is_empty());
         assert_eq!(Context::decode(&context.encode()), Ok(context));
+    }
+
+    proptest::proptest! {
+        /// The encoding is byte for byte prost's encoding of the same context in ordered maps
+        /// (what snapshots held before the maps became hash maps), and decodes back to it.
+        #[test]
+        fn encoding_is_prosts_ordered_encoding(deltas in proptest::collection::vec(crate::codec::tests::arb_delta(), 0..6)) {
+            let mut context = Context::new();
+            for delta in &deltas {
+                context.apply(delta);
+            }
+            let ordered = proto::Context {
+                messages: context.messages().to_vec(),
+                tool_outputs: context.tool_outputs().clone().into_iter().collect(),
+                intermediate_results: context.intermediate_results().clone().into_iter().collect(),
+                state: context.state().clone().into_iter().collect(),
+            };
+            proptest::prop_assert_eq!(context.encode(), ordered.encode_to_vec());
+            proptest::prop_assert_eq!(Context::decode(&context.encode()), Ok(context));
+        }
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub mod synthetic;
 
 pub use codec::proto::Delta;
 pub use config::{Config, Durability, RecoveryMode};
-pub use context::Context;
+pub use context::{Context, KeyedValues};
 pub use error::{CorruptionKind, Error, Result};
 pub use log::{Log, LogBuilder, Lsn, LsnRange, RecoveryReport};
 pub use metrics::MetricsSnapshot;

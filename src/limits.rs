@@ -17,7 +17,7 @@ pub const SNAPSHOT_BYTES_MAX: u64 = 256 * 1024 * 1024;
 pub const REPLAY_THREADS_MAX: usize = 16;
 
 /// Deltas a rebuild decodes in parallel before applying them (bounds replay memory).
-pub const REPLAY_CHUNK_ATOMS: usize = 4096;
+pub const REPLAY_CHUNK_ATOMS: usize = 2048;
 
 /// Store records shorter than this are stored uncompressed (zstd's frame overhead wins).
 pub const COMPRESSION_MIN_BYTES: usize = 64;

@@ -1,5 +1,5 @@
 //! Zero-copy views of the two records replay reads most: an `AtomCompleted` body's delta, as
-//! byte spans of the body that `Context::apply_spans` copies into place, and an `AtomStarted`
+//! a list of [`Op`]s over byte spans of the body that `Context::apply_ops` copies into place, and an `AtomStarted`
 //! body's parents. Strings are not checked here: the delta's are checked as they are applied,
 //! each once. Nothing here allocates once its vectors have grown; an input the views do
 //! not handle is [`Unusual`] and is decoded with prost instead (`wire.rs`).
@@ -29,96 +29,112 @@ pub(crate) struct EntrySpans {
     pub value: Span,
 }
 
-/// A state change: set the key to a value, or delete it (`value: None`).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ChangeSpans {
-    pub key: Span,
-    pub value: Option<Span>,
+/// One step of applying a delta to a context, in the order `Context::apply` takes them. A
+/// delta reads as: its summarizations, one `Window`, its messages, tool outputs, intermediate
+/// results and state changes. Spans index the completion body the ops were read from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op {
+    /// Replace messages `from..to` (clamped to the window) with one message.
+    Summarize { from: u32, to: u32, role: Span, summary: Span },
+    /// Drop the `drop` oldest messages; `added` `Message` ops follow.
+    Window { drop: u32, added: u32 },
+    /// Append a message.
+    Message(MessageSpans),
+    /// Record a tool output by tool-call id.
+    ToolOutput(EntrySpans),
+    /// Record an intermediate result by name.
+    Result(EntrySpans),
+    /// Set a state key.
+    Set(EntrySpans),
+    /// Delete a state key.
+    Delete { key: Span },
 }
 
-/// A summarization of messages `from..to`.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct SummarySpans {
-    pub from: u32,
-    pub to: u32,
-    pub role: Span,
-    pub summary: Span,
+/// Appends to `ops` the delta of the `AtomCompleted` body `body`, which must be about atom
+/// `subject`. A completion without a delta reads as an empty delta (one `Window` op that does
+/// nothing). Checks structure, not strings: `Context::apply_ops` checks each string is UTF-8 as
+/// it copies it.
+///
+/// # Errors
+/// [`Unusual`] for anything but a well-formed completion that encodes each embedded message
+/// and string once (what this crate writes); `ops` is then as it was, and the caller decodes
+/// the record with prost.
+pub(crate) fn read_completion(body: &[u8], subject: u64, ops: &mut Vec<Op>) -> Result<(), Unusual> {
+    let start = ops.len();
+    let read = read_completion_ops(body, subject, ops);
+    if read.is_err() {
+        ops.truncate(start);
+    }
+    read
 }
 
-/// A delta read in place: every field as spans of the completion body it came from. Reused
-/// from one record to the next, so its vectors stop allocating once grown.
-#[derive(Debug, Default)]
-pub(crate) struct DeltaSpans {
-    pub messages: Vec<MessageSpans>,
-    pub tool_outputs: Vec<EntrySpans>,
-    pub intermediate_results: Vec<EntrySpans>,
-    pub state_changes: Vec<ChangeSpans>,
-    pub drop_oldest_messages: u32,
-    pub summarizations: Vec<SummarySpans>,
-}
-
-impl DeltaSpans {
-    /// Reads the delta of the `AtomCompleted` body `body`, which must be about atom `subject`.
-    /// A completion without a delta reads as an empty delta.
-    ///
-    /// # Errors
-    /// [`Unusual`] for anything but a well-formed completion that encodes each embedded
-    /// message once (what this crate writes); its caller then decodes it with prost.
-    pub fn read_completion(&mut self, body: &[u8], subject: u64) -> Result<(), Unusual> {
-        self.clear();
-        let mut atom = 0;
-        let mut delta = None;
-        let mut fields = Fields::new(body);
-        while let Some(field) = fields.next_field() {
-            match field? {
-                (1, value) => atom = wire::varint(value)?,
-                (2, value) => once(&mut delta, wire::bytes(value)?)?,
-                (3, value) => {
-                    wire::bytes(value)?;
-                }
-                (4, value) => {
-                    wire::varint(value)?;
-                }
-                _ => {}
+fn read_completion_ops(body: &[u8], subject: u64, ops: &mut Vec<Op>) -> Result<(), Unusual> {
+    let mut atom = 0;
+    let mut delta = None;
+    let mut fields = Fields::new(body);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => atom = wire::varint(value)?,
+            (2, value) => once(&mut delta, wire::bytes(value)?)?,
+            (3, value) => {
+                wire::bytes(value)?;
             }
-        }
-        if atom != subject {
-            return Err(Unusual);
-        }
-        match delta {
-            Some(delta) => self.read_delta(body, delta),
-            None => Ok(()),
+            (4, value) => {
+                wire::varint(value)?;
+            }
+            _ => {}
         }
     }
-
-    fn clear(&mut self) {
-        self.messages.clear();
-        self.tool_outputs.clear();
-        self.intermediate_results.clear();
-        self.state_changes.clear();
-        self.drop_oldest_messages = 0;
-        self.summarizations.clear();
+    if atom != subject {
+        return Err(Unusual);
     }
-
-    fn read_delta(&mut self, body: &[u8], delta: Span) -> Result<(), Unusual> {
-        let mut fields = Fields::nested(body, delta);
-        while let Some(field) = fields.next_field() {
-            match field? {
-                (1, value) => self.messages.push(read_message(body, wire::bytes(value)?)?),
-                (2, value) => self.tool_outputs.push(read_entry(body, wire::bytes(value)?)?),
-                (3, value) => self.intermediate_results.push(read_entry(body, wire::bytes(value)?)?),
-                (4, value) => {
-                    if let Some(change) = read_change(body, wire::bytes(value)?)? {
-                        self.state_changes.push(change);
-                    }
-                }
-                // prost reads a `uint32` as the low 32 bits of the varint.
-                (5, value) => self.drop_oldest_messages = wire::varint(value)? as u32,
-                (6, value) => self.summarizations.push(read_summary(body, wire::bytes(value)?)?),
-                _ => {}
+    let Some(delta) = delta else {
+        ops.push(Op::Window { drop: 0, added: 0 });
+        return Ok(());
+    };
+    // One walk in encoding order, then a stable sort into the order ops are applied in
+    // (summarizations, the window, messages, tool outputs, intermediate results, state
+    // changes), keeping each kind's own order.
+    // The window's op goes first and is filled in at the end: a delta without summarizations,
+    // encoded in field order as prost does, then needs no sorting.
+    let first = ops.len();
+    ops.push(Op::Window { drop: 0, added: 0 });
+    let (mut drop, mut added) = (0, 0u32);
+    let mut fields = Fields::nested(body, delta);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => {
+                ops.push(Op::Message(read_message(body, wire::bytes(value)?)?));
+                added = added.checked_add(1).ok_or(Unusual)?;
             }
+            (2, value) => ops.push(Op::ToolOutput(read_entry(body, wire::bytes(value)?)?)),
+            (3, value) => ops.push(Op::Result(read_entry(body, wire::bytes(value)?)?)),
+            (4, value) => ops.push(read_change(body, wire::bytes(value)?)?),
+            // prost reads a `uint32` as the low 32 bits of the varint.
+            (5, value) => drop = wire::varint(value)? as u32,
+            (6, value) => ops.push(read_summary(body, wire::bytes(value)?)?),
+            _ => {}
         }
-        Ok(())
+    }
+    ops[first] = Op::Window { drop, added };
+    let record = &mut ops[first..];
+    if !record.is_sorted_by_key(Op::order) {
+        record.sort_by_key(Op::order);
+    }
+    Ok(())
+}
+
+impl Op {
+    /// Where ops of this kind go when a delta is applied.
+    fn order(&self) -> u8 {
+        match self {
+            Op::Summarize { .. } => 0,
+            Op::Window { .. } => 1,
+            Op::Message(_) => 2,
+            Op::ToolOutput(_) => 3,
+            Op::Result(_) => 4,
+            Op::Set(_) | Op::Delete { .. } => 5,
+        }
     }
 }
 
@@ -186,8 +202,8 @@ fn read_entry(body: &[u8], span: Span) -> Result<EntrySpans, Unusual> {
     Ok(entry)
 }
 
-/// A state change; `None` if its `change` is unset.
-fn read_change(body: &[u8], span: Span) -> Result<Option<ChangeSpans>, Unusual> {
+/// A state change: `Set` or `Delete`.
+fn read_change(body: &[u8], span: Span) -> Result<Op, Unusual> {
     let mut key = Span::default();
     let mut seen = 0;
     // The `change` oneof: `Some(Some(value))` for set, `Some(None)` for delete.
@@ -211,25 +227,28 @@ fn read_change(body: &[u8], span: Span) -> Result<Option<ChangeSpans>, Unusual> 
         }
     }
     match change {
-        Some(value) => Ok(Some(ChangeSpans { key, value })),
+        Some(Some(value)) => Ok(Op::Set(EntrySpans { key, value })),
+        Some(None) => Ok(Op::Delete { key }),
         // Applying it does nothing, but prost would still check its key: left to prost.
         None => Err(Unusual),
     }
 }
 
-fn read_summary(body: &[u8], span: Span) -> Result<SummarySpans, Unusual> {
-    let mut summary = SummarySpans::default();
+/// A summarization; its strings are checked here, since an empty range is skipped when
+/// applied but prost checks them all the same.
+fn read_summary(body: &[u8], span: Span) -> Result<Op, Unusual> {
+    let (mut from, mut to, mut role, mut summary) = (0, 0, Span::default(), Span::default());
     let mut fields = Fields::nested(body, span);
     while let Some(field) = fields.next_field() {
         match field? {
-            (1, value) => summary.from = wire::varint(value)? as u32,
-            (2, value) => summary.to = wire::varint(value)? as u32,
-            (3, value) => summary.role = wire::text(body, value)?,
-            (4, value) => summary.summary = wire::text(body, value)?,
+            (1, value) => from = wire::varint(value)? as u32,
+            (2, value) => to = wire::varint(value)? as u32,
+            (3, value) => role = wire::text(body, value)?,
+            (4, value) => summary = wire::text(body, value)?,
             _ => {}
         }
     }
-    Ok(summary)
+    Ok(Op::Summarize { from, to, role, summary })
 }
 
 /// Reads the parents of the `AtomStarted` body `body` about atom `subject` into `parents`
@@ -275,7 +294,7 @@ mod tests {
     use super::*;
     use crate::codec::proto::{AtomCompleted, AtomStarted, Delta};
     use crate::codec::tests::arb_delta;
-    use crate::context::Context;
+    use crate::context::{Context, Rotation};
 
     /// What prost makes of `body` applied to `base`: the context, or `None` if prost rejects it.
     fn by_prost(base: &Context, body: &[u8], subject: u64) -> Option<Context> {
@@ -288,10 +307,16 @@ mod tests {
     /// What the zero-copy path makes of it: `Err(())` if it leaves the record to prost,
     /// `Ok(None)` if it rejects it.
     fn by_spans(base: &Context, body: &[u8], subject: u64) -> Result<Option<Context>, ()> {
-        let mut spans = DeltaSpans::default();
-        spans.read_completion(body, subject).map_err(|_| ())?;
+        let mut ops = vec![Op::Window { drop: 0, added: 0 }];
+        if read_completion(body, subject, &mut ops).is_err() {
+            assert_eq!(ops.len(), 1, "a failed read leaves the ops as they were");
+            return Err(());
+        }
         let mut context = base.clone();
-        Ok(context.apply_spans(body, &spans).ok().map(|()| context))
+        let mut rotation = Rotation::default();
+        let applied = context.apply_ops(body, &ops[1..], &mut rotation).ok();
+        context.settle(&mut rotation);
+        Ok(applied.map(|()| context))
     }
 
     fn base_context(deltas: &[Delta]) -> Context {
@@ -319,6 +344,31 @@ mod tests {
             let expected = by_prost(&base, &body, atom);
             prop_assert!(expected.is_some());
             prop_assert_eq!(by_spans(&base, &body, atom), Ok(expected));
+        }
+
+        /// A whole history folded through ops, the window rotating in place from one delta to
+        /// the next and settled once at the end, equals the plain fold.
+        #[test]
+        fn histories_fold_through_ops_as_through_prost(
+            history in proptest::collection::vec(arb_delta(), 1..24),
+            steady in proptest::collection::vec(any::<bool>(), 24),
+        ) {
+            let (mut expected, mut folded, mut rotation) = (Context::new(), Context::new(), Rotation::default());
+            for (atom, (mut delta, steady)) in history.into_iter().zip(steady).enumerate() {
+                if steady {
+                    // The steady state of a bounded window: drop as many as are added.
+                    delta.drop_oldest_messages = delta.messages.len() as u32;
+                    delta.summarizations.clear();
+                }
+                expected.apply(&delta);
+                let atom = atom as u64 + 1;
+                let body = AtomCompleted { atom, delta: Some(delta), result: Vec::new(), ended_at_unix_us: 0 }.encode_to_vec();
+                let mut ops = Vec::new();
+                prop_assert!(read_completion(&body, atom, &mut ops).is_ok());
+                prop_assert!(folded.apply_ops(&body, &ops, &mut rotation).is_ok());
+            }
+            folded.settle(&mut rotation);
+            prop_assert_eq!(folded, expected);
         }
 
         /// On damaged bytes the zero-copy path either leaves the record to prost, or agrees with

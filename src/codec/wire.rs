@@ -22,6 +22,7 @@ pub(crate) struct Span {
 
 impl Span {
     /// The bytes this span covers in `bytes` (empty if it lies outside them).
+    #[inline]
     pub fn of<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
         bytes.get(self.start as usize..self.end as usize).unwrap_or_default()
     }
@@ -65,6 +66,7 @@ impl<'a> Fields<'a> {
     }
 
     /// The next field number and value, `None` at the end.
+    #[inline]
     pub fn next_field(&mut self) -> Option<Result<(u32, Value), Unusual>> {
         if self.at >= self.bytes.len() {
             return None;
@@ -72,6 +74,7 @@ impl<'a> Fields<'a> {
         Some(self.read_field())
     }
 
+    #[inline]
     fn read_field(&mut self) -> Result<(u32, Value), Unusual> {
         let key = self.varint()?;
         let field = u32::try_from(key >> 3).map_err(|_| Unusual)?;
@@ -100,7 +103,15 @@ impl<'a> Fields<'a> {
     }
 
     /// A LEB128 varint of at most 10 bytes whose value fits 64 bits.
+    #[inline]
     fn varint(&mut self) -> Result<u64, Unusual> {
+        // Tags and short lengths take one byte.
+        if let Some(&byte) = self.bytes.get(self.at)
+            && byte < 0x80
+        {
+            self.at += 1;
+            return Ok(u64::from(byte));
+        }
         let mut value = 0u64;
         for i in 0..10 {
             let byte = *self.bytes.get(self.at + i).ok_or(Unusual)?;
@@ -118,6 +129,7 @@ impl<'a> Fields<'a> {
 }
 
 /// A varint field's value; a field of another wire type is [`Unusual`] (prost rejects it).
+#[inline]
 pub(crate) fn varint(value: Value) -> Result<u64, Unusual> {
     match value {
         Value::Varint(value) => Ok(value),
@@ -126,6 +138,7 @@ pub(crate) fn varint(value: Value) -> Result<u64, Unusual> {
 }
 
 /// A length-delimited field's span; a field of another wire type is [`Unusual`].
+#[inline]
 pub(crate) fn bytes(value: Value) -> Result<Span, Unusual> {
     match value {
         Value::Bytes(span) => Ok(span),
@@ -134,6 +147,7 @@ pub(crate) fn bytes(value: Value) -> Result<Span, Unusual> {
 }
 
 /// A string field's span, checked to be UTF-8 (prost rejects a string that is not).
+#[inline]
 pub(crate) fn text(message: &[u8], value: Value) -> Result<Span, Unusual> {
     let span = bytes(value)?;
     std::str::from_utf8(span.of(message)).map_err(|_| Unusual)?;

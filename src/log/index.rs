@@ -104,20 +104,19 @@ impl FrameCursor {
         Self { meta, pos, window: Bytes::new(), window_start: 0, window_bytes: READ_WINDOW_BYTES_MIN }
     }
 
-    /// The next frame, or `None` at the published end.
+    /// The next frame, or `None` at the published end. The frame is verified in place; only
+    /// its payload becomes a (reference-counted) slice.
     pub fn next_batch(&mut self) -> Result<Option<ReadBatch>> {
         self.skip_gap();
         if self.pos >= self.meta.data_end {
             return Ok(None);
         }
-        let header_bytes = self.fetch(self.pos, FRAME_HEADER_BYTES)?;
-        let header = record::decode_header(&header_bytes, self.meta.salt)
-            .map_err(|_| self.meta.corruption(self.pos, "frame header does not verify"))?;
-        let frame_bytes = self.fetch(self.pos, header.frame_len())?;
-        let frame = record::decode_frame(&frame_bytes, self.meta.salt)
-            .map_err(|_| self.meta.corruption(self.pos, "frame does not verify"))?;
-        let payload_start = FRAME_HEADER_BYTES;
-        let payload = frame_bytes.slice(payload_start..payload_start + frame.payload.len());
+        let (pos, salt) = (self.pos, self.meta.salt);
+        let header = record::decode_header(self.fetch(pos, FRAME_HEADER_BYTES)?, salt);
+        let header = header.map_err(|_| self.meta.corruption(pos, "frame header does not verify"))?;
+        let frame = record::decode_frame(self.fetch(pos, header.frame_len())?, salt).map(|frame| frame.payload.len());
+        let payload_len = frame.map_err(|_| self.meta.corruption(pos, "frame does not verify"))?;
+        let payload = self.slice(pos + FRAME_HEADER_BYTES as u64, payload_len);
         self.pos += header.frame_len() as u64;
         Ok(Some(ReadBatch { first_lsn: header.first_lsn, record_count: header.record_count, payload }))
     }
@@ -130,19 +129,18 @@ impl FrameCursor {
         }
     }
 
-    /// `len` bytes at `offset`, all below the published end.
-    fn fetch(&mut self, offset: u64, len: usize) -> Result<Bytes> {
+    /// `len` bytes at `offset`, all below the published end, borrowed from the mapping or from
+    /// the read window (which this refills from the file if it does not hold them).
+    fn fetch(&mut self, offset: u64, len: usize) -> Result<&[u8]> {
         let end = offset + len as u64;
         if end > self.meta.data_end {
             return Err(self.meta.corruption(offset, "frame runs past the published end"));
         }
         match &self.meta.bytes {
-            SegmentBytes::Mapped(all) => {
-                if end > all.len() as u64 {
-                    return Err(self.meta.corruption(offset, "frame runs past the end of the file"));
-                }
-                Ok(all.slice(offset as usize..end as usize))
-            }
+            SegmentBytes::Mapped(all) => match all.get(offset as usize..end as usize) {
+                Some(bytes) => Ok(bytes),
+                None => Err(self.meta.corruption(offset, "frame runs past the end of the file")),
+            },
             SegmentBytes::Active(file) => {
                 let window_end = self.window_start + self.window.len() as u64;
                 if offset < self.window_start || end > window_end {
@@ -155,7 +153,18 @@ impl FrameCursor {
                     self.window_start = offset;
                 }
                 let at = (offset - self.window_start) as usize;
-                Ok(self.window.slice(at..at + len))
+                Ok(&self.window[at..at + len])
+            }
+        }
+    }
+
+    /// The bytes at `offset`, which the last [`FrameCursor::fetch`] returned, as a shared slice.
+    fn slice(&self, offset: u64, len: usize) -> Bytes {
+        match &self.meta.bytes {
+            SegmentBytes::Mapped(all) => all.slice(offset as usize..offset as usize + len),
+            SegmentBytes::Active(_) => {
+                let at = (offset - self.window_start) as usize;
+                self.window.slice(at..at + len)
             }
         }
     }

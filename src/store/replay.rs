@@ -12,11 +12,12 @@
 use std::sync::OnceLock;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use rayon::prelude::*;
 
-use crate::codec::delta_view::{self, DeltaSpans};
+use crate::codec::delta_view::{self, Op};
 use crate::codec::{CodecError, RecordKind, StoreRecord};
-use crate::context::Context;
+use crate::context::{Context, Rotation};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::Lsn;
@@ -387,26 +388,71 @@ impl Store {
     }
 }
 
-/// Completion records decoded by one thread: their bodies back to back, and where each is.
+/// Completion records decoded by one thread: their bodies back to back, and the ops their
+/// deltas read as.
 struct DecodedPart<'a> {
     records: &'a [Pending<'a>],
-    /// Per record: its kind, and the end of its body in `bodies` (each starts where the one
-    /// before it ends).
-    ends: Vec<(RecordKind, u64, usize)>,
+    buffers: PartBuffers,
+}
+
+/// The buffers of a [`DecodedPart`], recycled from part to part and rebuild to rebuild: fresh
+/// ones for every part would make the allocator map and fault in megabytes per rebuild.
+#[derive(Default)]
+struct PartBuffers {
+    /// Per record: its kind, the end of its body in `bodies` (each starts where the one before
+    /// it ends), and the end of its ops in `ops`, or `None` if its delta must be decoded by
+    /// prost instead.
+    ends: Vec<(RecordKind, usize, Option<usize>)>,
     bodies: Vec<u8>,
+    ops: Vec<Op>,
+}
+
+/// Spare [`PartBuffers`], at most `PART_BUFFERS_KEPT` of them, none over
+/// `PART_BUFFER_BYTES_KEPT` (memory the store keeps between rebuilds stays bounded).
+static SPARE_BUFFERS: Mutex<Vec<PartBuffers>> = Mutex::new(Vec::new());
+const PART_BUFFERS_KEPT: usize = 16;
+const PART_BUFFER_BYTES_KEPT: usize = 1 << 20;
+
+impl PartBuffers {
+    fn take() -> Self {
+        SPARE_BUFFERS.lock().pop().unwrap_or_default()
+    }
+
+    fn give_back(mut self) {
+        let bytes = self.bodies.capacity()
+            + self.ops.capacity() * std::mem::size_of::<Op>()
+            + self.ends.capacity() * std::mem::size_of::<(RecordKind, usize, Option<usize>)>();
+        if bytes > PART_BUFFER_BYTES_KEPT {
+            return;
+        }
+        self.ends.clear();
+        self.bodies.clear();
+        self.ops.clear();
+        let mut spare = SPARE_BUFFERS.lock();
+        if spare.len() < PART_BUFFERS_KEPT {
+            spare.push(self);
+        }
+    }
 }
 
 /// A completed atom to apply: its id and its completion record.
 type Pending<'a> = (u64, &'a Completion);
 
-/// Decompresses the completion bodies of `records` (the parallel half of a rebuild).
+/// Decompresses the completion bodies of `records` and reads their deltas (the parallel half
+/// of a rebuild).
 fn decode_part<'a>(store: &Store, records: &'a [Pending<'a>]) -> Result<DecodedPart<'a>> {
     let mut reader = store.shared.codec.body_reader();
-    let mut part = DecodedPart { records, ends: Vec::with_capacity(records.len()), bodies: Vec::new() };
+    let mut part = DecodedPart { records, buffers: PartBuffers::take() };
+    let buffers = &mut part.buffers;
     for (_, (lsn, bytes)) in records {
+        let start = buffers.bodies.len();
         let (kind, subject) =
-            reader.append_body(bytes, &mut part.bodies).map_err(|source| Error::Codec { lsn: *lsn, source })?;
-        part.ends.push((kind, subject, part.bodies.len()));
+            reader.append_body(bytes, &mut buffers.bodies).map_err(|source| Error::Codec { lsn: *lsn, source })?;
+        let body = &buffers.bodies[start..];
+        let ops = (kind == RecordKind::AtomCompleted
+            && delta_view::read_completion(body, subject, &mut buffers.ops).is_ok())
+        .then_some(buffers.ops.len());
+        buffers.ends.push((kind, buffers.bodies.len(), ops));
     }
     Ok(part)
 }
@@ -416,13 +462,13 @@ fn apply_part(
     store: &Store,
     part: &DecodedPart<'_>,
     context: &mut Context,
-    spans: &mut DeltaSpans,
+    rotation: &mut Rotation,
     target: u64,
 ) -> Result<()> {
-    let mut start = 0;
-    for (&(kind, subject, end), &(id, (lsn, bytes))) in part.ends.iter().zip(part.records) {
-        let body = part.bodies.get(start..end).unwrap_or_default();
-        start = end;
+    let (mut body_start, mut ops_start) = (0, 0);
+    for (&(kind, body_end, ops_end), &(id, (lsn, bytes))) in part.buffers.ends.iter().zip(part.records) {
+        let body = part.buffers.bodies.get(body_start..body_end).unwrap_or_default();
+        body_start = body_end;
         match kind {
             RecordKind::AtomCompleted => {}
             RecordKind::AtomReclaimed => return Err(Error::HistoryReclaimed { atom: target, reclaimed: id }),
@@ -430,13 +476,18 @@ fn apply_part(
                 return Err(Error::InconsistentLog { lsn: *lsn, reason: "a completed atom's end is not a completion" });
             }
         }
-        if spans.read_completion(body, subject).is_ok() {
-            context.apply_spans(body, spans).map_err(|source| Error::Codec { lsn: *lsn, source })?;
+        if let Some(ops_end) = ops_end {
+            let ops = part.buffers.ops.get(ops_start..ops_end).unwrap_or_default();
+            ops_start = ops_end;
+            context.apply_ops(body, ops, rotation).map_err(|source| Error::Codec { lsn: *lsn, source })?;
             continue;
         }
         // Not the encoding the zero-copy reader expects: prost decodes it, or says why not.
         match store.shared.codec.decode(bytes).map_err(|source| Error::Codec { lsn: *lsn, source })? {
-            StoreRecord::AtomCompleted(done) => context.apply_owned(done.delta.unwrap_or_default()),
+            StoreRecord::AtomCompleted(done) => {
+                context.settle(rotation);
+                context.apply_owned(done.delta.unwrap_or_default());
+            }
             _ => return Err(Error::InconsistentLog { lsn: *lsn, reason: "kind and body disagree" }),
         }
     }
@@ -481,26 +532,64 @@ fn pipeline(
     threads: usize,
     target: u64,
 ) -> Result<()> {
-    let mut spans = DeltaSpans::default();
-    let mut chunks = completed.chunks(limits::REPLAY_CHUNK_ATOMS);
+    let mut chunks = chunks(completed);
     let Some(first) = chunks.next() else { return Ok(()) };
+    let mut rotation = Rotation::default();
     let mut current = decode_chunk(store, first, threads)?;
     for next in chunks {
-        let apply = || current.iter().try_for_each(|part| apply_part(store, part, context, &mut spans, target));
+        let apply = || apply_chunk(store, std::mem::take(&mut current), context, &mut rotation, target);
         let (decoded, applied) = rayon::join(|| decode_chunk(store, next, threads), apply);
         applied?;
         current = decoded?;
     }
-    current.iter().try_for_each(|part| apply_part(store, part, context, &mut spans, target))
+    apply_chunk(store, current, context, &mut rotation, target)?;
+    context.settle(&mut rotation);
+    Ok(())
 }
 
-/// Decompresses one chunk, split evenly over `threads` threads.
+/// Applies a decoded chunk's parts in order and recycles their buffers.
+fn apply_chunk(
+    store: &Store,
+    parts: Vec<DecodedPart<'_>>,
+    context: &mut Context,
+    rotation: &mut Rotation,
+    target: u64,
+) -> Result<()> {
+    for part in parts {
+        apply_part(store, &part, context, rotation, target)?;
+        part.buffers.give_back();
+    }
+    Ok(())
+}
+
+/// `completed` in chunks that start small and grow to `REPLAY_CHUNK_ATOMS`, and shrink again
+/// towards the end: the first chunk is decoded, and the last applied, with nothing to overlap.
+fn chunks<'s, 'a>(completed: &'s [Pending<'a>]) -> impl Iterator<Item = &'s [Pending<'a>]> {
+    let mut rest = completed;
+    let mut size = DECODE_PART_ATOMS;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let take = size.min((rest.len() / 4).max(DECODE_PART_ATOMS)).min(rest.len());
+        size = (size * 2).min(limits::REPLAY_CHUNK_ATOMS);
+        let (chunk, after) = rest.split_at(take);
+        rest = after;
+        Some(chunk)
+    })
+}
+
+/// Decompresses one chunk on the pool, in parts small enough that a thread done applying the
+/// chunk before can take some of them.
 fn decode_chunk<'a>(store: &Store, chunk: &'a [Pending<'a>], threads: usize) -> Result<Vec<DecodedPart<'a>>> {
     if threads <= 1 {
         return Ok(vec![decode_part(store, chunk)?]);
     }
-    chunk.par_chunks(chunk.len().div_ceil(threads).max(1)).map(|part| decode_part(store, part)).collect()
+    chunk.par_chunks(DECODE_PART_ATOMS).map(|part| decode_part(store, part)).collect()
 }
+
+/// Completions one decode task takes.
+const DECODE_PART_ATOMS: usize = 256;
 
 /// The shared pool rebuilds decode on: one thread per core, at most `REPLAY_THREADS_MAX`.
 fn replay_pool() -> Option<&'static rayon::ThreadPool> {
