@@ -14,8 +14,9 @@ const TOOL_CALL_IDS: u64 = 1000;
 /// encoded. The same seed gives the same stream, so every engine stores the same bytes.
 ///
 /// As in continuum's replay benchmark, the agent keeps a bounded window (each atom past the
-/// 40th drops the oldest message) and recycles tool-call ids, so that rebuilding a million
-/// atoms builds a context of realistic size rather than a million messages.
+/// 40th drops the oldest message) and recycles tool-call ids and intermediate-result names, so
+/// that rebuilding a million atoms builds a context of realistic size rather than one of a
+/// million messages or results.
 #[derive(Debug, Clone)]
 pub struct Deltas {
     transcript: Transcript,
@@ -43,6 +44,9 @@ impl Deltas {
             if let Some(call) = &mut message.tool_call {
                 call.id.clone_from(&call_id);
             }
+        }
+        for result in &mut delta.intermediate_results {
+            result.name = format!("step-{}.summary", self.count % TOOL_CALL_IDS);
         }
         self.count += 1;
         Encoded::new(delta)
