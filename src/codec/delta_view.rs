@@ -251,22 +251,36 @@ fn read_summary(body: &[u8], span: Span) -> Result<Op, Unusual> {
     Ok(Op::Summarize { from, to, role, summary })
 }
 
-/// Reads the parents of the `AtomStarted` body `body` about atom `subject` into `parents`
-/// (cleared first), packed or not.
+/// What the store index needs of an `AtomStarted` record, read in place.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StartSpans {
+    pub run: u64,
+    /// The agent's name (checked UTF-8).
+    pub agent: Span,
+    /// The atom's key within its agent (checked UTF-8).
+    pub key: Span,
+}
+
+/// Reads the `AtomStarted` body `body` about atom `subject`: its run, agent and key, and its
+/// parents into `parents` (cleared first), packed or not.
 ///
 /// # Errors
 /// [`Unusual`] for anything but a well-formed start record; decode it with prost instead.
-pub(crate) fn read_start_parents(body: &[u8], subject: u64, parents: &mut Vec<u64>) -> Result<(), Unusual> {
+pub(crate) fn read_start(body: &[u8], subject: u64, parents: &mut Vec<u64>) -> Result<StartSpans, Unusual> {
     parents.clear();
+    let mut start = StartSpans::default();
     let mut atom = 0;
     let mut fields = Fields::new(body);
     while let Some(field) = fields.next_field() {
         match field? {
             (1, value) => atom = wire::varint(value)?,
-            (2 | 7, value) => {
+            (2, value) => start.run = wire::varint(value)?,
+            (7, value) => {
                 wire::varint(value)?;
             }
-            (3 | 4 | 6, value) => {
+            (3, value) => start.agent = wire::text(body, value)?,
+            (4, value) => start.key = wire::text(body, value)?,
+            (6, value) => {
                 wire::text(body, value)?;
             }
             (5, Value::Varint(parent)) => parents.push(parent),
@@ -283,7 +297,15 @@ pub(crate) fn read_start_parents(body: &[u8], subject: u64, parents: &mut Vec<u6
     if atom != subject {
         return Err(Unusual);
     }
-    Ok(())
+    Ok(start)
+}
+
+/// [`read_start`] for the parents alone.
+///
+/// # Errors
+/// [`Unusual`], as [`read_start`].
+pub(crate) fn read_start_parents(body: &[u8], subject: u64, parents: &mut Vec<u64>) -> Result<(), Unusual> {
+    read_start(body, subject, parents).map(|_| ())
 }
 
 #[cfg(test)]
@@ -410,9 +432,10 @@ mod tests {
                 body[at] = byte;
             }
             let mut read = Vec::new();
-            if read_start_parents(&body, 9, &mut read).is_ok() {
+            if let Ok(spans) = read_start(&body, 9, &mut read) {
                 let decoded = AtomStarted::decode(body.as_slice()).ok().filter(|started| started.atom == 9);
-                prop_assert_eq!(decoded.map(|started| started.parents), Some(read));
+                let view = (spans.run, spans.agent.of(&body).to_vec(), spans.key.of(&body).to_vec(), read);
+                prop_assert_eq!(decoded.map(|s| (s.run, s.agent.into_bytes(), s.key.into_bytes(), s.parents)), Some(view));
             } else {
                 prop_assert!(flip.is_some(), "an undamaged start record must take the fast path");
             }

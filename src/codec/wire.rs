@@ -153,3 +153,9 @@ pub(crate) fn text(message: &[u8], value: Value) -> Result<Span, Unusual> {
     std::str::from_utf8(span.of(message)).map_err(|_| Unusual)?;
     Ok(span)
 }
+
+/// The text at `span` of `message`, which [`text`] checked is UTF-8 (empty if it is not).
+#[inline]
+pub(crate) fn text_of(message: &[u8], span: Span) -> &str {
+    std::str::from_utf8(span.of(message)).unwrap_or_default()
+}

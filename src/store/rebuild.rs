@@ -1,12 +1,13 @@
 //! Rebuilding the store index from the log on open: one pass, reading only envelopes and the
-//! small start records; atom outputs are never decompressed.
+//! small start records (in place, without decoding them into strings); atom outputs are never
+//! decompressed.
 //!
 //! Compaction removes the records of a dropped run segment by segment, so a log may hold a
 //! dropped run's end records without their start records (an *orphan*), always before the
 //! `RunDropped` record. Orphans are set aside and accepted at the end only if a dropped run
 //! explains them; anything else is an inconsistent log.
 
-use crate::codec::{Codec, RecordKind, StoreRecord};
+use crate::codec::{Codec, RecordKind, StoreRecord, delta_view, wire};
 use crate::error::{Error, Result};
 use crate::log::{Log, Lsn};
 use crate::store::index::{self, EntryState, GuardEntry, RunEntry, StoreIndex};
@@ -17,12 +18,28 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
     let started = std::time::Instant::now();
     let mut index = StoreIndex { next_dictionary: 1, ..StoreIndex::default() };
     let mut orphans = Orphans::default();
+    let mut reader = codec.body_reader();
+    let (mut body, mut parents) = (Vec::new(), Vec::new());
     for item in log.iter_from(Lsn::FIRST)? {
         let (lsn, bytes) = item?;
         let lsn = lsn.get();
         let codec_error = |source| Error::Codec { lsn, source };
         let (kind, subject) = codec.peek(&bytes).map_err(codec_error)?;
         match kind {
+            // Most records are starts: read in place, without decoding them into strings.
+            RecordKind::AtomStarted => {
+                body.clear();
+                reader.append_body(&bytes, &mut body).map_err(codec_error)?;
+                match delta_view::read_start(&body, subject, &mut parents) {
+                    Ok(start) => {
+                        let agent = wire::text_of(&body, start.agent);
+                        let key = wire::text_of(&body, start.key);
+                        start_atom(&mut index, lsn, subject, start.run, agent, key)?;
+                    }
+                    // Not the encoding the fast reader expects: prost decodes it, or says why not.
+                    Err(_) => apply(&mut index, &mut orphans, codec, lsn, codec.decode(&bytes).map_err(codec_error)?)?,
+                }
+            }
             RecordKind::AtomCompleted => finish(&mut index, &mut orphans, lsn, subject, EntryState::Completed),
             RecordKind::AtomReclaimed => {
                 finish(&mut index, &mut orphans, lsn, subject, EntryState::Completed);
@@ -79,16 +96,7 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
             });
         }
         StoreRecord::AtomStarted(started) => {
-            let run =
-                u32::try_from(started.run).map_err(|_| Error::InconsistentLog { lsn, reason: "run out of range" })?;
-            if index.run(RunId(started.run)).is_none() || started.atom == 0 {
-                return Err(Error::InconsistentLog { lsn, reason: "atom of an unknown run" });
-            }
-            let agent = index.intern_agent(run, &started.agent);
-            let id =
-                u32::try_from(started.atom).map_err(|_| Error::InconsistentLog { lsn, reason: "atom out of range" })?;
-            index.atom_keys.insert(index::atom_key_hash(run, agent, &started.key), id);
-            *index.atom_slot(AtomId(started.atom)) = index::AtomEntry::new(lsn, run, agent, EntryState::Running);
+            start_atom(index, lsn, started.atom, started.run, &started.agent, &started.key)?;
         }
         StoreRecord::RunTerminal(terminal) => {
             let entry = index
@@ -136,6 +144,19 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
             return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
         }
     }
+    Ok(())
+}
+
+/// Indexes a started atom.
+fn start_atom(index: &mut StoreIndex, lsn: u64, atom: u64, run: u64, agent: &str, key: &str) -> Result<()> {
+    let run32 = u32::try_from(run).map_err(|_| Error::InconsistentLog { lsn, reason: "run out of range" })?;
+    if index.run(RunId(run)).is_none() || atom == 0 {
+        return Err(Error::InconsistentLog { lsn, reason: "atom of an unknown run" });
+    }
+    let agent = index.intern_agent(run32, agent);
+    let id = u32::try_from(atom).map_err(|_| Error::InconsistentLog { lsn, reason: "atom out of range" })?;
+    index.atom_keys.insert(index::atom_key_hash(run32, agent, key), id);
+    *index.atom_slot(AtomId(atom)) = index::AtomEntry::new(lsn, run32, agent, EntryState::Running);
     Ok(())
 }
 
