@@ -107,7 +107,8 @@ fn book(store: &Store, dir: &Path, atom: continuum::AtomId) -> continuum::Result
     let ledger = dir.join("bookings.txt");
     let perform = |key: &str| {
         if let Ok(mut file) = OpenOptions::new().create(true).append(true).open(&ledger) {
-            let _ = writeln!(file, "{key}");
+            // One write per line, so that a SIGKILL cannot leave half a line.
+            let _ = file.write_all(format!("{key}\n").as_bytes());
             let _ = file.sync_all();
         }
         b"booked".to_vec()

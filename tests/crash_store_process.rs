@@ -45,7 +45,10 @@ fn effect(store: &Store, dir: &Path, atom: continuum::AtomId) -> continuum::Resu
     let world = dir.join("world.txt");
     let perform = |key: &str| {
         let mut file = OpenOptions::new().create(true).append(true).open(&world).expect("world file");
-        writeln!(file, "{key}").expect("world write");
+        // One write call per line, as an external system records one request: `writeln!`
+        // writes the key and the newline separately, and a SIGKILL between the two left a
+        // line without its newline that the next line merged into (seen once in CI).
+        file.write_all(format!("{key}\n").as_bytes()).expect("world write");
         file.sync_all().expect("world sync");
         b"done".to_vec()
     };
@@ -120,7 +123,10 @@ fn sigkill_never_reruns_acknowledged_atoms_nor_repeats_effects() {
     for line in world.lines() {
         *effects.entry(line).or_default() += 1;
     }
-    assert_eq!(effects.len() as u64, STEPS.div_ceil(5), "every effect happened");
+    // Lines of an unusual length are torn or merged writes: show them if the count is off.
+    let odd: Vec<&&str> =
+        effects.keys().filter(|line| !line.ends_with("charge") || line.matches("charge").count() != 1).collect();
+    assert_eq!(effects.len() as u64, STEPS.div_ceil(5), "every effect happened; odd lines: {odd:?}");
     assert!(effects.values().all(|count| *count == 1), "an effect happened twice: {effects:?}");
     eprintln!(
         "{iterations} SIGKILLs: {} atoms acknowledged before the last kill, {} effects, none repeated",

@@ -76,6 +76,15 @@ impl SegmentMeta {
     }
 }
 
+/// A verified frame of [`FrameCursor::next_frame`].
+#[derive(Debug)]
+pub(crate) struct FrameAt {
+    pub first_lsn: u64,
+    pub record_count: u32,
+    /// The payload's range in [`FrameCursor::source`].
+    pub payload: std::ops::Range<usize>,
+}
+
 /// A verified batch read from a segment.
 #[derive(Debug)]
 pub(crate) struct ReadBatch {
@@ -107,6 +116,14 @@ impl FrameCursor {
     /// The next frame, or `None` at the published end. The frame is verified in place; only
     /// its payload becomes a (reference-counted) slice.
     pub fn next_batch(&mut self) -> Result<Option<ReadBatch>> {
+        let Some(frame) = self.next_frame()? else { return Ok(None) };
+        let payload = self.source().slice(frame.payload);
+        Ok(Some(ReadBatch { first_lsn: frame.first_lsn, record_count: frame.record_count, payload }))
+    }
+
+    /// The next frame, verified in place, or `None` at the published end; its payload is at
+    /// `payload` of [`FrameCursor::source`] until the next call.
+    pub fn next_frame(&mut self) -> Result<Option<FrameAt>> {
         self.skip_gap();
         if self.pos >= self.meta.data_end {
             return Ok(None);
@@ -116,9 +133,30 @@ impl FrameCursor {
         let header = header.map_err(|_| self.meta.corruption(pos, "frame header does not verify"))?;
         let frame = record::decode_frame(self.fetch(pos, header.frame_len())?, salt).map(|frame| frame.payload.len());
         let payload_len = frame.map_err(|_| self.meta.corruption(pos, "frame does not verify"))?;
-        let payload = self.slice(pos + FRAME_HEADER_BYTES as u64, payload_len);
+        let start = match &self.meta.bytes {
+            SegmentBytes::Mapped(_) => pos as usize,
+            SegmentBytes::Active(_) => (pos - self.window_start) as usize,
+        } + FRAME_HEADER_BYTES;
         self.pos += header.frame_len() as u64;
-        Ok(Some(ReadBatch { first_lsn: header.first_lsn, record_count: header.record_count, payload }))
+        Ok(Some(FrameAt {
+            first_lsn: header.first_lsn,
+            record_count: header.record_count,
+            payload: start..start + payload_len,
+        }))
+    }
+
+    /// The bytes the last frame's `payload` range indexes: the mapped segment, or the read
+    /// window of the active one.
+    pub fn source(&self) -> &Bytes {
+        match &self.meta.bytes {
+            SegmentBytes::Mapped(all) => all,
+            SegmentBytes::Active(_) => &self.window,
+        }
+    }
+
+    /// Where the cursor is reading, for errors.
+    pub fn corruption_here(&self, reason: &'static str) -> Error {
+        self.meta.corruption(self.pos, reason)
     }
 
     fn skip_gap(&mut self) {
@@ -154,17 +192,6 @@ impl FrameCursor {
                 }
                 let at = (offset - self.window_start) as usize;
                 Ok(&self.window[at..at + len])
-            }
-        }
-    }
-
-    /// The bytes at `offset`, which the last [`FrameCursor::fetch`] returned, as a shared slice.
-    fn slice(&self, offset: u64, len: usize) -> Bytes {
-        match &self.meta.bytes {
-            SegmentBytes::Mapped(all) => all.slice(offset as usize..offset as usize + len),
-            SegmentBytes::Active(_) => {
-                let at = (offset - self.window_start) as usize;
-                self.window.slice(at..at + len)
             }
         }
     }

@@ -93,3 +93,67 @@ impl Iterator for LogIter {
         None
     }
 }
+
+/// Bytes of the length before each record of a batch payload (`FORMAT.md` §3).
+const RECORD_LEN_BYTES: usize = 4;
+
+/// A record seen by [`crate::Log::visit`]: borrowed from its segment, made a shared slice only
+/// on request.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordRef<'a> {
+    source: &'a Bytes,
+    start: usize,
+    end: usize,
+}
+
+impl<'a> RecordRef<'a> {
+    /// The record's bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        &self.source[self.start..self.end]
+    }
+
+    /// The record as a shared slice of its segment (what [`LogIter`] yields).
+    pub fn to_bytes(&self) -> Bytes {
+        self.source.slice(self.start..self.end)
+    }
+}
+
+/// Calls `visit` with every record of `segments` with an LSN in `from..=to`, in order, until it
+/// returns `Ok(false)`. Frames are verified as [`LogIter`] verifies them; records are borrowed.
+pub(crate) fn visit(
+    segments: Vec<SegmentMeta>,
+    from: u64,
+    to: u64,
+    mut visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
+) -> Result<()> {
+    for meta in segments.into_iter().filter(|meta| meta.next_lsn > from) {
+        if meta.first_lsn > to {
+            break;
+        }
+        let mut cursor = FrameCursor::seek(meta, from);
+        while let Some(frame) = cursor.next_frame()? {
+            let source = cursor.source();
+            let (mut at, mut lsn) = (frame.payload.start, frame.first_lsn);
+            for _ in 0..frame.record_count {
+                let Some(len) =
+                    source.get(at..at + RECORD_LEN_BYTES).filter(|_| at + RECORD_LEN_BYTES <= frame.payload.end)
+                else {
+                    return Err(cursor.corruption_here("a record runs past its frame"));
+                };
+                let start = at + RECORD_LEN_BYTES;
+                let end = start + read_u32_le(len, 0) as usize;
+                if end > frame.payload.end {
+                    return Err(cursor.corruption_here("a record runs past its frame"));
+                }
+                if lsn > to {
+                    return Ok(());
+                }
+                if lsn >= from && !visit(lsn, RecordRef { source, start, end })? {
+                    return Ok(());
+                }
+                (at, lsn) = (end, lsn + 1);
+            }
+        }
+    }
+    Ok(())
+}

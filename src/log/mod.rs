@@ -30,7 +30,7 @@ use record::EncodedBatch;
 use writer::Writer;
 
 pub use compact::{Rewrite, RewriteReport};
-pub use iter::LogIter;
+pub use iter::{LogIter, RecordRef};
 pub use recovery::{InvalidRange, RecoveryReport};
 
 /// Name of the lock file inside a store directory.
@@ -393,6 +393,17 @@ impl Log {
             Some((found, bytes)) if found == lsn => Ok(Some(bytes)),
             _ => Ok(None),
         }
+    }
+
+    /// Calls `visit` with each record whose LSN is in `from..=to`, in order, until it returns
+    /// `Ok(false)`: [`Log::iter_from`] without a shared slice per record (records are borrowed
+    /// from their segment; [`RecordRef::to_bytes`] makes one when a caller keeps a record).
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] if stored bytes no longer verify, and `visit`'s errors.
+    pub fn visit(&self, from: Lsn, to: Lsn, visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>) -> Result<()> {
+        let segments = self.inner.index.read().segments.clone();
+        iter::visit(segments, from.get(), to.get(), visit)
     }
 
     /// Iterates over the records from `lsn` (or from the oldest one, if `lsn` was truncated) to

@@ -20,16 +20,15 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
     let mut orphans = Orphans::default();
     let mut reader = codec.body_reader();
     let (mut body, mut parents) = (Vec::new(), Vec::new());
-    for item in log.iter_from(Lsn::FIRST)? {
-        let (lsn, bytes) = item?;
-        let lsn = lsn.get();
+    log.visit(Lsn::FIRST, Lsn::new(u64::MAX), |lsn, record| {
+        let bytes = record.bytes();
         let codec_error = |source| Error::Codec { lsn, source };
-        let (kind, subject) = codec.peek(&bytes).map_err(codec_error)?;
+        let (kind, subject) = codec.peek(bytes).map_err(codec_error)?;
         match kind {
             // Most records are starts: read in place, without decoding them into strings.
             RecordKind::AtomStarted => {
                 body.clear();
-                reader.append_body(&bytes, &mut body).map_err(codec_error)?;
+                reader.append_body(bytes, &mut body).map_err(codec_error)?;
                 match delta_view::read_start(&body, subject, &mut parents) {
                     Ok(start) => {
                         let agent = wire::text_of(&body, start.agent);
@@ -37,7 +36,7 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
                         start_atom(&mut index, lsn, subject, start.run, agent, key)?;
                     }
                     // Not the encoding the fast reader expects: prost decodes it, or says why not.
-                    Err(_) => apply(&mut index, &mut orphans, codec, lsn, codec.decode(&bytes).map_err(codec_error)?)?,
+                    Err(_) => apply(&mut index, &mut orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?,
                 }
             }
             RecordKind::AtomCompleted => finish(&mut index, &mut orphans, lsn, subject, EntryState::Completed),
@@ -48,15 +47,16 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
                 }
             }
             RecordKind::AtomFailed => {
-                let StoreRecord::AtomFailed(failed) = codec.decode(&bytes).map_err(codec_error)? else {
+                let StoreRecord::AtomFailed(failed) = codec.decode(bytes).map_err(codec_error)? else {
                     return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
                 };
                 let state = if failed.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
                 finish(&mut index, &mut orphans, lsn, subject, state);
             }
-            _ => apply(&mut index, &mut orphans, codec, lsn, codec.decode(&bytes).map_err(codec_error)?)?,
+            _ => apply(&mut index, &mut orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?,
         }
-    }
+        Ok(true)
+    })?;
     orphans.check(&index)?;
     // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
     index.atoms.shrink_to_fit();

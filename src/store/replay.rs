@@ -330,35 +330,32 @@ impl Store {
         let mut reader = self.shared.codec.body_reader();
         let mut body = Vec::new();
         let mut parents = Vec::new();
-        for item in self.shared.log.iter_from(Lsn::new(from))? {
-            let (lsn, bytes) = item?;
-            let lsn = lsn.get();
-            if lsn > to {
-                break;
-            }
+        self.shared.log.visit(Lsn::new(from), Lsn::new(to), |lsn, record| {
+            let bytes = record.bytes();
             let codec_error = |source: CodecError| Error::Codec { lsn, source };
-            let (kind, subject) = self.shared.codec.peek(&bytes).map_err(codec_error)?;
+            let (kind, subject) = self.shared.codec.peek(bytes).map_err(codec_error)?;
             if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted | RecordKind::AtomReclaimed)
                 || !in_run.contains(subject)
             {
-                continue;
+                return Ok(true);
             }
             if kind != RecordKind::AtomStarted {
-                part.completions.push((subject, (lsn, bytes)));
-                continue;
+                part.completions.push((subject, (lsn, record.to_bytes())));
+                return Ok(true);
             }
             body.clear();
-            reader.append_body(&bytes, &mut body).map_err(codec_error)?;
+            reader.append_body(bytes, &mut body).map_err(codec_error)?;
             if delta_view::read_start_parents(&body, subject, &mut parents).is_err() {
                 // Not the plain encoding the fast reader expects: let prost decide.
-                match self.shared.codec.decode(&bytes).map_err(codec_error)? {
+                match self.shared.codec.decode(bytes).map_err(codec_error)? {
                     StoreRecord::AtomStarted(started) => parents = started.parents,
                     _ => return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
                 }
             }
             part.starts.push((subject, part.parents.len(), parents.len()));
             part.parents.extend_from_slice(&parents);
-        }
+            Ok(true)
+        })?;
         Ok(part)
     }
 
