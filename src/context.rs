@@ -7,9 +7,9 @@ use prost::Message;
 use prost::encoding::{self, WireType};
 
 use crate::codec::CodecError;
-use crate::codec::delta_view::{MessageSpans, Op, ToolCallSpans};
+use crate::codec::delta_view::{self, MessageSpans, Op, ToolCallSpans};
 use crate::codec::proto::{self, ChatMessage, Delta, ToolCall, state_change};
-use crate::codec::wire::Span;
+use crate::codec::wire::{self, Fields, Span, Unusual};
 
 /// How far [`Context::apply_ops`] has rotated a context's message window in place instead of
 /// moving every message down when the oldest ones are dropped: message `i` of the window is at
@@ -215,6 +215,15 @@ impl Context {
     /// # Errors
     /// [`CodecError::Protobuf`] for bytes that are not a context.
     pub fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
+        // Straight into hash maps; prost (into ordered maps, then moved) decides anything else.
+        match decode_in_place(bytes) {
+            Ok(context) => Ok(context),
+            Err(Unusual) => Self::decode_with_prost(bytes),
+        }
+    }
+
+    /// [`Context::decode`] through prost's generated `proto::Context`.
+    fn decode_with_prost(bytes: &[u8]) -> Result<Self, CodecError> {
         let decoded = proto::Context::decode(bytes).map_err(|_| CodecError::Protobuf)?;
         Ok(Self {
             inner: Inner {
@@ -225,6 +234,34 @@ impl Context {
             },
         })
     }
+}
+
+/// Decodes a context's fields straight into hash maps (snapshot loads are dominated by map
+/// inserts): messages through prost, map entries read in place. Anything the wire reader does
+/// not expect is [`Unusual`], and [`Context::decode`] leaves it to prost.
+fn decode_in_place(bytes: &[u8]) -> Result<Context, Unusual> {
+    let mut inner = Inner::default();
+    let mut fields = Fields::new(bytes);
+    while let Some(field) = fields.next_field() {
+        let (number, value) = field?;
+        let map = match number {
+            1 => {
+                let message = ChatMessage::decode(wire::bytes(value)?.of(bytes)).map_err(|_| Unusual)?;
+                inner.messages.push(message);
+                continue;
+            }
+            2 => &mut inner.tool_outputs,
+            3 => &mut inner.intermediate_results,
+            4 => &mut inner.state,
+            // Unknown fields are skipped, as prost skips them.
+            _ => continue,
+        };
+        let entry = delta_view::read_entry(bytes, wire::bytes(value)?)?;
+        let key = std::str::from_utf8(entry.key.of(bytes)).map_err(|_| Unusual)?;
+        // A key seen twice keeps its last value, as prost's map merge does.
+        map.insert(key.to_owned(), entry.value.of(bytes).to_vec());
+    }
+    Ok(Context { inner })
 }
 
 /// One `map<string, bytes>` entry as prost encodes it: a length-delimited message whose key
@@ -353,6 +390,32 @@ mod tests {
             };
             proptest::prop_assert_eq!(context.encode(), ordered.encode_to_vec());
             proptest::prop_assert_eq!(Context::decode(&context.encode()), Ok(context));
+        }
+    }
+
+    proptest::proptest! {
+        /// The in-place decoder agrees with prost on damaged snapshot payloads: the same
+        /// context, or both refuse.
+        #[test]
+        fn damaged_encodings_decode_as_prost_decodes_them(
+            deltas in proptest::collection::vec(crate::codec::tests::arb_delta(), 1..4),
+            flips in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), proptest::prelude::any::<u8>()), 1..4),
+        ) {
+            let mut context = Context::new();
+            for delta in &deltas {
+                context.apply(delta);
+            }
+            let mut bytes = context.encode();
+            if !bytes.is_empty() {
+                for (at, byte) in flips {
+                    let at = at.index(bytes.len());
+                    bytes[at] = byte;
+                }
+            }
+            let fast = decode_in_place(&bytes).map_err(|Unusual| ());
+            if let Ok(fast) = fast {
+                proptest::prop_assert_eq!(Ok(fast), Context::decode_with_prost(&bytes));
+            }
         }
     }
 

@@ -188,7 +188,9 @@ fn read_message(body: &[u8], span: Span) -> Result<MessageSpans, Unusual> {
     Ok(message)
 }
 
-fn read_entry(body: &[u8], span: Span) -> Result<EntrySpans, Unusual> {
+/// A `map<string, bytes>` entry or a keyed delta field: key (field 1), value (field 2); the
+/// key is not checked to be UTF-8.
+pub(crate) fn read_entry(body: &[u8], span: Span) -> Result<EntrySpans, Unusual> {
     let mut entry = EntrySpans::default();
     let mut seen = 0;
     let mut fields = Fields::nested(body, span);
