@@ -222,8 +222,13 @@ impl Context {
         }
     }
 
+    /// [`Context::decode`]'s in-place path alone (for the fuzz target comparing it with prost).
+    pub(crate) fn decode_in_place(bytes: &[u8]) -> Result<Self, Unusual> {
+        decode_in_place(bytes)
+    }
+
     /// [`Context::decode`] through prost's generated `proto::Context`.
-    fn decode_with_prost(bytes: &[u8]) -> Result<Self, CodecError> {
+    pub(crate) fn decode_with_prost(bytes: &[u8]) -> Result<Self, CodecError> {
         let decoded = proto::Context::decode(bytes).map_err(|_| CodecError::Protobuf)?;
         Ok(Self {
             inner: Inner {
@@ -239,7 +244,7 @@ impl Context {
 /// Decodes a context's fields straight into hash maps (snapshot loads are dominated by map
 /// inserts): messages through prost, map entries read in place. Anything the wire reader does
 /// not expect is [`Unusual`], and [`Context::decode`] leaves it to prost.
-fn decode_in_place(bytes: &[u8]) -> Result<Context, Unusual> {
+pub(crate) fn decode_in_place(bytes: &[u8]) -> Result<Context, Unusual> {
     let mut inner = Inner::default();
     let mut fields = Fields::new(bytes);
     while let Some(field) = fields.next_field() {

@@ -86,6 +86,73 @@ pub fn decode_record(data: &[u8]) {
     }
 }
 
+/// Checks replay's zero-copy readers against prost on arbitrary bytes: the first byte picks
+/// what the rest is (0: an `AtomCompleted` body, 1: an `AtomStarted` body, 2: a snapshot's
+/// `Context`). Whatever the fast path accepts, prost must accept with the same result; where the
+/// fast path applies a delta and fails, prost must reject it. Must never panic otherwise.
+pub fn replay_decode(data: &[u8]) {
+    use prost::Message;
+
+    use crate::codec::delta_view;
+    use crate::codec::proto::{AtomCompleted, AtomStarted};
+    use crate::context::{Context, Rotation};
+
+    let Some((&which, body)) = data.split_first() else { return };
+    match which % 3 {
+        0 => {
+            let base = fuzz_base_context();
+            let prost = AtomCompleted::decode(body).ok();
+            for subject in [prost.as_ref().map_or(0, |done| done.atom), 1] {
+                let mut ops = Vec::new();
+                if delta_view::read_completion(body, subject, &mut ops).is_err() {
+                    assert!(ops.is_empty(), "a refused read leaves no ops");
+                    continue;
+                }
+                let mut fast = base.clone();
+                let mut rotation = Rotation::default();
+                let applied = fast.apply_ops(body, &ops, &mut rotation);
+                fast.settle(&mut rotation);
+                let by_prost = prost.clone().filter(|done| done.atom == subject).map(|done| {
+                    let mut context = base.clone();
+                    context.apply_owned(done.delta.unwrap_or_default());
+                    context
+                });
+                match applied {
+                    Ok(()) => assert_eq!(Some(fast), by_prost, "the fast path folds as prost decodes"),
+                    Err(_) => assert!(by_prost.is_none(), "the fast path refused what prost accepts"),
+                }
+            }
+        }
+        1 => {
+            let prost = AtomStarted::decode(body).ok();
+            let subject = prost.as_ref().map_or(0, |started| started.atom);
+            let mut parents = Vec::new();
+            if let Ok(start) = delta_view::read_start(body, subject, &mut parents) {
+                let prost = prost.expect("prost accepts what the fast path accepts");
+                assert_eq!(start.run, prost.run);
+                assert_eq!(start.agent.of(body), prost.agent.as_bytes());
+                assert_eq!(start.key.of(body), prost.key.as_bytes());
+                assert_eq!(parents, prost.parents);
+            }
+        }
+        _ => {
+            if let Ok(fast) = Context::decode_in_place(body) {
+                assert_eq!(Ok(fast), Context::decode_with_prost(body), "snapshot decoders agree");
+            }
+        }
+    }
+}
+
+/// A context with a window and keys, so that replay's buffer reuse is exercised.
+fn fuzz_base_context() -> crate::context::Context {
+    let mut context = crate::context::Context::new();
+    let mut transcript = crate::synthetic::Transcript::new(7);
+    for _ in 0..3 {
+        context.apply(&transcript.next_delta(200));
+    }
+    context
+}
+
 /// Hand-made seed inputs: `(target, file name, bytes)`. Valid frames and segments, so that the
 /// fuzzers start from inputs that reach deep into the decoders.
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
@@ -128,6 +195,42 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     ];
     for (i, record) in records.iter().enumerate() {
         seeds.push(("decode_record", format!("seed-{i}"), codec.encode(record)));
+    }
+    {
+        use prost::Message;
+        let mut delta = transcript.next_delta(500);
+        delta.drop_oldest_messages = 1;
+        delta.summarizations.push(crate::codec::proto::Summarization {
+            from: 0,
+            to: 2,
+            role: "system".into(),
+            summary: "earlier steps".into(),
+        });
+        let completed = crate::codec::proto::AtomCompleted {
+            atom: 9,
+            delta: Some(delta),
+            result: b"ok".to_vec(),
+            ended_at_unix_us: 1,
+        };
+        let started = crate::codec::proto::AtomStarted {
+            atom: 10,
+            run: 1,
+            agent: "planner".into(),
+            key: "step-1".into(),
+            parents: vec![7, 9],
+            ..Default::default()
+        };
+        let mut context = fuzz_base_context();
+        context.apply(&transcript.next_delta(300));
+        for (i, (which, body)) in
+            [(0u8, completed.encode_to_vec()), (1, started.encode_to_vec()), (2, context.encode())]
+                .into_iter()
+                .enumerate()
+        {
+            let mut input = vec![which];
+            input.extend_from_slice(&body);
+            seeds.push(("replay_decode", format!("seed-{i}"), input));
+        }
     }
     seeds
 }

@@ -41,6 +41,13 @@ fn decode_record_corpus_never_panics() {
     eprintln!("decode_record: {count} inputs");
 }
 
+#[test]
+fn replay_decode_corpus_agrees_with_prost() {
+    let count = replay("replay_decode", continuum::fuzz::replay_decode);
+    assert!(count > 0, "the replay_decode corpus must not be empty");
+    eprintln!("replay_decode: {count} inputs");
+}
+
 /// Writes the hand-made seeds. Run with `cargo test --test fuzz_corpus -- --ignored` after a
 /// format change, then commit `fuzz/corpus/`.
 #[test]

@@ -35,6 +35,9 @@ impl Span {
     }
 }
 
+/// The largest protobuf field number.
+const FIELD_NUMBER_MAX: u32 = (1 << 29) - 1;
+
 /// One field's value.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Value {
@@ -76,9 +79,11 @@ impl<'a> Fields<'a> {
 
     #[inline]
     fn read_field(&mut self) -> Result<(u32, Value), Unusual> {
-        let key = self.varint()?;
-        let field = u32::try_from(key >> 3).map_err(|_| Unusual)?;
-        if field == 0 {
+        // prost refuses a key above `u32::MAX` and a field number of 0 or above 2^29 - 1; so
+        // does this reader (the fuzz target `replay_decode` found the first one missing).
+        let key = u32::try_from(self.varint()?).map_err(|_| Unusual)?;
+        let field = key >> 3;
+        if field == 0 || field > FIELD_NUMBER_MAX {
             return Err(Unusual);
         }
         let value = match key & 7 {
