@@ -120,16 +120,23 @@ fn bench_atoms(c: &mut Criterion, group_name: &str, root: &Path, threads_list: &
 }
 
 /// Bytes on disk per atom for a realistic run of `count` atoms, with the trained dictionary.
-fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64) {
+/// Bytes on disk per atom: over all `count` atoms; from atom 2,100 on (the final dictionary
+/// trained); and over atoms 256–2,099 (the first, early dictionary); and the delta's size.
+fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64, f64) {
     let outputs = outputs(count);
     let dir = tempfile::tempdir_in(root).expect("dir");
     let store = open_store(dir.path());
     let run = store.create_run(RunSpec::new("space")).expect("run");
     let mut measured_from = 0;
+    let mut young_from = 0;
     let mut parents = Vec::new();
+    let log_bytes = |store: &continuum::Store| store.log().segments().iter().map(|s| s.data_bytes).sum::<u64>();
     for (i, output) in outputs.iter().enumerate() {
+        if i == 256 {
+            young_from = log_bytes(&store);
+        }
         if i == 2_100 {
-            measured_from = store.log().segments().iter().map(|s| s.data_bytes).sum::<u64>();
+            measured_from = log_bytes(&store);
         }
         let atom = store.begin_atom(run, "researcher", &format!("step-{i}"), &parents, "").expect("begin");
         store.complete_atom(atom, output).expect("complete");
@@ -138,7 +145,8 @@ fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64) {
     let total: u64 = store.log().segments().iter().map(|s| s.data_bytes).sum();
     let delta_bytes: usize = outputs.iter().map(|o| prost::Message::encoded_len(&o.delta)).sum();
     let steady = (total - measured_from) as f64 / (count - 2_100) as f64;
-    (total as f64 / count as f64, steady, delta_bytes as f64 / count as f64)
+    let young = (measured_from - young_from) as f64 / (2_100 - 256) as f64;
+    (total as f64 / count as f64, steady, young, delta_bytes as f64 / count as f64)
 }
 
 /// Index heap bytes per atom for `count` atoms (tiny outputs: the index does not hold them).
@@ -172,7 +180,7 @@ fn main() {
     }
     let test_mode = std::env::args().any(|a| a == "--test");
     let atoms = if test_mode { 2_200 } else { 12_000 };
-    let (all, steady, delta) = bytes_per_atom(if shm.is_dir() { shm } else { &disk }, atoms);
+    let (all, steady, young, delta) = bytes_per_atom(if shm.is_dir() { shm } else { &disk }, atoms);
     let index_atoms = std::env::var("CONTINUUM_BENCH_INDEX_ATOMS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -184,6 +192,7 @@ fn main() {
     }
     eprintln!("  delta size (protobuf, before compression)               {delta:>9.1} bytes/atom");
     eprintln!("  on disk, {atoms} atoms, everything                     {all:>9.1} bytes/atom");
+    eprintln!("  on disk, atoms 256-2,099 (first, early dictionary)      {young:>9.1} bytes/atom");
     eprintln!("  on disk, after the dictionary is trained                {steady:>9.1} bytes/atom (goal <= 150)");
     eprintln!("  index for {index_atoms} atoms                           {index:>9.1} bytes/atom (goal <= 64)");
     eprintln!("  index rebuild on open for {index_atoms} atoms           {:>9.1} ms", rebuild.as_secs_f64() * 1e3);

@@ -28,6 +28,23 @@ fn main() {
             records.chunks(batch).map(|chunk| zstd::bulk::compress(&chunk.concat(), 3).expect("zstd").len()).sum();
         print_line(&format!("per batch of {batch}, zstd level 3"), total, started);
     }
+    // The store's first dictionary: trained on its first `DICTIONARY_FIRST_SAMPLES` deltas.
+    {
+        let first = &samples[..continuum::limits::DICTIONARY_FIRST_SAMPLES];
+        let started = Instant::now();
+        let dictionary = zstd::dict::from_samples(first, continuum::limits::DICTIONARY_FIRST_BYTES).expect("train");
+        let trained_in = started.elapsed();
+        let mut compressor = zstd::bulk::Compressor::with_dictionary(3, &dictionary).expect("compressor");
+        report(
+            &format!(
+                "per record, first {} KiB dictionary from {} samples (trained in {trained_in:.0?}), level 3",
+                continuum::limits::DICTIONARY_FIRST_BYTES / 1024,
+                first.len()
+            ),
+            &records,
+            |r| compressor.compress(r).expect("zstd"),
+        );
+    }
     for dict_bytes in [8 * 1024, 16 * 1024, 32 * 1024, 64 * 1024] {
         let started = Instant::now();
         let dictionary = zstd::dict::from_samples(&samples, dict_bytes).expect("train");

@@ -25,12 +25,19 @@ pub const COMPRESSION_MIN_BYTES: usize = 64;
 /// zstd compression level of store records.
 pub const COMPRESSION_LEVEL: i32 = 3;
 
-/// Size of the dictionary trained on a store's first records.
+/// Size of the dictionary trained on a store's first `DICTIONARY_TRAINING_SAMPLES` records.
 pub const DICTIONARY_BYTES: usize = 64 * 1024;
 
-/// Records sampled before the dictionary is trained (bounds the samples kept in memory to
+/// Records sampled before the final dictionary is trained (bounds the samples kept in memory to
 /// about this many records).
 pub const DICTIONARY_TRAINING_SAMPLES: usize = 2_000;
+
+/// Size of the first, smaller dictionary, trained early so that a young store's records do not
+/// wait for `DICTIONARY_TRAINING_SAMPLES` of them to compress well.
+pub const DICTIONARY_FIRST_BYTES: usize = 16 * 1024;
+
+/// Records sampled before the first dictionary is trained.
+pub const DICTIONARY_FIRST_SAMPLES: usize = 256;
 
 /// Bytes of samples kept for dictionary training at most.
 pub const DICTIONARY_TRAINING_BYTES_MAX: usize = 8 * 1024 * 1024;
@@ -69,6 +76,8 @@ pub const READ_CHUNK_BYTES_MAX: usize = 1024 * 1024;
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
 const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);
+const _: () = assert!(DICTIONARY_FIRST_BYTES * 2 <= DICTIONARY_BYTES);
+const _: () = assert!(DICTIONARY_FIRST_SAMPLES < DICTIONARY_TRAINING_SAMPLES);
 const _: () = assert!(SEGMENT_BYTES_MIN <= SEGMENT_BYTES_DEFAULT);
 const _: () = assert!(SEGMENT_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);
 // Offsets inside a segment and frame lengths are carried as u32 in places.

@@ -185,3 +185,69 @@ fn a_dictionary_is_trained_and_used_across_reopen() {
         assert_eq!(store.atom(atom).expect("atom").output.as_ref(), Some(&outputs[i]));
     }
 }
+
+/// The dictionaries in the log (id, bytes), and the compression of each completion, in order.
+fn dictionaries_and_completions(store: &Store) -> (Vec<(u64, usize)>, Vec<String>) {
+    let (mut dictionaries, mut completions) = (Vec::new(), Vec::new());
+    for item in store.log().iter_from(continuum::Lsn::FIRST).expect("iterate") {
+        let (_, bytes) = item.expect("record");
+        let info = store.decode_record(&bytes).expect("decode");
+        match info.record {
+            continuum::codec::StoreRecord::Dictionary(dictionary) => {
+                dictionaries.push((u64::from(dictionary.id), dictionary.dictionary.len()));
+            }
+            continuum::codec::StoreRecord::AtomCompleted(_) => completions.push(info.compression),
+            _ => {}
+        }
+    }
+    (dictionaries, completions)
+}
+
+#[test]
+fn a_small_dictionary_comes_early_and_the_final_one_later_across_reopens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut transcript = Transcript::new(8);
+    let mut outputs = Vec::new();
+    let mut write = |count: usize, outputs: &mut Vec<AtomOutput>| {
+        let store = Store::builder(dir.path()).open().expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        for _ in 0..count {
+            let out = AtomOutput { delta: transcript.next_delta(500), result: Vec::new() };
+            let atom = store.begin_atom(run, "agent", &format!("step-{}", outputs.len()), &[], "").expect("begin");
+            store.complete_atom(atom, &out).expect("complete");
+            outputs.push(out);
+        }
+    };
+    // 300 atoms: the first dictionary (at most 16 KiB) is trained on the 256th delta, which is
+    // the first one compressed with it.
+    write(300, &mut outputs);
+    let store = Store::open(dir.path()).expect("reopen");
+    let (dictionaries, completions) = dictionaries_and_completions(&store);
+    assert_eq!(dictionaries.len(), 1, "one early dictionary: {dictionaries:?}");
+    assert!(dictionaries[0].1 <= 16 * 1024);
+    assert_eq!(completions[..255].iter().filter(|c| c.contains("dictionary")).count(), 0);
+    assert!(
+        completions[255..].iter().all(|c| *c == format!("zstd+dictionary#{}", dictionaries[0].0)),
+        "{completions:?}"
+    );
+    drop(store);
+    // 2,100 more, after a reopen: the final dictionary comes after 2,000 new samples.
+    write(2_100, &mut outputs);
+    let store = Store::open(dir.path()).expect("reopen");
+    let (dictionaries, completions) = dictionaries_and_completions(&store);
+    assert_eq!(dictionaries.len(), 2, "the early dictionary, then the final one: {dictionaries:?}");
+    assert!(dictionaries[1].1 > 16 * 1024, "the final dictionary is the bigger one: {dictionaries:?}");
+    let last = completions.last().expect("completions");
+    assert_eq!(*last, format!("zstd+dictionary#{}", dictionaries[1].0));
+    drop(store);
+    // Once the final one exists, no more are trained; every output reads back.
+    write(300, &mut outputs);
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(dictionaries_and_completions(&store).0.len(), 2);
+    let run = store.run_id("r").expect("run");
+    let atoms = store.run_atoms(run);
+    assert_eq!(atoms.len(), outputs.len());
+    for (atom, out) in atoms.into_iter().zip(&outputs) {
+        assert_eq!(store.atom(atom).expect("atom").output.as_ref(), Some(out));
+    }
+}

@@ -280,6 +280,12 @@ impl Codec {
         *self.current.read()
     }
 
+    /// The length of the current dictionary, if any.
+    pub fn current_dictionary_len(&self) -> Option<usize> {
+        let current = self.current_dictionary()?;
+        self.dictionaries.read().get(&current).map(|dictionary| dictionary.len())
+    }
+
     /// Encodes `record` into its envelope, compressing when that makes it smaller.
     /// Dictionaries, and `AtomReclaimed` records (written by compaction at an old LSN, which may
     /// come before the current dictionary's record), are stored plain.
@@ -518,9 +524,10 @@ fn checked_envelope(bytes: &[u8]) -> Result<envelope::Envelope<'_>, CodecError> 
     Ok(envelope)
 }
 
-/// Trains a dictionary on `samples`; `None` if zstd cannot (too few or too similar samples).
-pub(crate) fn train_dictionary(samples: &[Vec<u8>]) -> Option<Vec<u8>> {
-    zstd::dict::from_samples(samples, limits::DICTIONARY_BYTES).ok()
+/// Trains a dictionary of at most `bytes` on `samples`; `None` if zstd cannot (too few or too
+/// similar samples).
+pub(crate) fn train_dictionary(samples: &[Vec<u8>], bytes: usize) -> Option<Vec<u8>> {
+    zstd::dict::from_samples(samples, bytes).ok()
 }
 
 #[cfg(test)]

@@ -70,7 +70,7 @@ fn every_kind_round_trips_with_and_without_a_dictionary() {
     }
     let mut transcript = Transcript::new(9);
     let samples: Vec<Vec<u8>> = (0..500).map(|_| transcript.next_delta(500).encode_to_vec()).collect();
-    let dictionary = train_dictionary(&samples).expect("train");
+    let dictionary = train_dictionary(&samples, limits::DICTIONARY_BYTES).expect("train");
     codec.add_dictionary(1, &dictionary);
     for record in sample_records(2) {
         let bytes = codec.encode(&record);
@@ -83,7 +83,7 @@ fn a_record_needing_an_unknown_dictionary_is_a_typed_error() {
     let trained = Codec::default();
     let mut transcript = Transcript::new(3);
     let samples: Vec<Vec<u8>> = (0..500).map(|_| transcript.next_delta(500).encode_to_vec()).collect();
-    trained.add_dictionary(7, &train_dictionary(&samples).expect("train"));
+    trained.add_dictionary(7, &train_dictionary(&samples, limits::DICTIONARY_BYTES).expect("train"));
     let record = StoreRecord::AtomCompleted(AtomCompleted {
         atom: 1,
         delta: Some(transcript.next_delta(500)),

@@ -18,12 +18,26 @@ use crate::store::{SnapshotPolicy, Store, now_us, unknown_run};
 pub(crate) struct Training {
     samples: Vec<Vec<u8>>,
     bytes: usize,
-    done: bool,
+    stage: TrainingStage,
+}
+
+/// Which dictionary a store trains next: a small first one after
+/// `DICTIONARY_FIRST_SAMPLES` records, then the final one after `DICTIONARY_TRAINING_SAMPLES`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TrainingStage {
+    First,
+    Final,
+    Done,
 }
 
 impl Training {
-    pub fn new(done: bool) -> Self {
-        Self { samples: Vec::new(), bytes: 0, done }
+    pub fn new(stage: TrainingStage) -> Self {
+        Self { samples: Vec::new(), bytes: 0, stage }
+    }
+
+    /// Nothing left to train (the final dictionary exists, or the store is read-only).
+    pub fn done() -> Self {
+        Self::new(TrainingStage::Done)
     }
 }
 
@@ -375,28 +389,38 @@ impl Store {
         Ok(ResumeReport { run, status, agents: agents.into_iter().map(|(_, agent)| agent).collect() })
     }
 
-    /// Keeps encoded deltas until enough are seen, then trains the store's dictionary and
-    /// writes it to the log before any record uses it.
+    /// Keeps encoded deltas until enough are seen, then trains a dictionary and writes it to
+    /// the log before any record uses it: a small one early, the final one later (records
+    /// keep naming the dictionary they were compressed with, so both stay readable).
     fn sample_for_dictionary(&self, delta: &Delta) {
-        let samples = {
+        let (samples, bytes) = {
             let mut training = self.shared.training.lock();
-            if training.done {
-                return;
-            }
+            let (wanted, bytes) = match training.stage {
+                TrainingStage::First => (limits::DICTIONARY_FIRST_SAMPLES, limits::DICTIONARY_FIRST_BYTES),
+                TrainingStage::Final => (limits::DICTIONARY_TRAINING_SAMPLES, limits::DICTIONARY_BYTES),
+                TrainingStage::Done => return,
+            };
             let sample = delta.encode_to_vec();
             if training.bytes + sample.len() <= limits::DICTIONARY_TRAINING_BYTES_MAX {
                 training.bytes += sample.len();
                 training.samples.push(sample);
             }
-            if training.samples.len() < limits::DICTIONARY_TRAINING_SAMPLES {
+            if training.samples.len() < wanted {
                 return;
             }
-            training.done = true;
-            std::mem::take(&mut training.samples)
+            if training.stage == TrainingStage::First {
+                // The final dictionary learns from these samples too.
+                training.stage = TrainingStage::Final;
+                (training.samples.clone(), bytes)
+            } else {
+                training.stage = TrainingStage::Done;
+                training.bytes = 0;
+                (std::mem::take(&mut training.samples), bytes)
+            }
         };
-        // Training failure (samples too alike or too few) only means no dictionary: records
-        // stay compressed without one.
-        let Some(dictionary) = codec::train_dictionary(&samples) else { return };
+        // Training failure (samples too alike or too few) only means no new dictionary:
+        // records stay compressed with the one before, or without one.
+        let Some(dictionary) = codec::train_dictionary(&samples, bytes) else { return };
         let id = self.shared.index.read().next_dictionary;
         let record = StoreRecord::Dictionary(proto::CompressionDictionary { id, dictionary: dictionary.clone() });
         // IMPORTANT: the dictionary is durable before any record compressed with it exists.

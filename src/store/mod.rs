@@ -115,13 +115,21 @@ impl Shared {
     fn new(log: Log, policies: policy::Policies, read_only: bool) -> Result<Self> {
         let codec = Codec::default();
         let index = rebuild::rebuild(&log, &codec)?;
-        let trained = read_only || codec.current_dictionary().is_some();
+        let training = match (read_only, codec.current_dictionary_len()) {
+            (true, _) => atoms::Training::done(),
+            (false, None) => atoms::Training::new(atoms::TrainingStage::First),
+            // A first-stage dictionary (smaller than the final one's half): train the final one.
+            (false, Some(len)) if len * 2 <= crate::limits::DICTIONARY_BYTES => {
+                atoms::Training::new(atoms::TrainingStage::Final)
+            }
+            (false, Some(_)) => atoms::Training::done(),
+        };
         let snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
         Ok(Shared {
             log,
             codec,
             index: RwLock::new(index),
-            training: Mutex::new(atoms::Training::new(trained)),
+            training: Mutex::new(training),
             snapshots: Mutex::new(snapshots),
             policies,
             snapshot_clock: Mutex::new(std::collections::HashMap::new()),
