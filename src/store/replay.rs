@@ -326,7 +326,14 @@ impl Store {
 
     /// The start and completion records of the run's atoms with LSNs in `from..=to`.
     fn scan_range(&self, from: u64, to: u64, in_run: &RunMembers) -> Result<ScanPart> {
-        let mut part = ScanPart::default();
+        // A run's atoms write two records each: reserve for all of the range being this run's,
+        // so that the part's tables never grow by copying (bounded by the range).
+        let expected = usize::try_from((to - from + 1) / 2).unwrap_or(0).min(in_run.members.len());
+        let mut part = ScanPart {
+            starts: Vec::with_capacity(expected),
+            parents: Vec::with_capacity(expected),
+            completions: Vec::with_capacity(expected),
+        };
         let mut reader = self.shared.codec.body_reader();
         let mut body = Vec::new();
         let mut parents = Vec::new();
