@@ -328,7 +328,7 @@ impl Store {
     fn scan_range(&self, from: u64, to: u64, in_run: &RunMembers) -> Result<ScanPart> {
         // A run's atoms write two records each: reserve for all of the range being this run's,
         // so that the part's tables never grow by copying (bounded by the range).
-        let expected = usize::try_from((to - from + 1) / 2).unwrap_or(0).min(in_run.members.len());
+        let expected = usize::try_from((to - from).div_ceil(2)).unwrap_or(0).min(in_run.members.len());
         let mut part = ScanPart {
             starts: Vec::with_capacity(expected),
             parents: Vec::with_capacity(expected),
