@@ -161,8 +161,15 @@ fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> R
     Ok(Recovered { index, active, report: RecoveryReport::default() })
 }
 
-/// The index entry of the active segment.
+/// The index entry of the active segment. Readers read it through a live map when the storage
+/// offers one that covers the whole preallocated segment (the writer never writes past it),
+/// and with positioned reads otherwise.
 pub(crate) fn active_meta(active: &ActiveState, sparse: Vec<SparseEntry>, skips: Vec<(u64, u64)>) -> SegmentMeta {
+    let live = active.file.live_view().ok().flatten().filter(|view| view.len() as u64 >= active.header.segment_bytes);
+    let bytes = match live {
+        Some(view) => SegmentBytes::mapped(view),
+        None => SegmentBytes::Active(Arc::clone(&active.file)),
+    };
     SegmentMeta {
         seq: active.header.seq,
         salt: active.header.salt(),
@@ -172,7 +179,7 @@ pub(crate) fn active_meta(active: &ActiveState, sparse: Vec<SparseEntry>, skips:
         path: Arc::from(active.path.as_path()),
         sparse: Arc::new(sparse),
         skips: Arc::new(skips),
-        bytes: SegmentBytes::Active(Arc::clone(&active.file)),
+        bytes,
     }
 }
 

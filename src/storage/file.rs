@@ -129,6 +129,15 @@ impl StorageFile for RealFile {
         crate::storage::mmap::map_writable(&self.file).map(Some)
     }
 
+    fn live_view(&self) -> io::Result<Option<ReadView>> {
+        // A shared map shows later writes (by `pwrite` or through the writable map) at once:
+        // both go to the page cache the map reads.
+        if self.len()? == 0 {
+            return Ok(None);
+        }
+        crate::storage::mmap::map_read_only(&self.file).map(Some)
+    }
+
     fn view(&self) -> io::Result<ReadView> {
         if self.len()? == 0 {
             return Ok(ReadView::empty());

@@ -9,10 +9,13 @@ use super::ReadView;
 /// Maps `file` read-only.
 pub(crate) fn map_read_only(file: &File) -> io::Result<ReadView> {
     // SAFETY: a mapping is undefined behaviour only if the file is changed or truncated while
-    // mapped. The log maps only sealed segments, which it never writes again, and the active
-    // segment below its published write offset, which it never rewrites; the store directory is
-    // held under an exclusive lock (`Storage::lock_dir`), so no other continuum process writes
-    // it. Segments are deleted only by unlinking, which keeps the mapped inode alive.
+    // mapped. The log maps sealed segments, which it never writes again, and its active
+    // segment, of which readers touch only the bytes below the published write offset, which
+    // the writer never rewrites (it appends past that offset, and never past the preallocated
+    // length the map covers); the store directory is held under an exclusive lock
+    // (`Storage::lock_dir`), so no other continuum process writes or truncates it (read-only
+    // opens, which hold no lock, read the active segment with positioned reads instead).
+    // Segments are deleted only by unlinking, which keeps the mapped inode alive.
     let map = unsafe { memmap2::Mmap::map(file)? };
     Ok(ReadView::from_mmap(map))
 }

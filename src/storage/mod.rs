@@ -105,6 +105,14 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// A read-only view of the whole file that keeps showing what is written to it later (a
+    /// shared memory map of a real file), if the implementation offers one; `None` otherwise
+    /// (the simulator's views are copies). The log reads its active segment through it, only
+    /// below the segment's published end.
+    fn live_view(&self) -> io::Result<Option<ReadView>> {
+        Ok(None)
+    }
+
     /// A read-only view of the whole file as it is now (a memory map for real files).
     ///
     /// Callers use it only for files that no longer change (sealed segments) or for bytes
