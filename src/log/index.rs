@@ -25,9 +25,11 @@ pub(crate) struct SparseEntry {
 /// Where a segment's bytes come from.
 #[derive(Clone, Debug)]
 pub(crate) enum SegmentBytes {
-    /// A sealed segment, memory-mapped once and shared.
+    /// A sealed segment, memory-mapped once and shared; or the active segment through a live
+    /// map of its whole preallocated file, read only below its published end.
     Mapped(Bytes),
-    /// The active segment, read with positioned reads below its published end.
+    /// The active segment where the storage has no live map, read with positioned reads below
+    /// its published end.
     Active(Arc<dyn StorageFile>),
 }
 
