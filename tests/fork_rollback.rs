@@ -33,6 +33,44 @@ fn chain(store: &Store) -> (continuum::RunId, Vec<AtomId>) {
 }
 
 #[test]
+fn independent_branches_rebuild_in_parallel_exactly_as_one_by_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let (run, ids) = chain(&store);
+    // Three branches off the chain, each a few atoms long, and a second agent's own chain.
+    let mut heads = vec![ids[9]];
+    for (from, base) in [(2usize, 200u64), (5, 300), (7, 400)] {
+        let mut parent = store.fork(run, "a", ids[from], &format!("fork-{base}")).expect("fork");
+        store.complete_atom(parent, &output(base)).expect("complete");
+        for step in 1..4 {
+            let next = store.begin_atom(run, "a", &format!("fork-{base}-{step}"), &[parent], "").expect("begin");
+            store.complete_atom(next, &output(base + step)).expect("complete");
+            parent = next;
+        }
+        heads.push(parent);
+    }
+    let mut parent: Vec<AtomId> = Vec::new();
+    for step in 500..520u64 {
+        let executed = store.execute(run, "b", &format!("b{step}"), &parent, |_| Ok(output(step))).expect("execute");
+        parent = vec![executed.atom];
+    }
+    heads.extend(parent);
+    heads.push(ids[3]);
+    let together = store.rebuild_contexts(&heads);
+    assert_eq!(together.len(), heads.len());
+    for (head, rebuilt) in heads.iter().zip(together) {
+        let alone = store.rebuild_context(*head).expect("rebuild alone");
+        assert_eq!(rebuilt.expect("rebuild together").context.encode(), alone.context.encode(), "{head:?}");
+    }
+    assert_eq!(
+        store.rebuild_contexts(&heads[1..2])[0].as_ref().expect("fork head").context.encode(),
+        fold(&[0, 1, 2, 200, 201, 202, 203])
+    );
+    let unknown = store.rebuild_contexts(&[AtomId::from_raw(999_999)]);
+    assert!(matches!(unknown[0], Err(Error::UnknownAtom { .. })));
+}
+
+#[test]
 fn a_fork_branches_from_a_completed_atom_and_the_old_branch_stays_readable() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");

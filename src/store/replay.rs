@@ -191,6 +191,24 @@ impl Store {
         rebuilt
     }
 
+    /// [`Store::rebuild_context`] of several atoms at once — the heads of independent branches
+    /// (a fork and its original, or the agents of a run) — in parallel on the replay pool, each
+    /// rebuild's own decoding spread over the pool too. Results come back in `atoms` order,
+    /// each exactly what `rebuild_context` returns for it.
+    pub fn rebuild_contexts(&self, atoms: &[AtomId]) -> Vec<Result<Rebuilt>> {
+        let pool = replay_pool();
+        let rebuild = |atom: &AtomId| {
+            let started = std::time::Instant::now();
+            let rebuilt = self.rebuild_context_on(*atom, pool);
+            self.record_rebuild(&rebuilt, started);
+            rebuilt
+        };
+        match pool {
+            Some(pool) => pool.install(|| atoms.par_iter().map(rebuild).collect()),
+            None => atoms.iter().map(rebuild).collect(),
+        }
+    }
+
     /// [`Store::rebuild_context`] decoding on `threads` threads (for measuring the speedup).
     #[doc(hidden)]
     pub fn rebuild_context_with_threads(&self, atom: AtomId, threads: usize) -> Result<Rebuilt> {
