@@ -110,7 +110,8 @@ pub(crate) struct StoreIndex {
     pub run_names: HashMap<String, u32>,
     /// Agent `n` is at `agents[n - 1]`: (run, name).
     pub agents: Vec<(u32, Box<str>)>,
-    pub agent_ids: HashMap<(u32, Box<str>), u32>,
+    /// Run → agent name → agent id: looked up with a borrowed name, without allocating.
+    pub agent_ids: HashMap<u32, HashMap<Box<str>, u32>>,
     /// Hash of the guard key → entry; a hit is confirmed against the log.
     pub guards: HashMap<u64, GuardEntry>,
     pub next_dictionary: u32,
@@ -164,18 +165,19 @@ impl StoreIndex {
 
     /// The agent id for (run, name), creating it.
     pub fn intern_agent(&mut self, run: u32, name: &str) -> u32 {
-        if let Some(id) = self.agent_ids.get(&(run, Box::from(name))) {
-            return *id;
+        if let Some(id) = self.agent_id(run, name) {
+            return id;
         }
         self.agents.push((run, Box::from(name)));
-        let id = u32::try_from(self.agents.len()).expect("fewer than 2^32 agents");
-        self.agent_ids.insert((run, Box::from(name)), id);
+        // Agent ids are u32 like atom ids' runs; four billion agents would exhaust memory first.
+        let id = u32::try_from(self.agents.len()).unwrap_or(u32::MAX);
+        self.agent_ids.entry(run).or_default().insert(Box::from(name), id);
         id
     }
 
     /// The agent id for (run, name), if it exists.
     pub fn agent_id(&self, run: u32, name: &str) -> Option<u32> {
-        self.agent_ids.get(&(run, Box::from(name))).copied()
+        self.agent_ids.get(&run)?.get(name).copied()
     }
 
     /// The name of agent `agent`.
