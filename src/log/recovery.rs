@@ -198,7 +198,7 @@ fn recover_segments(
         let file = storage.open(&path, OpenMode::ReadOnly).map_err(|e| Error::io("open", &path, e))?;
         let view = file.view().map_err(|e| Error::io("map", &path, e))?;
         let header = check_header(&view, &path, first_lsn, previous, config.recovery_mode, report)?;
-        let scan = scan_segment(&view, &header, &path, config.recovery_mode, false)?;
+        let scan = scan_segment(written_part(&view, file.as_ref()), &header, &path, config.recovery_mode, false)?;
         let scan = settle_sealed_tail(scan, &path, config.recovery_mode, report)?;
         previous = Some((header, scan.next_lsn));
         index.segments.push(sealed_meta(header, &path, scan, SegmentBytes::mapped(view)));
@@ -207,7 +207,7 @@ fn recover_segments(
     let file = storage.open(&path, OpenMode::ReadWrite).map_err(|e| Error::io("open", &path, e))?;
     let view = file.view().map_err(|e| Error::io("map", &path, e))?;
     let header = check_header(&view, &path, last, previous, config.recovery_mode, report)?;
-    let scan = scan_segment(&view, &header, &path, config.recovery_mode, true)?;
+    let scan = scan_segment(written_part(&view, file.as_ref()), &header, &path, config.recovery_mode, true)?;
     drop(view);
     let active = settle_last_tail(&scan, &header, &path, file, config.recovery_mode, report)?;
     report.records += scan.records;
@@ -268,6 +268,19 @@ fn check_header(
         report.lost_lsns.push((previous_next_lsn, header.first_lsn));
     }
     Ok(header)
+}
+
+/// The part of a segment's bytes recovery must scan: all of it, or, when the file system says
+/// nothing was ever written past some offset, up to that offset plus `WRITTEN_SLACK_BYTES`.
+/// Bytes never written read as zeros, which hold no frame and no non-zero byte, so the scan's
+/// verdict is the same; only a frame some of whose bytes were never written (an unsynced
+/// write the kernel did not finish, never an acknowledged one) could read differently, and
+/// it is torn either way once cut.
+fn written_part<'a>(view: &'a [u8], file: &dyn StorageFile) -> &'a [u8] {
+    const WRITTEN_SLACK_BYTES: usize = 64 * 1024;
+    let hint = file.data_end_hint().ok().flatten().and_then(|end| usize::try_from(end).ok());
+    let end = hint.map_or(view.len(), |end| end.saturating_add(WRITTEN_SLACK_BYTES).min(view.len()));
+    &view[..end.max(SEGMENT_HEADER_BYTES.min(view.len()))]
 }
 
 /// Walks the frames of one segment. Fails on corruption the mode does not tolerate.

@@ -105,6 +105,14 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// An offset from which the file holds only zeros because nothing was ever written there
+    /// (holes, or preallocated extents never written), if the file system can tell; `None`
+    /// otherwise. Recovery scans a preallocated segment only up to it, instead of reading tens
+    /// of megabytes of zeros. It may be larger than the written end, never smaller.
+    fn data_end_hint(&self) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
+
     /// A read-only view of the whole file that keeps showing what is written to it later (a
     /// shared memory map of a real file), if the implementation offers one; `None` otherwise
     /// (the simulator's views are copies). The log reads its active segment through it, only
