@@ -605,7 +605,8 @@ fn chunks<'s, 'a>(completed: &'s [Pending<'a>]) -> impl Iterator<Item = &'s [Pen
 /// chunk before can take some of them.
 fn decode_chunk<'a>(store: &Store, chunk: &'a [Pending<'a>], threads: usize) -> Result<Vec<DecodedPart<'a>>> {
     if threads <= 1 {
-        return Ok(vec![decode_part(store, chunk)?]);
+        // The same parts, in order, on the one thread (their buffers are recycled the same way).
+        return chunk.chunks(DECODE_PART_ATOMS).map(|part| decode_part(store, part)).collect();
     }
     chunk.par_chunks(DECODE_PART_ATOMS).map(|part| decode_part(store, part)).collect()
 }
