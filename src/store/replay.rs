@@ -220,6 +220,17 @@ impl Store {
     }
 
     fn rebuild_context_on(&self, atom: AtomId, pool: Option<&rayon::ThreadPool>) -> Result<Rebuilt> {
+        // The whole rebuild runs on the pool, so that its threads stay awake from the scan to
+        // the last delta instead of falling asleep while the ancestry is worked out.
+        match pool {
+            Some(pool) if pool.current_thread_index().is_none() => {
+                pool.install(|| self.rebuild_on_pool(atom, Some(pool)))
+            }
+            _ => self.rebuild_on_pool(atom, pool),
+        }
+    }
+
+    fn rebuild_on_pool(&self, atom: AtomId, pool: Option<&rayon::ThreadPool>) -> Result<Rebuilt> {
         let mut fallbacks = Vec::new();
         for candidate in self.snapshot_candidates(atom) {
             let scan = self.scan_run(atom, Some(candidate), pool)?;
