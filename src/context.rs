@@ -262,7 +262,7 @@ pub(crate) fn decode_in_place(bytes: &[u8]) -> Result<Context, Unusual> {
             _ => continue,
         };
         let entry = delta_view::read_entry(bytes, wire::bytes(value)?)?;
-        let key = std::str::from_utf8(entry.key.of(bytes)).map_err(|_| Unusual)?;
+        let key = entry.key.text(bytes)?;
         // A key seen twice keeps its last value, as prost's map merge does.
         map.insert(key.to_owned(), entry.value.of(bytes).to_vec());
     }
@@ -309,7 +309,7 @@ fn set_text(target: &mut String, text: &str) {
 
 /// The text at `span` of `body`.
 fn text(body: &[u8], span: Span) -> Result<&str, CodecError> {
-    std::str::from_utf8(span.of(body)).map_err(|_| CodecError::Protobuf)
+    span.text(body).map_err(|Unusual| CodecError::Protobuf)
 }
 
 fn owned_message(body: &[u8], new: &MessageSpans) -> Result<ChatMessage, CodecError> {

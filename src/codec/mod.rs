@@ -490,6 +490,21 @@ impl BodyReader<'_> {
         }
     }
 
+    /// The body of the record `bytes`: borrowed from it when stored plain, decompressed into
+    /// `scratch` otherwise (no copy for the small records stored plain, such as most starts).
+    ///
+    /// # Errors
+    /// As [`BodyReader::append_body`].
+    pub fn body<'a>(&mut self, bytes: &'a [u8], scratch: &'a mut Vec<u8>) -> Result<&'a [u8], CodecError> {
+        let envelope = checked_envelope(bytes)?;
+        if envelope.compression == Compression::None {
+            return Ok(envelope.body);
+        }
+        scratch.clear();
+        self.append_body(bytes, scratch)?;
+        Ok(scratch)
+    }
+
     fn decompressor(&mut self, dictionary: Option<u32>) -> Result<&mut zstd::bulk::Decompressor<'static>, CodecError> {
         if self.held.as_ref().is_none_or(|(id, _)| *id != dictionary) {
             if let Some(held) = self.held.take() {

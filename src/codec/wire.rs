@@ -27,6 +27,15 @@ impl Span {
         bytes.get(self.start as usize..self.end as usize).unwrap_or_default()
     }
 
+    /// The UTF-8 text this span covers in `bytes`.
+    ///
+    /// # Errors
+    /// [`Unusual`] if those bytes are not UTF-8.
+    #[inline]
+    pub fn text<'a>(&self, bytes: &'a [u8]) -> Result<&'a str, Unusual> {
+        std::str::from_utf8(self.of(bytes)).map_err(|_| Unusual)
+    }
+
     /// The span of `range` shifted by `base`.
     fn at(base: usize, range: Range<usize>) -> Result<Self, Unusual> {
         let start = u32::try_from(base + range.start).map_err(|_| Unusual)?;
@@ -155,12 +164,6 @@ pub(crate) fn bytes(value: Value) -> Result<Span, Unusual> {
 #[inline]
 pub(crate) fn text(message: &[u8], value: Value) -> Result<Span, Unusual> {
     let span = bytes(value)?;
-    std::str::from_utf8(span.of(message)).map_err(|_| Unusual)?;
+    span.text(message)?;
     Ok(span)
-}
-
-/// The text at `span` of `message`, which [`text`] checked is UTF-8 (empty if it is not).
-#[inline]
-pub(crate) fn text_of(message: &[u8], span: Span) -> &str {
-    std::str::from_utf8(span.of(message)).unwrap_or_default()
 }

@@ -7,7 +7,7 @@
 //! `RunDropped` record. Orphans are set aside and accepted at the end only if a dropped run
 //! explains them; anything else is an inconsistent log.
 
-use crate::codec::{Codec, RecordKind, StoreRecord, delta_view, wire};
+use crate::codec::{Codec, CodecError, RecordKind, StoreRecord, delta_view};
 use crate::error::{Error, Result};
 use crate::log::{Log, Lsn};
 use crate::store::index::{self, EntryState, GuardEntry, RunEntry, StoreIndex};
@@ -19,7 +19,7 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
     let mut index = StoreIndex { next_dictionary: 1, ..StoreIndex::default() };
     let mut orphans = Orphans::default();
     let mut reader = codec.body_reader();
-    let (mut body, mut parents) = (Vec::new(), Vec::new());
+    let (mut scratch, mut parents) = (Vec::new(), Vec::new());
     log.visit(Lsn::FIRST, Lsn::new(u64::MAX), |lsn, record| {
         let bytes = record.bytes();
         let codec_error = |source| Error::Codec { lsn, source };
@@ -27,12 +27,12 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
         match kind {
             // Most records are starts: read in place, without decoding them into strings.
             RecordKind::AtomStarted => {
-                body.clear();
-                reader.append_body(bytes, &mut body).map_err(codec_error)?;
-                match delta_view::read_start(&body, subject, &mut parents) {
+                let body = reader.body(bytes, &mut scratch).map_err(codec_error)?;
+                match delta_view::read_start(body, subject, &mut parents) {
                     Ok(start) => {
-                        let agent = wire::text_of(&body, start.agent);
-                        let key = wire::text_of(&body, start.key);
+                        // read_start checked both are UTF-8.
+                        let agent = start.agent.text(body).map_err(|_| codec_error(CodecError::Protobuf))?;
+                        let key = start.key.text(body).map_err(|_| codec_error(CodecError::Protobuf))?;
                         start_atom(&mut index, lsn, subject, start.run, agent, key)?;
                     }
                     // Not the encoding the fast reader expects: prost decodes it, or says why not.

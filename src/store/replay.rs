@@ -185,10 +185,7 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownAtom`], and read or decode errors of the log.
     pub fn rebuild_context(&self, atom: AtomId) -> Result<Rebuilt> {
-        let started = std::time::Instant::now();
-        let rebuilt = self.rebuild_context_on(atom, replay_pool());
-        self.record_rebuild(&rebuilt, started);
-        rebuilt
+        self.rebuild_recorded(atom, replay_pool())
     }
 
     /// [`Store::rebuild_context`] of several atoms at once — the heads of independent branches
@@ -197,12 +194,7 @@ impl Store {
     /// each exactly what `rebuild_context` returns for it.
     pub fn rebuild_contexts(&self, atoms: &[AtomId]) -> Vec<Result<Rebuilt>> {
         let pool = replay_pool();
-        let rebuild = |atom: &AtomId| {
-            let started = std::time::Instant::now();
-            let rebuilt = self.rebuild_context_on(*atom, pool);
-            self.record_rebuild(&rebuilt, started);
-            rebuilt
-        };
+        let rebuild = |atom: &AtomId| self.rebuild_recorded(*atom, pool);
         match pool {
             Some(pool) => pool.install(|| atoms.par_iter().map(rebuild).collect()),
             None => atoms.iter().map(rebuild).collect(),
@@ -217,6 +209,14 @@ impl Store {
             .build()
             .map_err(|_| Error::InvalidConfig { reason: "cannot start replay threads".into() })?;
         self.rebuild_context_on(atom, Some(&pool))
+    }
+
+    /// A rebuild on `pool`, recorded in the metrics.
+    fn rebuild_recorded(&self, atom: AtomId, pool: Option<&rayon::ThreadPool>) -> Result<Rebuilt> {
+        let started = std::time::Instant::now();
+        let rebuilt = self.rebuild_context_on(atom, pool);
+        self.record_rebuild(&rebuilt, started);
+        rebuilt
     }
 
     fn rebuild_context_on(&self, atom: AtomId, pool: Option<&rayon::ThreadPool>) -> Result<Rebuilt> {
@@ -364,7 +364,7 @@ impl Store {
             completions: Vec::with_capacity(expected),
         };
         let mut reader = self.shared.codec.body_reader();
-        let mut body = Vec::new();
+        let mut scratch = Vec::new();
         let mut parents = Vec::new();
         self.shared.log.visit(Lsn::new(from), Lsn::new(to), |lsn, record| {
             let bytes = record.bytes();
@@ -379,9 +379,8 @@ impl Store {
                 part.completions.push((subject, (lsn, record.to_bytes())));
                 return Ok(true);
             }
-            body.clear();
-            reader.append_body(bytes, &mut body).map_err(codec_error)?;
-            if delta_view::read_start_parents(&body, subject, &mut parents).is_err() {
+            let body = reader.body(bytes, &mut scratch).map_err(codec_error)?;
+            if delta_view::read_start_parents(body, subject, &mut parents).is_err() {
                 // Not the plain encoding the fast reader expects: let prost decide.
                 match self.shared.codec.decode(bytes).map_err(codec_error)? {
                     StoreRecord::AtomStarted(started) => parents = started.parents,
