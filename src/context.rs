@@ -19,8 +19,10 @@ use crate::codec::wire::{self, Fields, Span, Unusual};
 pub(crate) struct Rotation(usize);
 
 /// Keyed values of a context (tool outputs, intermediate results, state): a hash map, since
-/// replay looks a key up for every change; [`Context::encode`] orders them by key.
-pub type KeyedValues = HashMap<String, Vec<u8>>;
+/// replay looks a key up for every change; [`Context::encode`] orders them by key. Hashed with
+/// foldhash (randomly seeded per process, several times faster than the standard library's
+/// SipHash on the short keys agents use).
+pub type KeyedValues = HashMap<String, Vec<u8>, foldhash::fast::RandomState>;
 
 /// The state an agent needs to continue: its message window, recorded tool outputs,
 /// intermediate results and key/value state. Applying the same deltas in the same order always

@@ -116,6 +116,12 @@ impl<'a> RecordRef<'a> {
     pub fn to_bytes(&self) -> Bytes {
         self.source.slice(self.start..self.end)
     }
+
+    /// The bytes the record lies in (a segment's map, or a read window of it) and its range
+    /// there: a caller keeping many records of one segment clones the source once.
+    pub(crate) fn source(&self) -> (&'a Bytes, std::ops::Range<usize>) {
+        (self.source, self.start..self.end)
+    }
 }
 
 /// Calls `visit` with every record of `segments` with an LSN in `from..=to`, in order, until it

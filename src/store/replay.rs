@@ -66,19 +66,44 @@ impl RunMembers {
 const SCAN_PART_LSNS_MIN: u64 = 4096;
 
 /// What one thread's part of a scan found: `(atom, start, len)` of each start record's parents
-/// in `parents`, and each completion record.
+/// in `parents`, and each completion record, as a range of one of `sources` (the segment maps
+/// or read windows it lies in, each held once: no reference count per record).
 #[derive(Default)]
 struct ScanPart {
     starts: Vec<(u64, usize, usize)>,
     parents: Vec<u64>,
-    completions: Vec<(u64, Completion)>,
+    completions: Vec<ScannedCompletion>,
+    sources: Vec<Bytes>,
+}
+
+/// A completion (or reclaimed completion) record found by a scan: its atom, its LSN and where
+/// its bytes are in its part's `sources`.
+struct ScannedCompletion {
+    atom: u64,
+    lsn: u64,
+    source: u32,
+    start: u32,
+    end: u32,
+}
+
+impl ScanPart {
+    /// The record `completion` of this part: its LSN and bytes.
+    fn completion(&self, completion: &ScannedCompletion) -> Completion<'_> {
+        let bytes = self.sources.get(completion.source as usize).map_or(&[][..], |source| {
+            source.get(completion.start as usize..completion.end as usize).unwrap_or_default()
+        });
+        (completion.lsn, bytes)
+    }
 }
 
 /// Snapshots tried before a rebuild falls back to the log from the start.
 const SNAPSHOT_CANDIDATES_MAX: usize = 8;
 
 /// A completion (or reclaimed completion) record: its LSN and bytes.
-type Completion = (u64, Bytes);
+type Completion<'a> = (u64, &'a [u8]);
+
+/// No completion record: a [`RunScan::completions`] slot's value.
+const NO_COMPLETION: u32 = u32::MAX;
 
 /// What one scan of a run's records learned about its atoms after a floor (a snapshot, or 0)
 /// up to the rebuilt atom: each one's parents and its completion record. Dense, since atom ids
@@ -88,12 +113,38 @@ struct RunScan {
     /// Where each atom's parents are in `parents`; `None` if its start record was not seen.
     starts: Vec<Option<(u32, u32)>>,
     parents: Vec<u64>,
-    completions: Vec<Option<Completion>>,
+    /// Where each atom's completion record is: an index into the parts' completions numbered
+    /// one part after the other, or `NO_COMPLETION`.
+    completions: Vec<u32>,
+    /// The scan's parts, in LSN order, and where each one's completions start in that numbering.
+    parts: Vec<ScanPart>,
+    part_starts: Vec<u32>,
 }
 
 impl RunScan {
     fn new(floor: u64, atoms: usize) -> Self {
-        Self { floor, starts: vec![None; atoms], parents: Vec::new(), completions: vec![None; atoms] }
+        Self {
+            floor,
+            starts: vec![None; atoms],
+            parents: Vec::new(),
+            completions: vec![NO_COMPLETION; atoms],
+            parts: Vec::new(),
+            part_starts: Vec::new(),
+        }
+    }
+
+    /// The completion record of the atom at `slot`, if the scan saw one.
+    fn completion(&self, slot: usize) -> Option<Completion<'_>> {
+        let at = *self.completions.get(slot).filter(|at| **at != NO_COMPLETION)?;
+        let part = self.part_starts.partition_point(|start| *start <= at).checked_sub(1)?;
+        let found = self.parts.get(part)?;
+        let index = usize::try_from(at - self.part_starts[part]).ok()?;
+        Some(found.completion(found.completions.get(index)?))
+    }
+
+    /// Every completion record the scan saw, in LSN order.
+    fn all_completions(&self) -> impl Iterator<Item = Completion<'_>> {
+        self.parts.iter().flat_map(|part| part.completions.iter().map(|completion| part.completion(completion)))
     }
 
     fn slot(&self, atom: u64) -> Option<usize> {
@@ -337,18 +388,23 @@ impl Store {
             Some(pool) if parts > 1 => pool.install(scan_all),
             _ => ranges.iter().map(|(from, to)| self.scan_range(*from, *to, &in_run)).collect(),
         };
+        let too_many = || Error::InvalidConfig { reason: "a rebuild's history has over 4 billion records".into() };
+        let mut numbered = 0u32;
         for part in found {
             let part = part?;
-            for (atom, start, len) in part.starts {
+            for &(atom, start, len) in &part.starts {
                 if let Some(slot) = scan.slot(atom) {
                     scan.set_parents(slot, part.parents.get(start..start + len).unwrap_or_default())?;
                 }
             }
-            for (atom, completion) in part.completions {
-                if let Some(slot) = scan.slot(atom) {
-                    scan.completions[slot] = Some(completion);
+            scan.part_starts.push(numbered);
+            for completion in &part.completions {
+                if let Some(slot) = scan.slot(completion.atom) {
+                    scan.completions[slot] = numbered;
                 }
+                numbered = numbered.checked_add(1).filter(|n| *n != NO_COMPLETION).ok_or_else(too_many)?;
             }
+            scan.parts.push(part);
         }
         Ok(scan)
     }
@@ -362,6 +418,7 @@ impl Store {
             starts: Vec::with_capacity(expected),
             parents: Vec::with_capacity(expected),
             completions: Vec::with_capacity(expected),
+            sources: Vec::new(),
         };
         let mut reader = self.shared.codec.body_reader();
         let mut scratch = Vec::new();
@@ -376,7 +433,21 @@ impl Store {
                 return Ok(true);
             }
             if kind != RecordKind::AtomStarted {
-                part.completions.push((subject, (lsn, record.to_bytes())));
+                let (source, range) = record.source();
+                if part.sources.last().is_none_or(|last| !std::ptr::eq(last.as_ptr(), source.as_ptr())) {
+                    part.sources.push(source.clone());
+                }
+                let offset = |at: usize| {
+                    u32::try_from(at)
+                        .map_err(|_| Error::InconsistentLog { lsn, reason: "a record lies past 4 GiB of its segment" })
+                };
+                part.completions.push(ScannedCompletion {
+                    atom: subject,
+                    lsn,
+                    source: u32::try_from(part.sources.len() - 1).unwrap_or(u32::MAX),
+                    start: offset(range.start)?,
+                    end: offset(range.end)?,
+                });
                 return Ok(true);
             }
             let body = reader.body(bytes, &mut scratch).map_err(codec_error)?;
@@ -402,9 +473,9 @@ impl Store {
         let mut reader = self.shared.codec.body_reader();
         let mut body = Vec::new();
         let mut bytes = 0;
-        for (lsn, record) in scan.completions.iter().flatten() {
+        for (lsn, record) in scan.all_completions() {
             body.clear();
-            reader.append_body(record, &mut body).map_err(|source| Error::Codec { lsn: *lsn, source })?;
+            reader.append_body(record, &mut body).map_err(|source| Error::Codec { lsn, source })?;
             bytes += body.len();
         }
         Ok(bytes)
@@ -468,7 +539,7 @@ impl PartBuffers {
 }
 
 /// A completed atom to apply: its id and its completion record.
-type Pending<'a> = (u64, &'a Completion);
+type Pending<'a> = (u64, Completion<'a>);
 
 /// Decompresses the completion bodies of `records` and reads their deltas (the parallel half
 /// of a rebuild).
@@ -505,22 +576,22 @@ fn apply_part(
             RecordKind::AtomCompleted => {}
             RecordKind::AtomReclaimed => return Err(Error::HistoryReclaimed { atom: target, reclaimed: id }),
             _ => {
-                return Err(Error::InconsistentLog { lsn: *lsn, reason: "a completed atom's end is not a completion" });
+                return Err(Error::InconsistentLog { lsn, reason: "a completed atom's end is not a completion" });
             }
         }
         if let Some(ops_end) = ops_end {
             let ops = part.buffers.ops.get(ops_start..ops_end).unwrap_or_default();
             ops_start = ops_end;
-            context.apply_ops(body, ops, rotation).map_err(|source| Error::Codec { lsn: *lsn, source })?;
+            context.apply_ops(body, ops, rotation).map_err(|source| Error::Codec { lsn, source })?;
             continue;
         }
         // Not the encoding the zero-copy reader expects: prost decodes it, or says why not.
-        match store.shared.codec.decode(bytes).map_err(|source| Error::Codec { lsn: *lsn, source })? {
+        match store.shared.codec.decode(bytes).map_err(|source| Error::Codec { lsn, source })? {
             StoreRecord::AtomCompleted(done) => {
                 context.settle(rotation);
                 context.apply_owned(done.delta.unwrap_or_default());
             }
-            _ => return Err(Error::InconsistentLog { lsn: *lsn, reason: "kind and body disagree" }),
+            _ => return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
         }
     }
     Ok(())
@@ -543,9 +614,7 @@ fn apply_deltas(
             .iter()
             .filter(|id| index.atom(AtomId(**id)).is_some_and(|e| e.state == EntryState::Completed))
             // A completion after the rebuilt atom's last record is not part of its past.
-            .filter_map(|id| {
-                scan.slot(*id).and_then(|slot| scan.completions[slot].as_ref()).map(|record| (*id, record))
-            })
+            .filter_map(|id| scan.slot(*id).and_then(|slot| scan.completion(slot)).map(|record| (*id, record)))
             .collect()
     };
     let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
@@ -598,12 +667,12 @@ fn apply_chunk(
 /// towards the end: the first chunk is decoded, and the last applied, with nothing to overlap.
 fn chunks<'s, 'a>(completed: &'s [Pending<'a>]) -> impl Iterator<Item = &'s [Pending<'a>]> {
     let mut rest = completed;
-    let mut size = DECODE_PART_ATOMS;
+    let mut size = DECODE_PART_ATOMS_MIN * 2;
     std::iter::from_fn(move || {
         if rest.is_empty() {
             return None;
         }
-        let take = size.min((rest.len() / 4).max(DECODE_PART_ATOMS)).min(rest.len());
+        let take = size.min((rest.len() / 4).max(DECODE_PART_ATOMS_MIN * 2)).min(rest.len());
         size = (size * 2).min(limits::REPLAY_CHUNK_ATOMS);
         let (chunk, after) = rest.split_at(take);
         rest = after;
@@ -618,11 +687,17 @@ fn decode_chunk<'a>(store: &Store, chunk: &'a [Pending<'a>], threads: usize) -> 
         // The same parts, in order, on the one thread (their buffers are recycled the same way).
         return chunk.chunks(DECODE_PART_ATOMS).map(|part| decode_part(store, part)).collect();
     }
-    chunk.par_chunks(DECODE_PART_ATOMS).map(|part| decode_part(store, part)).collect()
+    // Small chunks (a short history, a pipeline's first and last) in small parts, so that no
+    // thread waits long for another's last part; large ones in parts of `DECODE_PART_ATOMS`.
+    let part_atoms = (chunk.len() / (threads * 4)).clamp(DECODE_PART_ATOMS_MIN, DECODE_PART_ATOMS);
+    chunk.par_chunks(part_atoms).map(|part| decode_part(store, part)).collect()
 }
 
 /// Completions one decode task takes.
 const DECODE_PART_ATOMS: usize = 256;
+
+/// Completions one decode task takes at least.
+const DECODE_PART_ATOMS_MIN: usize = 32;
 
 /// The shared pool rebuilds decode on: one thread per core, at most `REPLAY_THREADS_MAX`.
 fn replay_pool() -> Option<&'static rayon::ThreadPool> {
