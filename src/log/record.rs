@@ -99,7 +99,7 @@ impl EncodedBatch {
             frame.extend_from_slice(&len.to_le_bytes());
             frame.extend_from_slice(record);
         }
-        let payload_crc = crc32fast::hash(&frame[FRAME_HEADER_BYTES..]);
+        let payload_crc = crc32(&frame[FRAME_HEADER_BYTES..]);
         frame.resize(frame_len_for(payload_len), 0);
         let record_count = u32::try_from(records.len()).expect("record count was checked against BATCH_RECORDS_MAX");
         let payload_len = u32::try_from(payload_len).expect("payload length was checked against BATCH_BYTES_MAX");
@@ -213,7 +213,7 @@ pub(crate) fn decode_frame(bytes: &[u8], salt: u64) -> Result<Frame<'_>, FrameEr
         return Err(FrameError::Truncated);
     };
     let payload = &frame[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + header.payload_len as usize];
-    if crc32fast::hash(payload) != read_u32_le(frame, PAYLOAD_CRC_AT) {
+    if crc32(payload) != read_u32_le(frame, PAYLOAD_CRC_AT) {
         return Err(FrameError::BadPayload("payload checksum mismatch"));
     }
     if frame[FRAME_HEADER_BYTES + payload.len()..].iter().any(|&b| b != 0) {
@@ -273,8 +273,22 @@ impl<'a> Iterator for Records<'a> {
     }
 }
 
+/// A fresh CRC-32 hasher. `crc32fast::Hasher::new` detects the CPU's features every time (1 %
+/// of a store's open, which checks two CRCs per frame); a clone of one detected once does not.
+fn crc_hasher() -> crc32fast::Hasher {
+    static DETECTED: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
+    DETECTED.get_or_init(crc32fast::Hasher::new).clone()
+}
+
+/// The CRC-32 of `bytes` (what `crc32fast::hash` returns).
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut hasher = crc_hasher();
+    hasher.update(bytes);
+    hasher.finalize()
+}
+
 fn header_checksum(salt: u64, header: &[u8]) -> u32 {
-    let mut hasher = crc32fast::Hasher::new();
+    let mut hasher = crc_hasher();
     hasher.update(&salt.to_le_bytes());
     hasher.update(&header[PAYLOAD_CRC_AT..FRAME_HEADER_BYTES]);
     hasher.finalize()

@@ -3,7 +3,8 @@
 //! of bytes per atom (`docs/ARCHITECTURE.md`, "Store index").
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::BuildHasher;
+use std::sync::OnceLock;
 
 use crate::store::types::{AtomId, AtomStatus, RunId, RunStatus};
 
@@ -104,31 +105,40 @@ pub(crate) struct StoreIndex {
     /// Atom `n` is at `atoms[n - 1]`.
     pub atoms: Vec<AtomEntry>,
     /// Hash of (run, agent, key) → atom id; a hit is confirmed against the log.
-    pub atom_keys: HashMap<u64, u32>,
+    pub atom_keys: HashMap<u64, u32, Fast>,
     /// Run `n` is at `runs[n - 1]`.
     pub runs: Vec<RunEntry>,
-    pub run_names: HashMap<String, u32>,
+    pub run_names: HashMap<String, u32, Fast>,
     /// Agent `n` is at `agents[n - 1]`: (run, name).
     pub agents: Vec<(u32, Box<str>)>,
     /// Run → agent name → agent id: looked up with a borrowed name, without allocating.
-    pub agent_ids: HashMap<u32, HashMap<Box<str>, u32>>,
+    pub agent_ids: HashMap<u32, HashMap<Box<str>, u32, Fast>, Fast>,
     /// Hash of the guard key → entry; a hit is confirmed against the log.
-    pub guards: HashMap<u64, GuardEntry>,
+    pub guards: HashMap<u64, GuardEntry, Fast>,
     pub next_dictionary: u32,
+}
+
+/// How the index's maps hash their keys: foldhash, seeded per process (several times faster
+/// than the standard SipHash on the short keys and 64-bit hashes the index holds; an index
+/// rebuild hashes every atom's key twice).
+pub(crate) type Fast = foldhash::fast::RandomState;
+
+/// The hasher of atom and guard identities: foldhash's higher-quality variant, seeded once per
+/// process. These hashes stand for the keys in the maps above (a hit is confirmed against the
+/// log), so they are never written anywhere and may differ from process to process.
+fn identity_hasher() -> &'static foldhash::quality::RandomState {
+    static HASHER: OnceLock<foldhash::quality::RandomState> = OnceLock::new();
+    HASHER.get_or_init(foldhash::quality::RandomState::default)
 }
 
 /// Hash of an atom's identity within the store.
 pub(crate) fn atom_key_hash(run: u32, agent: u32, key: &str) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    (run, agent, key).hash(&mut hasher);
-    hasher.finish()
+    identity_hasher().hash_one((run, agent, key))
 }
 
 /// Hash of a guard key.
 pub(crate) fn guard_hash(key: &str) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    hasher.finish()
+    identity_hasher().hash_one(key)
 }
 
 impl StoreIndex {
