@@ -361,6 +361,17 @@ impl Codec {
         Ok((RecordKind::from_code(envelope.kind).ok_or(CodecError::UnknownKind(envelope.kind))?, envelope.subject))
     }
 
+    /// [`Codec::peek`], and the record's body if it is stored plain (`None` if compressed).
+    ///
+    /// # Errors
+    /// A [`CodecError`] for a malformed envelope.
+    pub(crate) fn peek_plain<'a>(&self, bytes: &'a [u8]) -> Result<(RecordKind, u64, Option<&'a [u8]>), CodecError> {
+        let envelope = checked_envelope(bytes)?;
+        let kind = RecordKind::from_code(envelope.kind).ok_or(CodecError::UnknownKind(envelope.kind))?;
+        let plain = (envelope.compression == Compression::None).then_some(envelope.body);
+        Ok((kind, envelope.subject, plain))
+    }
+
     /// Decompresses a record's body without decoding it; returns its length (for measuring).
     ///
     /// # Errors

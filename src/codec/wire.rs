@@ -36,6 +36,11 @@ impl Span {
         std::str::from_utf8(self.of(bytes)).map_err(|_| Unusual)
     }
 
+    /// The byte range this span covers.
+    pub fn range(&self) -> Range<usize> {
+        self.start as usize..self.end as usize
+    }
+
     /// The span of `range` shifted by `base`.
     fn at(base: usize, range: Range<usize>) -> Result<Self, Unusual> {
         let start = u32::try_from(base + range.start).map_err(|_| Unusual)?;

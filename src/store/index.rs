@@ -45,7 +45,7 @@ impl EntryState {
 
 /// One atom: 32 bytes. The key, parents and output live in the log at `started_lsn` and
 /// `ended_lsn`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct AtomEntry {
     pub started_lsn: u64,
     /// LSN of the completion or failure record; 0 while running.
@@ -80,7 +80,7 @@ impl AtomEntry {
 }
 
 /// One run.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct RunEntry {
     pub name: String,
     pub status: RunStatus,
@@ -100,7 +100,7 @@ pub(crate) struct GuardEntry {
 }
 
 /// The index.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub(crate) struct StoreIndex {
     /// Atom `n` is at `atoms[n - 1]`.
     pub atoms: Vec<AtomEntry>,

@@ -7,61 +7,35 @@
 //! `RunDropped` record. Orphans are set aside and accepted at the end only if a dropped run
 //! explains them; anything else is an inconsistent log.
 
-use crate::codec::{Codec, CodecError, RecordKind, StoreRecord, delta_view};
+use bytes::Bytes;
+use rayon::prelude::*;
+
+use crate::codec::{BodyReader, Codec, CodecError, RecordKind, StoreRecord, delta_view};
 use crate::error::{Error, Result};
 use crate::log::{Log, Lsn};
 use crate::store::index::{self, EntryState, GuardEntry, RunEntry, StoreIndex};
 use crate::store::types::{AtomId, RunId, RunStatus};
 
 /// Replays every record of `log` into a fresh index, loading dictionaries into `codec`.
+///
+/// With more than one core the log is read in chunks of `REBUILD_CHUNK_LSNS`: the pool's
+/// threads verify and parse chunk *n + 1* (frame CRCs, envelopes, start records read in place)
+/// while one thread folds chunk *n* into the index in log order. Should that fail, the
+/// one-thread fold runs instead, so that the error reported is the first one in log order,
+/// exactly as before.
 pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
     let started = std::time::Instant::now();
-    let mut index = StoreIndex { next_dictionary: 1, ..StoreIndex::default() };
-    let mut orphans = Orphans::default();
-    let mut reader = codec.body_reader();
-    let (mut scratch, mut parents) = (Vec::new(), Vec::new());
-    log.visit(Lsn::FIRST, Lsn::new(u64::MAX), |lsn, record| {
-        let bytes = record.bytes();
-        let codec_error = |source| Error::Codec { lsn, source };
-        let (kind, subject) = codec.peek(bytes).map_err(codec_error)?;
-        match kind {
-            // Most records are starts: read in place, without decoding them into strings.
-            RecordKind::AtomStarted => {
-                let body = reader.body(bytes, &mut scratch).map_err(codec_error)?;
-                match delta_view::read_start(body, subject, &mut parents) {
-                    Ok(start) => {
-                        // read_start checked both are UTF-8.
-                        let agent = start.agent.text(body).map_err(|_| codec_error(CodecError::Protobuf))?;
-                        let key = start.key.text(body).map_err(|_| codec_error(CodecError::Protobuf))?;
-                        start_atom(&mut index, lsn, subject, start.run, agent, key)?;
-                    }
-                    // Not the encoding the fast reader expects: prost decodes it, or says why not.
-                    Err(_) => apply(&mut index, &mut orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?,
-                }
-            }
-            RecordKind::AtomCompleted => finish(&mut index, &mut orphans, lsn, subject, EntryState::Completed),
-            RecordKind::AtomReclaimed => {
-                finish(&mut index, &mut orphans, lsn, subject, EntryState::Completed);
-                if let Some(entry) = index.atom_mut(AtomId(subject)) {
-                    entry.reclaimed = true;
-                }
-            }
-            RecordKind::AtomFailed => {
-                let StoreRecord::AtomFailed(failed) = codec.decode(bytes).map_err(codec_error)? else {
-                    return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
-                };
-                let state = if failed.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
-                finish(&mut index, &mut orphans, lsn, subject, state);
-            }
-            _ => apply(&mut index, &mut orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?,
+    let parallel = crate::store::replay::replay_pool()
+        .filter(|pool| pool.current_num_threads() > 1)
+        .map(|pool| pool.install(|| rebuild_pipelined(log, codec, pool.current_num_threads(), REBUILD_CHUNK_LSNS)));
+    let index = match parallel {
+        Some(Ok(index)) => index,
+        Some(Err(error)) => {
+            tracing::debug!(%error, "the parallel index rebuild failed; folding on one thread for the exact error");
+            rebuild_sequential(log, codec)?
         }
-        Ok(true)
-    })?;
-    orphans.check(&index)?;
-    // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
-    index.atoms.shrink_to_fit();
-    index.runs.shrink_to_fit();
-    index.agents.shrink_to_fit();
+        None => rebuild_sequential(log, codec)?,
+    };
     let atoms = index.atoms.iter().filter(|entry| entry.state.status().is_some()).count() as u64;
     let time_to_resume = log.recovery_report().duration + started.elapsed();
     log.metrics_handle().record_index_rebuild(atoms, time_to_resume);
@@ -72,6 +46,206 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
         "store index rebuilt"
     );
     Ok(index)
+}
+
+/// Every record folded on this thread, in log order.
+fn rebuild_sequential(log: &Log, codec: &Codec) -> Result<StoreIndex> {
+    let mut fold = Fold::new(codec);
+    log.visit(Lsn::FIRST, Lsn::new(u64::MAX), |lsn, record| {
+        fold.record(lsn, record.bytes())?;
+        Ok(true)
+    })?;
+    fold.finish()
+}
+
+/// LSNs parsed together before they are folded (bounds the parsed records held to two chunks).
+const REBUILD_CHUNK_LSNS: u64 = 1 << 16;
+
+/// The parsing of chunk *n + 1* on the pool overlapped with the fold of chunk *n*.
+fn rebuild_pipelined(log: &Log, codec: &Codec, threads: usize, chunk_lsns: u64) -> Result<StoreIndex> {
+    let (first, next) = (log.first_lsn().get(), log.next_lsn().get());
+    let mut fold = Fold::new(codec);
+    let mut chunks = (first..next)
+        .step_by(chunk_lsns.max(1) as usize)
+        .map(|from| (from, from.saturating_add(chunk_lsns.max(1) - 1).min(next - 1)));
+    let Some(head) = chunks.next() else { return fold.finish() };
+    let mut current = parse_chunk(log, codec, head, threads)?;
+    for chunk in chunks {
+        let (parsed, folded) = rayon::join(|| parse_chunk(log, codec, chunk, threads), || fold.parts(&current));
+        folded?;
+        current = parsed?;
+    }
+    fold.parts(&current)?;
+    fold.finish()
+}
+
+/// Parses the records of `from..=to`, split evenly over `threads`, in LSN order.
+fn parse_chunk(log: &Log, codec: &Codec, (from, to): (u64, u64), threads: usize) -> Result<Vec<ParsedPart>> {
+    let step = (to - from + 1).div_ceil(threads as u64).max(1);
+    let ranges: Vec<(u64, u64)> =
+        (from..=to).step_by(step as usize).map(|start| (start, start.saturating_add(step - 1).min(to))).collect();
+    ranges.par_iter().map(|&(start, end)| parse_range(log, codec, start, end)).collect()
+}
+
+/// One record of a [`ParsedPart`], as far as a parse thread could take it.
+enum Parsed {
+    /// A plain start record read in place: its agent and key are byte ranges of `source`.
+    Start { lsn: u64, atom: u64, run: u64, source: u32, agent: (u32, u32), key: (u32, u32) },
+    /// A completion (`reclaimed`: a reclaimed completion).
+    Completed { lsn: u64, atom: u64, reclaimed: bool },
+    /// Anything else: the fold reads the record's bytes itself (a compressed body may need a
+    /// dictionary the fold has not loaded yet; a malformed one must fail in log order).
+    Other { lsn: u64, source: u32, range: (u32, u32) },
+}
+
+/// The records of one LSN range, referring to the segment maps (or read windows) they lie in,
+/// each held once.
+#[derive(Default)]
+struct ParsedPart {
+    records: Vec<Parsed>,
+    sources: Vec<Bytes>,
+}
+
+impl ParsedPart {
+    fn bytes(&self, source: u32, (start, end): (u32, u32)) -> &[u8] {
+        self.sources.get(source as usize).and_then(|bytes| bytes.get(start as usize..end as usize)).unwrap_or_default()
+    }
+}
+
+fn parse_range(log: &Log, codec: &Codec, from: u64, to: u64) -> Result<ParsedPart> {
+    let mut part = ParsedPart::default();
+    let mut parents = Vec::new();
+    let span = |range: std::ops::Range<usize>| Some((u32::try_from(range.start).ok()?, u32::try_from(range.end).ok()?));
+    log.visit(Lsn::new(from), Lsn::new(to), |lsn, record| {
+        let (source_bytes, range) = record.source();
+        if part.sources.last().is_none_or(|last| !std::ptr::eq(last.as_ptr(), source_bytes.as_ptr())) {
+            part.sources.push(source_bytes.clone());
+        }
+        let source = u32::try_from(part.sources.len() - 1).unwrap_or(u32::MAX);
+        let bytes = record.bytes();
+        let parsed = match codec.peek_plain(bytes) {
+            Ok((RecordKind::AtomStarted, atom, Some(body))) => {
+                // The body is a slice of the record: its offset in the source, for the spans.
+                let body_at = range.start + (body.as_ptr() as usize - bytes.as_ptr() as usize);
+                let shifted = |at: std::ops::Range<usize>| span(body_at + at.start..body_at + at.end);
+                delta_view::read_start(body, atom, &mut parents).ok().and_then(|start| {
+                    let (agent, key) = (shifted(start.agent.range())?, shifted(start.key.range())?);
+                    Some(Parsed::Start { lsn, atom, run: start.run, source, agent, key })
+                })
+            }
+            Ok((RecordKind::AtomCompleted, atom, _)) => Some(Parsed::Completed { lsn, atom, reclaimed: false }),
+            Ok((RecordKind::AtomReclaimed, atom, _)) => Some(Parsed::Completed { lsn, atom, reclaimed: true }),
+            _ => None,
+        };
+        let parsed = match parsed {
+            Some(parsed) => parsed,
+            None => {
+                let range = span(range).ok_or(Error::InconsistentLog { lsn, reason: "a record lies past 4 GiB" })?;
+                Parsed::Other { lsn, source, range }
+            }
+        };
+        part.records.push(parsed);
+        Ok(true)
+    })?;
+    Ok(part)
+}
+
+/// The index being rebuilt, record by record in log order.
+struct Fold<'c> {
+    codec: &'c Codec,
+    index: StoreIndex,
+    orphans: Orphans,
+    reader: BodyReader<'c>,
+    scratch: Vec<u8>,
+    parents: Vec<u64>,
+}
+
+impl<'c> Fold<'c> {
+    fn new(codec: &'c Codec) -> Self {
+        Self {
+            codec,
+            index: StoreIndex { next_dictionary: 1, ..StoreIndex::default() },
+            orphans: Orphans::default(),
+            reader: codec.body_reader(),
+            scratch: Vec::new(),
+            parents: Vec::new(),
+        }
+    }
+
+    /// Folds parsed parts, in order.
+    fn parts(&mut self, parts: &[ParsedPart]) -> Result<()> {
+        for part in parts {
+            for parsed in &part.records {
+                match *parsed {
+                    Parsed::Start { lsn, atom, run, source, agent, key } => {
+                        let text = |range| {
+                            std::str::from_utf8(part.bytes(source, range))
+                                .map_err(|_| Error::Codec { lsn, source: CodecError::Protobuf })
+                        };
+                        start_atom(&mut self.index, lsn, atom, run, text(agent)?, text(key)?)?;
+                    }
+                    Parsed::Completed { lsn, atom, reclaimed } => self.completed(lsn, atom, reclaimed),
+                    Parsed::Other { lsn, source, range } => self.record(lsn, part.bytes(source, range))?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn completed(&mut self, lsn: u64, atom: u64, reclaimed: bool) {
+        finish(&mut self.index, &mut self.orphans, lsn, atom, EntryState::Completed);
+        if reclaimed && let Some(entry) = self.index.atom_mut(AtomId(atom)) {
+            entry.reclaimed = true;
+        }
+    }
+
+    /// Folds one record.
+    fn record(&mut self, lsn: u64, bytes: &[u8]) -> Result<()> {
+        let codec = self.codec;
+        let codec_error = |source| Error::Codec { lsn, source };
+        let (kind, subject) = codec.peek(bytes).map_err(codec_error)?;
+        match kind {
+            // Most records are starts: read in place, without decoding them into strings.
+            RecordKind::AtomStarted => {
+                let body = self.reader.body(bytes, &mut self.scratch).map_err(codec_error)?;
+                match delta_view::read_start(body, subject, &mut self.parents) {
+                    Ok(start) => {
+                        // read_start checked both are UTF-8.
+                        let agent = start.agent.text(body).map_err(|_| codec_error(CodecError::Protobuf))?;
+                        let key = start.key.text(body).map_err(|_| codec_error(CodecError::Protobuf))?;
+                        start_atom(&mut self.index, lsn, subject, start.run, agent, key)?;
+                    }
+                    // Not the encoding the fast reader expects: prost decodes it, or says why not.
+                    Err(_) => {
+                        let record = codec.decode(bytes).map_err(codec_error)?;
+                        apply(&mut self.index, &mut self.orphans, codec, lsn, record)?;
+                    }
+                }
+            }
+            RecordKind::AtomCompleted => self.completed(lsn, subject, false),
+            RecordKind::AtomReclaimed => self.completed(lsn, subject, true),
+            RecordKind::AtomFailed => {
+                let StoreRecord::AtomFailed(failed) = codec.decode(bytes).map_err(codec_error)? else {
+                    return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
+                };
+                let state = if failed.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
+                finish(&mut self.index, &mut self.orphans, lsn, subject, state);
+            }
+            _ => apply(&mut self.index, &mut self.orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?,
+        }
+        Ok(())
+    }
+
+    /// The rebuilt index, once every record is folded.
+    fn finish(self) -> Result<StoreIndex> {
+        let mut index = self.index;
+        self.orphans.check(&index)?;
+        // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
+        index.atoms.shrink_to_fit();
+        index.runs.shrink_to_fit();
+        index.agents.shrink_to_fit();
+        Ok(index)
+    }
 }
 
 /// Applies a record that needs its body.
@@ -191,5 +365,112 @@ impl Orphans {
             return Err(Error::InconsistentLog { lsn, reason: "rollback of an unknown agent" });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::{RetentionPolicy, Store};
+    use crate::{AtomFailure, AtomOutput, RunSpec, SnapshotPolicy};
+
+    /// A store whose log holds every kind of record: runs (one finished and then dropped by
+    /// retention, so its atoms' end records stay behind as orphans), atoms completed, failed
+    /// (both kinds) and left running, start records compressed (long keys) and plain, forks,
+    /// a rollback, pins, guards, completions reclaimed behind an agent's one kept snapshot,
+    /// and the dictionaries trained after 256 and 2,000 deltas; in
+    /// 256 KiB segments, so that most are sealed and mapped.
+    fn busy_store(dir: &std::path::Path) {
+        let store = Store::builder(dir)
+            .segment_bytes(256 * 1024)
+            .snapshot_policy(SnapshotPolicy::NEVER)
+            .retention(RetentionPolicy { snapshots_per_agent: 1, finished_run_age: Some(Duration::ZERO) })
+            .background(false)
+            .open()
+            .expect("open");
+        let doomed = store.create_run(RunSpec::new("doomed")).expect("run");
+        let run = store.create_run(RunSpec::new("kept")).expect("run");
+        let mut transcript = crate::synthetic::Transcript::new(7);
+        let mut last = None;
+        for i in 0..3_600u64 {
+            let (target, agent) = if i % 7 == 0 { (doomed, "d") } else { (run, ["a", "b", "c"][(i % 3) as usize]) };
+            let key = if i % 11 == 0 {
+                format!("a long idempotency key {}", "x".repeat(80)) + &i.to_string()
+            } else {
+                i.to_string()
+            };
+            let parents: Vec<_> = last.filter(|_| target == run && agent == "a").into_iter().collect();
+            let atom = store.begin_atom(target, agent, &key, &parents, "").expect("begin");
+            match i % 13 {
+                1 => store
+                    .fail_atom(atom, &AtomFailure { message: "tool timed out".into(), retryable: true })
+                    .expect("fail"),
+                2 => {
+                    store.fail_atom(atom, &AtomFailure { message: "bad input".into(), retryable: false }).expect("fail")
+                }
+                3 => {}
+                _ => store
+                    .complete_atom(atom, &AtomOutput { delta: transcript.next_delta(500), result: vec![1, 2, 3] })
+                    .expect("complete"),
+            }
+            if i % 29 == 4 && store.atom(atom).is_ok_and(|a| a.status == crate::AtomStatus::Completed) {
+                store.guarded(atom, "send-email", |_| b"sent".to_vec()).expect("guard");
+                store.pin(atom, true).expect("pin");
+            }
+            let completed = store.atom(atom).is_ok_and(|a| a.status == crate::AtomStatus::Completed);
+            if target == run && agent == "a" && completed {
+                last = Some(atom);
+            }
+            if target == run && agent == "b" && completed && i > 2_000 && i % 50 == 2 {
+                store.snapshot_now(atom).expect("snapshot");
+            }
+            if i == 1_500 {
+                let to = last.expect("a completed atom");
+                store.rollback(run, "a", to, "reviewer").expect("rollback");
+                store.fork(run, "a", to, "retry").expect("fork");
+            }
+        }
+        store.finish_run(doomed, true, "").expect("finish");
+        store.compact().expect("compact");
+    }
+
+    #[test]
+    fn the_pipelined_rebuild_equals_the_sequential_fold() {
+        let dir = tempfile::tempdir().expect("dir");
+        busy_store(dir.path());
+        let log = Log::open_read_only(dir.path()).expect("log");
+        let sequential = rebuild_sequential(&log, &Codec::default()).expect("sequential");
+        assert!(
+            sequential.atoms.len() > 2_000 && sequential.next_dictionary == 3,
+            "{} {}",
+            sequential.atoms.len(),
+            sequential.next_dictionary
+        );
+        assert!(sequential.runs.iter().any(|run| run.status == crate::RunStatus::Dropped));
+        assert!(sequential.atoms.iter().any(|atom| atom.reclaimed));
+        assert!(log.segments().len() > 3, "{} segments", log.segments().len());
+        for (threads, chunk) in [(2, REBUILD_CHUNK_LSNS), (2, 1), (3, 7), (2, 100), (4, 1_000)] {
+            let pipelined = rebuild_pipelined(&log, &Codec::default(), threads, chunk).expect("pipelined");
+            assert!(pipelined == sequential, "{threads} threads, chunks of {chunk} LSNs");
+        }
+    }
+
+    #[test]
+    fn a_damaged_record_fails_the_rebuild_as_the_sequential_fold_does() {
+        let dir = tempfile::tempdir().expect("dir");
+        busy_store(dir.path());
+        // A valid frame whose record is not a store record: both rebuilds must refuse it, and
+        // `rebuild` reports the sequential fold's error.
+        {
+            let log = Log::open(dir.path()).expect("log");
+            log.append(b"not an envelope").expect("append");
+        }
+        let log = Log::open_read_only(dir.path()).expect("log");
+        let expected = rebuild_sequential(&log, &Codec::default()).map(|_| ()).expect_err("sequential");
+        assert!(rebuild_pipelined(&log, &Codec::default(), 2, 64).is_err());
+        let error = rebuild(&log, &Codec::default()).map(|_| ()).expect_err("rebuild");
+        assert_eq!(error.to_string(), expected.to_string());
     }
 }

@@ -700,7 +700,7 @@ const DECODE_PART_ATOMS: usize = 256;
 const DECODE_PART_ATOMS_MIN: usize = 32;
 
 /// The shared pool rebuilds decode on: one thread per core, at most `REPLAY_THREADS_MAX`.
-fn replay_pool() -> Option<&'static rayon::ThreadPool> {
+pub(crate) fn replay_pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
     POOL.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
