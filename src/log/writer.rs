@@ -397,9 +397,7 @@ impl Writer {
         leader.active.data_end = write_start + leader.buf.len() as u64;
         leader.active.next_lsn = next_lsn;
         if need_sync {
-            let started = Instant::now();
-            self.sync_active(leader).map_err(GroupError::poisoning)?;
-            leader.last_sync = Some(started.elapsed());
+            leader.last_sync = self.sync_active(leader).map_err(GroupError::poisoning)?;
         }
         self.publish(leader, new_sparse);
         let records = next_lsn - ranges.first().map_or(next_lsn, |range| range.first().get());
@@ -430,18 +428,21 @@ impl Writer {
         active.file.write_all_at(buf, write_start).map_err(|e| Error::io("write", &active.path, e))
     }
 
-    fn sync_active(&self, leader: &mut LeaderState) -> Result<()> {
+    /// `fdatasync`s the active segment if it holds unsynced bytes; returns how long that took
+    /// (`None` if there was nothing to sync).
+    fn sync_active(&self, leader: &mut LeaderState) -> Result<Option<Duration>> {
         if !leader.dirty {
-            return Ok(());
+            return Ok(None);
         }
         let started = Instant::now();
         // IMPORTANT: acknowledging a Sync append depends on this fdatasync returning Ok.
         leader.active.file.sync_data().map_err(|e| Error::io("fdatasync", &leader.active.path, e))?;
-        self.metrics.record_fdatasync(started.elapsed());
+        let took = started.elapsed();
+        self.metrics.record_fdatasync(took);
         leader.dirty = false;
         leader.synced_end = leader.active.data_end;
         self.dirty_hint.store(false, Ordering::Release);
-        Ok(())
+        Ok(Some(took))
     }
 
     /// Makes the active segment's new bytes visible to readers.

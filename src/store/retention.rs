@@ -21,7 +21,9 @@ impl Store {
             let mut clocks = self.shared.snapshot_clock.lock();
             let clock = clocks.entry(agent).or_insert_with(SnapshotClock::new);
             clock.atoms += 1;
-            let due = policy.is_due(clock.atoms, clock.since.elapsed());
+            // The clock is read only if the policy has a time limit.
+            let elapsed = if policy.every.is_zero() { std::time::Duration::ZERO } else { clock.since.elapsed() };
+            let due = policy.is_due(clock.atoms, elapsed);
             if due {
                 *clock = SnapshotClock::new();
             }
