@@ -251,3 +251,34 @@ fn a_small_dictionary_comes_early_and_the_final_one_later_across_reopens() {
         assert_eq!(store.atom(atom).expect("atom").output.as_ref(), Some(out));
     }
 }
+
+#[test]
+fn small_segments_still_get_both_dictionaries() {
+    // A 64 KiB dictionary record does not fit in a 64 KiB segment: the final dictionary is
+    // trained smaller so that it can be written (before, the append failed and the store kept
+    // the first dictionary for good, silently).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let segment_bytes = 64 * 1024;
+    let mut transcript = Transcript::new(9);
+    let mut outputs = Vec::new();
+    {
+        let store = Store::builder(dir.path()).segment_bytes(segment_bytes).open().expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        for i in 0..2_400 {
+            let out = AtomOutput { delta: transcript.next_delta(500), result: Vec::new() };
+            let atom = store.begin_atom(run, "agent", &format!("step-{i}"), &[], "").expect("begin");
+            store.complete_atom(atom, &out).expect("complete");
+            outputs.push(out);
+        }
+    }
+    let store = Store::builder(dir.path()).segment_bytes(segment_bytes).open().expect("reopen");
+    let (dictionaries, completions) = dictionaries_and_completions(&store);
+    assert_eq!(dictionaries.len(), 2, "{dictionaries:?}");
+    assert!(dictionaries[0].1 <= 16 * 1024 && dictionaries[1].1 > dictionaries[0].1, "{dictionaries:?}");
+    assert!(dictionaries[1].1 <= segment_bytes as usize - 1024, "{dictionaries:?}");
+    assert_eq!(*completions.last().expect("completions"), format!("zstd+dictionary#{}", dictionaries[1].0));
+    let run = store.run_id("r").expect("run");
+    for (atom, out) in store.run_atoms(run).into_iter().zip(&outputs) {
+        assert_eq!(store.atom(atom).expect("atom").output.as_ref(), Some(out));
+    }
+}

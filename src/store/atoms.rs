@@ -14,6 +14,23 @@ use crate::store::types::{
 };
 use crate::store::{SnapshotPolicy, Store, now_us, unknown_run};
 
+/// Room a dictionary record needs in a segment besides the dictionary itself: the segment
+/// header, the frame header and record length, the envelope and the protobuf fields, rounded up.
+const DICTIONARY_RECORD_SLACK: u64 = 1024;
+
+/// The size of the final dictionary for segments of `segment_bytes`: `DICTIONARY_BYTES`, or
+/// less when a record that large would not fit in one segment (it could never be written, and
+/// the store would silently keep compressing with the first, smaller dictionary).
+pub(crate) fn final_dictionary_bytes(segment_bytes: u64) -> usize {
+    let fits = usize::try_from(segment_bytes.saturating_sub(DICTIONARY_RECORD_SLACK)).unwrap_or(usize::MAX);
+    limits::DICTIONARY_BYTES.min(fits)
+}
+
+/// The size of the first dictionary: `DICTIONARY_FIRST_BYTES`, at most half the final one's.
+pub(crate) fn first_dictionary_bytes(segment_bytes: u64) -> usize {
+    limits::DICTIONARY_FIRST_BYTES.min(final_dictionary_bytes(segment_bytes) / 2)
+}
+
 /// Samples of encoded deltas kept until the store's compression dictionary is trained.
 pub(crate) struct Training {
     samples: Vec<Vec<u8>>,
@@ -395,9 +412,10 @@ impl Store {
     fn sample_for_dictionary(&self, delta: &Delta) {
         let (samples, bytes) = {
             let mut training = self.shared.training.lock();
+            let segment_bytes = self.shared.log.config().segment_bytes;
             let (wanted, bytes) = match training.stage {
-                TrainingStage::First => (limits::DICTIONARY_FIRST_SAMPLES, limits::DICTIONARY_FIRST_BYTES),
-                TrainingStage::Final => (limits::DICTIONARY_TRAINING_SAMPLES, limits::DICTIONARY_BYTES),
+                TrainingStage::First => (limits::DICTIONARY_FIRST_SAMPLES, first_dictionary_bytes(segment_bytes)),
+                TrainingStage::Final => (limits::DICTIONARY_TRAINING_SAMPLES, final_dictionary_bytes(segment_bytes)),
                 TrainingStage::Done => return,
             };
             let sample = delta.encode_to_vec();

@@ -119,7 +119,7 @@ impl Shared {
             (true, _) => atoms::Training::done(),
             (false, None) => atoms::Training::new(atoms::TrainingStage::First),
             // A first-stage dictionary (smaller than the final one's half): train the final one.
-            (false, Some(len)) if len * 2 <= crate::limits::DICTIONARY_BYTES => {
+            (false, Some(len)) if len * 2 <= atoms::final_dictionary_bytes(log.config().segment_bytes) => {
                 atoms::Training::new(atoms::TrainingStage::Final)
             }
             (false, Some(_)) => atoms::Training::done(),
