@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
 
+use crate::store::atom_table::AtomTable;
 use crate::store::types::{AtomId, AtomStatus, RunId, RunStatus};
 
 /// Where an atom is, including the transient states that keep two threads from writing
@@ -62,7 +63,7 @@ pub(crate) struct AtomEntry {
 }
 
 impl AtomEntry {
-    const VACANT: AtomEntry = AtomEntry {
+    pub(crate) const VACANT: AtomEntry = AtomEntry {
         started_lsn: 0,
         ended_lsn: 0,
         run: 0,
@@ -103,7 +104,7 @@ pub(crate) struct GuardEntry {
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct StoreIndex {
     /// Atom `n` is at `atoms[n - 1]`.
-    pub atoms: Vec<AtomEntry>,
+    pub atoms: AtomTable,
     /// Hash of (run, agent, key) → atom id; a hit is confirmed against the log.
     pub atom_keys: HashMap<u64, u32, Fast>,
     /// Run `n` is at `runs[n - 1]`.
@@ -157,10 +158,7 @@ impl StoreIndex {
     /// Makes room for atom `atom` and returns its entry (rebuild and new atoms).
     pub fn atom_slot(&mut self, atom: AtomId) -> &mut AtomEntry {
         let at = usize::try_from(atom.0 - 1).expect("atom ids fit in memory");
-        if self.atoms.len() <= at {
-            self.atoms.resize(at + 1, AtomEntry::VACANT);
-        }
-        &mut self.atoms[at]
+        self.atoms.slot(at)
     }
 
     /// The run entry.
@@ -199,7 +197,6 @@ impl StoreIndex {
     pub fn run_atoms(&self, run: RunId) -> impl Iterator<Item = (AtomId, &AtomEntry)> {
         self.atoms
             .iter()
-            .enumerate()
             .filter(move |(_, entry)| u64::from(entry.run) == run.0 && entry.state.status().is_some())
             .map(|(at, entry)| (AtomId(at as u64 + 1), entry))
     }
@@ -208,8 +205,13 @@ impl StoreIndex {
     pub fn abandon_after(&mut self, run: u32, agent: u32, after: u64) -> Vec<AtomId> {
         let from = usize::try_from(after).unwrap_or(usize::MAX);
         let mut abandoned = Vec::new();
-        for (at, entry) in self.atoms.iter_mut().enumerate().skip(from) {
-            if entry.run == run && entry.agent == agent && entry.state != EntryState::Vacant && !entry.abandoned {
+        for (at, entry) in self.atoms.iter_mut() {
+            if at >= from
+                && entry.run == run
+                && entry.agent == agent
+                && entry.state != EntryState::Vacant
+                && !entry.abandoned
+            {
                 entry.abandoned = true;
                 abandoned.push(AtomId(at as u64 + 1));
             }
@@ -226,19 +228,17 @@ impl StoreIndex {
         if self.run_names.get(&name).is_some_and(|id| u64::from(*id) == run.0) {
             self.run_names.remove(&name);
         }
-        for atom in self.atoms.iter_mut().filter(|atom| u64::from(atom.run) == run.0) {
+        for (_, atom) in self.atoms.iter_mut().filter(|(_, atom)| u64::from(atom.run) == run.0) {
             *atom = AtomEntry::VACANT;
         }
-        if let Some(floor) = next_atom.checked_sub(1).and_then(|n| usize::try_from(n).ok())
-            && self.atoms.len() < floor
-        {
-            self.atoms.resize(floor, AtomEntry::VACANT);
+        if let Some(floor) = next_atom.checked_sub(1).and_then(|n| usize::try_from(n).ok()) {
+            self.atoms.extend_to(floor);
         }
     }
 
     /// Approximate heap bytes held by the index (capacity-based).
     pub fn heap_bytes(&self) -> usize {
-        let atoms = self.atoms.capacity() * std::mem::size_of::<AtomEntry>();
+        let atoms = self.atoms.heap_bytes();
         let keys = self.atom_keys.capacity() * (std::mem::size_of::<(u64, u32)>() + 1);
         let guards = self.guards.capacity() * (std::mem::size_of::<(u64, GuardEntry)>() + 1);
         let runs = self.runs.capacity() * std::mem::size_of::<RunEntry>()

@@ -7,6 +7,7 @@
 //! tells each agent where it stands and [`Store::execute`] returns recorded outputs instead of
 //! running completed atoms again.
 
+mod atom_table;
 mod atoms;
 mod background;
 mod compaction;
