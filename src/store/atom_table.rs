@@ -68,6 +68,24 @@ impl AtomTable {
         })
     }
 
+    /// [`AtomTable::iter`] from entry `at` on.
+    pub fn iter_from(&self, at: usize) -> impl Iterator<Item = (usize, &AtomEntry)> {
+        let len = self.len;
+        let first_page = at / PAGE_ATOMS;
+        self.pages
+            .iter()
+            .enumerate()
+            .skip(first_page)
+            .filter_map(|(p, page)| Some((p, page.as_ref()?)))
+            .flat_map(move |(p, page)| {
+                page.iter()
+                    .enumerate()
+                    .map(move |(i, entry)| (p * PAGE_ATOMS + i, entry))
+                    .filter(move |(i, _)| *i < len)
+            })
+            .skip_while(move |(i, _)| *i < at)
+    }
+
     /// [`AtomTable::iter`], mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut AtomEntry)> {
         let len = self.len;
@@ -129,6 +147,23 @@ mod tests {
         let written: Vec<usize> =
             table.iter().filter(|(_, e)| e.state != EntryState::Vacant).map(|(at, _)| at).collect();
         assert_eq!(written, [3, far]);
+    }
+
+    #[test]
+    fn iteration_from_an_entry_skips_the_pages_before_it() {
+        let mut table = AtomTable::default();
+        for at in [2, 4_100, 9_000, 50_000] {
+            table.slot(at).state = EntryState::Running;
+        }
+        let from = |at| -> Vec<usize> {
+            table.iter_from(at).filter(|(_, e)| e.state != EntryState::Vacant).map(|(i, _)| i).collect()
+        };
+        assert_eq!(from(0), [2, 4_100, 9_000, 50_000]);
+        assert_eq!(from(3), [4_100, 9_000, 50_000]);
+        assert_eq!(from(4_100), [4_100, 9_000, 50_000]);
+        assert_eq!(from(9_001), [50_000]);
+        assert_eq!(from(50_001), Vec::<usize>::new());
+        assert_eq!(table.iter_from(4_097).next().map(|(i, _)| i), Some(4_097));
     }
 
     #[test]

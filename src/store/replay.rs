@@ -48,17 +48,70 @@ pub struct SnapshotFallback {
     pub reason: &'static str,
 }
 
-/// Which atoms after a floor (a snapshot, or 0) belong to the run being rebuilt.
+/// Where a rebuild's tables keep each atom after its floor (a snapshot, or 0) up to the rebuilt
+/// atom. Dense: slot `i` is atom `floor + 1 + i`, whichever run it belongs to (atom ids are
+/// dense, so this is the common case, even with several runs interleaved). Sparse: the slots
+/// are the run's own atoms, in id order, found by binary search; used when the span of ids is
+/// far larger than the run's atoms in it (a gap left by a run that compaction dropped, or a
+/// damaged but checksum-valid id), so that memory follows the atoms, not the span.
+#[derive(Clone, Debug)]
+enum Slots {
+    Dense { floor: u64, len: usize },
+    Sparse { ids: Vec<u64> },
+}
+
+impl Slots {
+    fn len(&self) -> usize {
+        match self {
+            Slots::Dense { len, .. } => *len,
+            Slots::Sparse { ids } => ids.len(),
+        }
+    }
+
+    fn slot(&self, atom: u64) -> Option<usize> {
+        match self {
+            Slots::Dense { floor, len } => {
+                let at = usize::try_from(atom.checked_sub(floor + 1)?).ok()?;
+                (at < *len).then_some(at)
+            }
+            Slots::Sparse { ids } => ids.binary_search(&atom).ok(),
+        }
+    }
+
+    fn id(&self, slot: usize) -> u64 {
+        match self {
+            Slots::Dense { floor, .. } => floor + 1 + slot as u64,
+            Slots::Sparse { ids } => ids.get(slot).copied().unwrap_or(0),
+        }
+    }
+}
+
+/// A dense span of ids is used up to this many ids, or up to `SPARSE_AFTER_RATIO` times the
+/// run's atoms in it, whichever is more (about 18 bytes per id of tables).
+const DENSE_SPAN_IDS_MAX: u64 = 1 << 24;
+const SPARSE_AFTER_RATIO: u64 = 64;
+
+/// Tests make every rebuild use sparse slots, which must give the same contexts.
+#[cfg(test)]
+static FORCE_SPARSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn force_sparse() -> bool {
+    #[cfg(test)]
+    return FORCE_SPARSE.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(test))]
+    false
+}
+
+/// Which atoms after a floor belong to the run being rebuilt.
 struct RunMembers {
-    floor: u64,
-    /// Atom `floor + 1 + i` is at `members[i]`.
+    slots: Slots,
+    /// Whether the atom at each slot is the run's (all of them, for sparse slots).
     members: Vec<bool>,
 }
 
 impl RunMembers {
     fn contains(&self, atom: u64) -> bool {
-        let at = atom.checked_sub(self.floor + 1).and_then(|at| usize::try_from(at).ok());
-        at.and_then(|at| self.members.get(at)).copied().unwrap_or(false)
+        self.slots.slot(atom).and_then(|slot| self.members.get(slot)).copied().unwrap_or(false)
     }
 }
 
@@ -109,7 +162,7 @@ const NO_COMPLETION: u32 = u32::MAX;
 /// up to the rebuilt atom: each one's parents and its completion record. Dense, since atom ids
 /// are: atom `floor + 1 + i` is at slot `i`.
 struct RunScan {
-    floor: u64,
+    slots: Slots,
     /// Where each atom's parents are in `parents`; `None` if its start record was not seen.
     starts: Vec<Option<(u32, u32)>>,
     parents: Vec<u64>,
@@ -122,9 +175,10 @@ struct RunScan {
 }
 
 impl RunScan {
-    fn new(floor: u64, atoms: usize) -> Self {
+    fn new(slots: Slots) -> Self {
+        let atoms = slots.len();
         Self {
-            floor,
+            slots,
             starts: vec![None; atoms],
             parents: Vec::new(),
             completions: vec![NO_COMPLETION; atoms],
@@ -148,12 +202,11 @@ impl RunScan {
     }
 
     fn slot(&self, atom: u64) -> Option<usize> {
-        let at = usize::try_from(atom.checked_sub(self.floor + 1)?).ok()?;
-        (at < self.starts.len()).then_some(at)
+        self.slots.slot(atom)
     }
 
     fn id(&self, slot: usize) -> u64 {
-        self.floor + 1 + slot as u64
+        self.slots.id(slot)
     }
 
     fn parents_at(&self, slot: usize) -> Option<&[u64]> {
@@ -353,29 +406,47 @@ impl Store {
     /// (all of them for `None`) to `atom`'s last record, keeping the start records' parents
     /// and the completion records of the run's atoms.
     fn scan_run(&self, atom: AtomId, after: Option<u64>, pool: Option<&rayon::ThreadPool>) -> Result<RunScan> {
-        let (run, from_lsn, to_lsn) = {
+        // Which atoms up to `atom` belong to the run, taken once so that the scan holds no lock.
+        // Only atoms after the snapshot matter: the rebuild stops at the snapshot. Atoms after
+        // `atom` do not matter; the run's atoms between the floor and it bound the scan.
+        let floor = after.unwrap_or(0);
+        let (in_run, from_lsn, to_lsn) = {
             let index = self.shared.index.read();
             let entry = index.atom(atom).filter(|e| e.started_lsn != 0).ok_or(Error::UnknownAtom { atom: atom.0 })?;
-            // Atoms after `atom` do not matter; those between the floor and it bound the scan.
-            let floor = after.unwrap_or(0);
-            let first = (floor + 1..=atom.0)
-                .filter_map(|id| index.atom(AtomId(id)))
-                .filter(|e| e.run == entry.run && e.started_lsn != 0)
-                .map(|e| e.started_lsn)
-                .min();
-            (entry.run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
+            let run = entry.run;
+            // The run's atoms in the span, read from the index's written pages only.
+            let range = usize::try_from(floor).unwrap_or(usize::MAX)..usize::try_from(atom.0).unwrap_or(usize::MAX);
+            let in_span = || {
+                index
+                    .atoms
+                    .iter_from(range.start)
+                    .take_while(|(at, _)| *at < range.end)
+                    .filter(move |(_, e)| e.state != EntryState::Vacant && e.run == run)
+            };
+            let (mut count, mut first) = (0u64, None::<u64>);
+            for (_, e) in in_span() {
+                count += 1;
+                if e.started_lsn != 0 {
+                    first = Some(first.map_or(e.started_lsn, |f| f.min(e.started_lsn)));
+                }
+            }
+            let span = atom.0 - floor;
+            let dense = span <= DENSE_SPAN_IDS_MAX.max(count.saturating_mul(SPARSE_AFTER_RATIO));
+            let slots = if dense && !force_sparse() {
+                Slots::Dense { floor, len: usize::try_from(span).map_err(|_| Error::UnknownAtom { atom: atom.0 })? }
+            } else {
+                Slots::Sparse { ids: in_span().map(|(at, _)| at as u64 + 1).collect() }
+            };
+            let mut members = vec![false; slots.len()];
+            for (at, _) in in_span() {
+                if let Some(slot) = slots.slot(at as u64 + 1) {
+                    members[slot] = true;
+                }
+            }
+            let in_run = RunMembers { slots, members };
+            (in_run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
         };
-        // Which atoms up to `atom` belong to the run, taken once so that the scan holds no lock.
-        // Only atoms after the snapshot matter: the rebuild stops at the snapshot.
-        let floor = after.unwrap_or(0);
-        let in_run = RunMembers {
-            floor,
-            members: {
-                let index = self.shared.index.read();
-                (floor + 1..=atom.0).map(|id| index.atom(AtomId(id)).is_some_and(|e| e.run == run)).collect()
-            },
-        };
-        let mut scan = RunScan::new(floor, in_run.members.len());
+        let mut scan = RunScan::new(in_run.slots.clone());
         // Split the LSN range evenly over the pool's threads; each part seeks to its start
         // through the segments' sparse index.
         let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads) as u64;
@@ -413,7 +484,7 @@ impl Store {
     fn scan_range(&self, from: u64, to: u64, in_run: &RunMembers) -> Result<ScanPart> {
         // A run's atoms write two records each: reserve for all of the range being this run's,
         // so that the part's tables never grow by copying (bounded by the range).
-        let expected = usize::try_from((to - from).div_ceil(2)).unwrap_or(0).min(in_run.members.len());
+        let expected = usize::try_from((to - from).div_ceil(2)).unwrap_or(0).min(in_run.slots.len());
         let mut part = ScanPart {
             starts: Vec::with_capacity(expected),
             parents: Vec::with_capacity(expected),
@@ -711,4 +782,89 @@ pub(crate) fn replay_pool() -> Option<&'static rayon::ThreadPool> {
             .ok()
     })
     .as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Codec, proto};
+    use crate::log::Log;
+
+    #[test]
+    fn a_history_across_a_gap_of_four_billion_ids_rebuilds_with_sparse_slots() {
+        // Atom 1 and its child, atom 4,000,000,000 (a gap a dropped run could leave, or a
+        // damaged id): the rebuild's tables follow the run's two atoms, not the span of ids.
+        let dir = tempfile::tempdir().expect("dir");
+        let codec = Codec::default();
+        let mut transcript = crate::synthetic::Transcript::new(5);
+        let deltas = [transcript.next_delta(500), transcript.next_delta(500)];
+        {
+            let log = Log::open(dir.path()).expect("log");
+            let run = proto::RunCreated { run: 1, run_name: "r".into(), ..Default::default() };
+            log.append(&codec.encode(&StoreRecord::RunCreated(run))).expect("append");
+            for ((atom, parents), delta) in [(1u64, vec![]), (4_000_000_000, vec![1])].into_iter().zip(&deltas) {
+                let started = proto::AtomStarted {
+                    atom,
+                    run: 1,
+                    agent: "a".into(),
+                    key: atom.to_string(),
+                    parents,
+                    ..Default::default()
+                };
+                log.append(&codec.encode(&StoreRecord::AtomStarted(started))).expect("append");
+                log.append(&codec.encode_completion(atom, delta, b"ok", 0)).expect("append");
+            }
+        }
+        let store = Store::builder(dir.path()).background(false).open().expect("open");
+        let rebuilt = store.rebuild_context(AtomId(4_000_000_000)).expect("rebuild");
+        let mut expected = Context::new();
+        for delta in &deltas {
+            expected.apply(delta);
+        }
+        assert_eq!(rebuilt.atoms_applied, 2);
+        assert_eq!(rebuilt.context.encode(), expected.encode());
+        assert!(store.index_heap_bytes() < 64 << 20);
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+    use crate::{AtomOutput, RunSpec, SnapshotPolicy};
+
+    #[test]
+    fn sparse_slots_rebuild_the_same_contexts_as_dense_ones() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store =
+            Store::builder(dir.path()).snapshot_policy(SnapshotPolicy::NEVER).background(false).open().expect("open");
+        let runs: Vec<_> = (0..3).map(|r| store.create_run(RunSpec::new(format!("r{r}"))).expect("run")).collect();
+        let mut transcript = crate::synthetic::Transcript::new(11);
+        let mut heads = [None; 3];
+        let mut atoms = Vec::new();
+        for i in 0..240u64 {
+            let r = (i % 3) as usize;
+            // Run 0 forks now and then from an older atom of its own.
+            let parents: Vec<AtomId> = match (r, i % 40) {
+                (0, 21) => atoms.iter().filter(|(run, _)| *run == 0).nth(2).map(|(_, a)| *a).into_iter().collect(),
+                _ => heads[r].into_iter().collect(),
+            };
+            let atom = store.begin_atom(runs[r], "agent", &i.to_string(), &parents, "").expect("begin");
+            let output = AtomOutput { delta: transcript.next_delta(300), result: Vec::new() };
+            store.complete_atom(atom, &output).expect("complete");
+            if i == 120 {
+                store.snapshot_now(atom).expect("snapshot");
+            }
+            heads[r] = Some(atom);
+            atoms.push((r, atom));
+        }
+        let dense: Vec<_> = atoms.iter().map(|(_, a)| store.rebuild_context(*a).expect("dense")).collect();
+        FORCE_SPARSE.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sparse: Vec<_> = atoms.iter().map(|(_, a)| store.rebuild_context(*a)).collect();
+        FORCE_SPARSE.store(false, std::sync::atomic::Ordering::Relaxed);
+        for ((dense, sparse), (_, atom)) in dense.iter().zip(sparse).zip(&atoms) {
+            let sparse = sparse.expect("sparse");
+            assert_eq!(dense.context.encode(), sparse.context.encode(), "atom {atom:?}");
+            assert_eq!(dense.atoms_applied, sparse.atoms_applied, "atom {atom:?}");
+        }
+    }
 }
