@@ -116,11 +116,51 @@ impl<'a> RecordRef<'a> {
     pub fn to_bytes(&self) -> Bytes {
         self.source.slice(self.start..self.end)
     }
+}
 
-    /// The bytes the record lies in (a segment's map, or a read window of it) and its range
-    /// there: a caller keeping many records of one segment clones the source once.
-    pub(crate) fn source(&self) -> (&'a Bytes, std::ops::Range<usize>) {
-        (self.source, self.start..self.end)
+/// Records kept past a [`crate::Log::visit`] callback without a reference count per record:
+/// the segment maps (or read windows) they lie in, each held once for a run of records from
+/// it, and each record as a [`HeldRange`] of one of them.
+#[derive(Debug, Default)]
+pub(crate) struct HeldSources {
+    sources: Vec<Bytes>,
+}
+
+/// Bytes held by a [`HeldSources`]: which source, and the byte range there.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeldRange {
+    source: u32,
+    start: u32,
+    end: u32,
+}
+
+impl HeldRange {
+    /// The part `range` of these bytes (offsets relative to their start), if it lies within.
+    pub fn sub(&self, range: std::ops::Range<usize>) -> Option<HeldRange> {
+        let start = self.start.checked_add(u32::try_from(range.start).ok()?)?;
+        let end = self.start.checked_add(u32::try_from(range.end).ok()?)?;
+        (start <= end && end <= self.end).then_some(HeldRange { source: self.source, start, end })
+    }
+}
+
+impl HeldSources {
+    /// Holds `record` (and its source, unless the last record held came from the same one);
+    /// `None` if it lies past 4 GiB of its source.
+    pub fn hold(&mut self, record: &RecordRef<'_>) -> Option<HeldRange> {
+        if self.sources.last().is_none_or(|last| !std::ptr::eq(last.as_ptr(), record.source.as_ptr())) {
+            self.sources.push(record.source.clone());
+        }
+        Some(HeldRange {
+            source: u32::try_from(self.sources.len() - 1).ok()?,
+            start: u32::try_from(record.start).ok()?,
+            end: u32::try_from(record.end).ok()?,
+        })
+    }
+
+    /// The bytes of `held` (empty if it is not one of these sources' ranges).
+    pub fn bytes(&self, held: HeldRange) -> &[u8] {
+        let source = self.sources.get(held.source as usize);
+        source.and_then(|bytes| bytes.get(held.start as usize..held.end as usize)).unwrap_or_default()
     }
 }
 

@@ -30,6 +30,7 @@ use record::EncodedBatch;
 use writer::Writer;
 
 pub use compact::{Rewrite, RewriteReport};
+pub(crate) use iter::{HeldRange, HeldSources};
 pub use iter::{LogIter, RecordRef};
 pub use recovery::{InvalidRange, RecoveryReport};
 

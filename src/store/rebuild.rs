@@ -7,12 +7,11 @@
 //! `RunDropped` record. Orphans are set aside and accepted at the end only if a dropped run
 //! explains them; anything else is an inconsistent log.
 
-use bytes::Bytes;
 use rayon::prelude::*;
 
 use crate::codec::{BodyReader, Codec, CodecError, RecordKind, StoreRecord, delta_view};
 use crate::error::{Error, Result};
-use crate::log::{Log, Lsn};
+use crate::log::{HeldRange, HeldSources, Log, Lsn};
 use crate::store::index::{self, EntryState, GuardEntry, RunEntry, StoreIndex};
 use crate::store::types::{AtomId, RunId, RunStatus};
 
@@ -89,13 +88,13 @@ fn parse_chunk(log: &Log, codec: &Codec, (from, to): (u64, u64), threads: usize)
 
 /// One record of a [`ParsedPart`], as far as a parse thread could take it.
 enum Parsed {
-    /// A plain start record read in place: its agent and key are byte ranges of `source`.
-    Start { lsn: u64, atom: u64, run: u64, source: u32, agent: (u32, u32), key: (u32, u32) },
+    /// A plain start record read in place: its agent and key as bytes held by the part.
+    Start { lsn: u64, atom: u64, run: u64, agent: HeldRange, key: HeldRange },
     /// A completion (`reclaimed`: a reclaimed completion).
     Completed { lsn: u64, atom: u64, reclaimed: bool },
     /// Anything else: the fold reads the record's bytes itself (a compressed body may need a
     /// dictionary the fold has not loaded yet; a malformed one must fail in log order).
-    Other { lsn: u64, source: u32, range: (u32, u32) },
+    Other { lsn: u64, record: HeldRange },
 }
 
 /// The records of one LSN range, referring to the segment maps (or read windows) they lie in,
@@ -103,48 +102,31 @@ enum Parsed {
 #[derive(Default)]
 struct ParsedPart {
     records: Vec<Parsed>,
-    sources: Vec<Bytes>,
-}
-
-impl ParsedPart {
-    fn bytes(&self, source: u32, (start, end): (u32, u32)) -> &[u8] {
-        self.sources.get(source as usize).and_then(|bytes| bytes.get(start as usize..end as usize)).unwrap_or_default()
-    }
+    sources: HeldSources,
 }
 
 fn parse_range(log: &Log, codec: &Codec, from: u64, to: u64) -> Result<ParsedPart> {
     let mut part = ParsedPart::default();
     let mut parents = Vec::new();
-    let span = |range: std::ops::Range<usize>| Some((u32::try_from(range.start).ok()?, u32::try_from(range.end).ok()?));
     log.visit(Lsn::new(from), Lsn::new(to), |lsn, record| {
-        let (source_bytes, range) = record.source();
-        if part.sources.last().is_none_or(|last| !std::ptr::eq(last.as_ptr(), source_bytes.as_ptr())) {
-            part.sources.push(source_bytes.clone());
-        }
-        let source = u32::try_from(part.sources.len() - 1).unwrap_or(u32::MAX);
+        let held =
+            part.sources.hold(&record).ok_or(Error::InconsistentLog { lsn, reason: "a record lies past 4 GiB" })?;
         let bytes = record.bytes();
         let parsed = match codec.peek_plain(bytes) {
             Ok((RecordKind::AtomStarted, atom, Some(body))) => {
-                // The body is a slice of the record: its offset in the source, for the spans.
-                let body_at = range.start + (body.as_ptr() as usize - bytes.as_ptr() as usize);
-                let shifted = |at: std::ops::Range<usize>| span(body_at + at.start..body_at + at.end);
+                // The body is a slice of the record: its offset in it, for the spans.
+                let body_at = body.as_ptr() as usize - bytes.as_ptr() as usize;
+                let shifted = |at: std::ops::Range<usize>| held.sub(body_at + at.start..body_at + at.end);
                 delta_view::read_start(body, atom, &mut parents).ok().and_then(|start| {
                     let (agent, key) = (shifted(start.agent.range())?, shifted(start.key.range())?);
-                    Some(Parsed::Start { lsn, atom, run: start.run, source, agent, key })
+                    Some(Parsed::Start { lsn, atom, run: start.run, agent, key })
                 })
             }
             Ok((RecordKind::AtomCompleted, atom, _)) => Some(Parsed::Completed { lsn, atom, reclaimed: false }),
             Ok((RecordKind::AtomReclaimed, atom, _)) => Some(Parsed::Completed { lsn, atom, reclaimed: true }),
             _ => None,
         };
-        let parsed = match parsed {
-            Some(parsed) => parsed,
-            None => {
-                let range = span(range).ok_or(Error::InconsistentLog { lsn, reason: "a record lies past 4 GiB" })?;
-                Parsed::Other { lsn, source, range }
-            }
-        };
-        part.records.push(parsed);
+        part.records.push(parsed.unwrap_or(Parsed::Other { lsn, record: held }));
         Ok(true)
     })?;
     Ok(part)
@@ -177,15 +159,15 @@ impl<'c> Fold<'c> {
         for part in parts {
             for parsed in &part.records {
                 match *parsed {
-                    Parsed::Start { lsn, atom, run, source, agent, key } => {
-                        let text = |range| {
-                            std::str::from_utf8(part.bytes(source, range))
+                    Parsed::Start { lsn, atom, run, agent, key } => {
+                        let text = |held| {
+                            std::str::from_utf8(part.sources.bytes(held))
                                 .map_err(|_| Error::Codec { lsn, source: CodecError::Protobuf })
                         };
                         start_atom(&mut self.index, lsn, atom, run, text(agent)?, text(key)?)?;
                     }
                     Parsed::Completed { lsn, atom, reclaimed } => self.completed(lsn, atom, reclaimed),
-                    Parsed::Other { lsn, source, range } => self.record(lsn, part.bytes(source, range))?,
+                    Parsed::Other { lsn, record } => self.record(lsn, part.sources.bytes(record))?,
                 }
             }
         }

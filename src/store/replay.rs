@@ -11,7 +11,6 @@
 
 use std::sync::OnceLock;
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 use rayon::prelude::*;
 
@@ -20,7 +19,7 @@ use crate::codec::{CodecError, RecordKind, StoreRecord};
 use crate::context::{Context, Rotation};
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::log::Lsn;
+use crate::log::{HeldRange, HeldSources, Lsn};
 use crate::snapshot;
 use crate::store::Store;
 use crate::store::index::EntryState;
@@ -126,26 +125,21 @@ struct ScanPart {
     starts: Vec<(u64, usize, usize)>,
     parents: Vec<u64>,
     completions: Vec<ScannedCompletion>,
-    sources: Vec<Bytes>,
+    sources: HeldSources,
 }
 
-/// A completion (or reclaimed completion) record found by a scan: its atom, its LSN and where
-/// its bytes are in its part's `sources`.
+/// A completion (or reclaimed completion) record found by a scan: its atom, its LSN and its
+/// bytes in its part's `sources`.
 struct ScannedCompletion {
     atom: u64,
     lsn: u64,
-    source: u32,
-    start: u32,
-    end: u32,
+    record: HeldRange,
 }
 
 impl ScanPart {
     /// The record `completion` of this part: its LSN and bytes.
     fn completion(&self, completion: &ScannedCompletion) -> Completion<'_> {
-        let bytes = self.sources.get(completion.source as usize).map_or(&[][..], |source| {
-            source.get(completion.start as usize..completion.end as usize).unwrap_or_default()
-        });
-        (completion.lsn, bytes)
+        (completion.lsn, self.sources.bytes(completion.record))
     }
 }
 
@@ -489,7 +483,7 @@ impl Store {
             starts: Vec::with_capacity(expected),
             parents: Vec::with_capacity(expected),
             completions: Vec::with_capacity(expected),
-            sources: Vec::new(),
+            sources: HeldSources::default(),
         };
         let mut reader = self.shared.codec.body_reader();
         let mut scratch = Vec::new();
@@ -504,21 +498,11 @@ impl Store {
                 return Ok(true);
             }
             if kind != RecordKind::AtomStarted {
-                let (source, range) = record.source();
-                if part.sources.last().is_none_or(|last| !std::ptr::eq(last.as_ptr(), source.as_ptr())) {
-                    part.sources.push(source.clone());
-                }
-                let offset = |at: usize| {
-                    u32::try_from(at)
-                        .map_err(|_| Error::InconsistentLog { lsn, reason: "a record lies past 4 GiB of its segment" })
-                };
-                part.completions.push(ScannedCompletion {
-                    atom: subject,
-                    lsn,
-                    source: u32::try_from(part.sources.len() - 1).unwrap_or(u32::MAX),
-                    start: offset(range.start)?,
-                    end: offset(range.end)?,
-                });
+                let record = part
+                    .sources
+                    .hold(&record)
+                    .ok_or(Error::InconsistentLog { lsn, reason: "a record lies past 4 GiB of its segment" })?;
+                part.completions.push(ScannedCompletion { atom: subject, lsn, record });
                 return Ok(true);
             }
             let body = reader.body(bytes, &mut scratch).map_err(codec_error)?;
