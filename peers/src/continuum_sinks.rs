@@ -70,7 +70,12 @@ impl AtomSink for LogSink {
 fn used_bytes(log: &Log) -> Result<u64> {
     let mut preallocated = 0;
     for segment in log.segments() {
-        preallocated += std::fs::metadata(&segment.path)?.len().saturating_sub(segment.data_bytes);
+        // A segment compaction deleted after the listing holds no bytes any more.
+        match std::fs::metadata(&segment.path) {
+            Ok(metadata) => preallocated += metadata.len().saturating_sub(segment.data_bytes),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error.into()),
+        }
     }
     Ok(crate::disk_usage(log.dir())?.length.saturating_sub(preallocated))
 }

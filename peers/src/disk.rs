@@ -26,7 +26,13 @@ pub fn disk_usage(dir: &Path) -> std::io::Result<DiskUsage> {
     while let Some(dir) = pending.pop() {
         for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
-            let metadata = entry.metadata()?;
+            // A file removed while the walk runs (a store's background thread replacing a
+            // snapshot or deleting a compacted segment) holds no bytes any more.
+            let metadata = match entry.metadata() {
+                Ok(metadata) => metadata,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(error),
+            };
             if metadata.is_dir() {
                 pending.push(entry.path());
             } else if metadata.is_file() {
