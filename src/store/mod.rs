@@ -303,3 +303,37 @@ fn unknown_run(run: RunId) -> Error {
 fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
+
+/// Logs written record by record, as a store would write them but with the atom ids a test
+/// chooses (damaged or crafted ones included).
+#[cfg(test)]
+pub(crate) mod test_logs {
+    use std::path::Path;
+
+    use crate::codec::proto::{AtomStarted, Delta, RunCreated};
+    use crate::codec::{Codec, StoreRecord};
+    use crate::log::Log;
+
+    /// Writes run 1 ("r") and, for each `(atom, parents, delta)`, the atom's start record (agent
+    /// "a", key the atom's id) and, with a delta, its completion.
+    pub(crate) fn write_run(dir: &Path, atoms: &[(u64, Vec<u64>, Option<&Delta>)]) {
+        let codec = Codec::default();
+        let log = Log::open(dir).expect("log");
+        let run = RunCreated { run: 1, run_name: "r".into(), ..Default::default() };
+        log.append(&codec.encode(&StoreRecord::RunCreated(run))).expect("append");
+        for (atom, parents, delta) in atoms {
+            let started = AtomStarted {
+                atom: *atom,
+                run: 1,
+                agent: "a".into(),
+                key: atom.to_string(),
+                parents: parents.clone(),
+                ..Default::default()
+            };
+            log.append(&codec.encode(&StoreRecord::AtomStarted(started))).expect("append");
+            if let Some(delta) = delta {
+                log.append(&codec.encode_completion(*atom, delta, b"ok", 0)).expect("append");
+            }
+        }
+    }
+}

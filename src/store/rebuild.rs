@@ -444,22 +444,7 @@ mod tests {
         // A checksum-valid start record of atom 4,000,000,000 (damage the CRC cannot see, or a
         // crafted file): before the atom table was paged, opening allocated 128 GB for it.
         let dir = tempfile::tempdir().expect("dir");
-        let codec = Codec::default();
-        {
-            let log = Log::open(dir.path()).expect("log");
-            let run = crate::codec::proto::RunCreated { run: 1, run_name: "r".into(), ..Default::default() };
-            log.append(&codec.encode(&StoreRecord::RunCreated(run))).expect("append");
-            for atom in [1, 4_000_000_000] {
-                let started = crate::codec::proto::AtomStarted {
-                    atom,
-                    run: 1,
-                    agent: "a".into(),
-                    key: atom.to_string(),
-                    ..Default::default()
-                };
-                log.append(&codec.encode(&StoreRecord::AtomStarted(started))).expect("append");
-            }
-        }
+        crate::store::test_logs::write_run(dir.path(), &[(1, vec![], None), (4_000_000_000, vec![], None)]);
         let log = Log::open_read_only(dir.path()).expect("log");
         for index in [rebuild(&log, &Codec::default()), rebuild_sequential(&log, &Codec::default())] {
             let index = index.expect("rebuild");

@@ -771,34 +771,19 @@ pub(crate) fn replay_pool() -> Option<&'static rayon::ThreadPool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{Codec, proto};
-    use crate::log::Log;
+    use crate::{AtomOutput, RunSpec, SnapshotPolicy};
 
     #[test]
     fn a_history_across_a_gap_of_four_billion_ids_rebuilds_with_sparse_slots() {
         // Atom 1 and its child, atom 4,000,000,000 (a gap a dropped run could leave, or a
         // damaged id): the rebuild's tables follow the run's two atoms, not the span of ids.
         let dir = tempfile::tempdir().expect("dir");
-        let codec = Codec::default();
         let mut transcript = crate::synthetic::Transcript::new(5);
         let deltas = [transcript.next_delta(500), transcript.next_delta(500)];
-        {
-            let log = Log::open(dir.path()).expect("log");
-            let run = proto::RunCreated { run: 1, run_name: "r".into(), ..Default::default() };
-            log.append(&codec.encode(&StoreRecord::RunCreated(run))).expect("append");
-            for ((atom, parents), delta) in [(1u64, vec![]), (4_000_000_000, vec![1])].into_iter().zip(&deltas) {
-                let started = proto::AtomStarted {
-                    atom,
-                    run: 1,
-                    agent: "a".into(),
-                    key: atom.to_string(),
-                    parents,
-                    ..Default::default()
-                };
-                log.append(&codec.encode(&StoreRecord::AtomStarted(started))).expect("append");
-                log.append(&codec.encode_completion(atom, delta, b"ok", 0)).expect("append");
-            }
-        }
+        crate::store::test_logs::write_run(
+            dir.path(),
+            &[(1, vec![], Some(&deltas[0])), (4_000_000_000, vec![1], Some(&deltas[1]))],
+        );
         let store = Store::builder(dir.path()).background(false).open().expect("open");
         let rebuilt = store.rebuild_context(AtomId(4_000_000_000)).expect("rebuild");
         let mut expected = Context::new();
@@ -809,12 +794,6 @@ mod tests {
         assert_eq!(rebuilt.context.encode(), expected.encode());
         assert!(store.index_heap_bytes() < 64 << 20);
     }
-}
-
-#[cfg(test)]
-mod slot_tests {
-    use super::*;
-    use crate::{AtomOutput, RunSpec, SnapshotPolicy};
 
     #[test]
     fn sparse_slots_rebuild_the_same_contexts_as_dense_ones() {
