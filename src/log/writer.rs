@@ -176,16 +176,19 @@ impl Writer {
             room: Condvar::new(),
             arrivals: Condvar::new(),
             leader: Mutex::new(LeaderState {
-                synced_end: active.data_end,
+                // Recovered bytes may be in the page cache only (the last process was killed
+                // before its flusher ran): frames claim only the header durable until the
+                // first sync after open, which makes the recovered bytes durable too.
+                synced_end: segment::SEGMENT_HEADER_BYTES as u64,
                 active,
-                dirty: false,
+                dirty: true,
                 last_indexed,
                 buf: Vec::new(),
                 last_sync: None,
                 last_group_synced: false,
             }),
             index,
-            dirty_hint: AtomicBool::new(false),
+            dirty_hint: AtomicBool::new(true),
             metrics,
         }
     }
