@@ -6,7 +6,7 @@
 use crate::store::index::AtomEntry;
 
 /// Entries per page (128 KiB of 32-byte entries).
-const PAGE_ATOMS: usize = 4096;
+pub(crate) const PAGE_ATOMS: usize = 4096;
 
 /// Atom entries indexed from 0 (atom `n` is at `n - 1`), `len` of them; entries of pages never
 /// written read as vacant.
@@ -97,6 +97,22 @@ impl AtomTable {
                     .filter(move |(at, _)| *at < len)
             },
         )
+    }
+
+    /// Every written page: its number and entries (entry `i` of page `p` is at
+    /// `p * PAGE_ATOMS + i`), in order.
+    pub fn written_pages(&self) -> impl Iterator<Item = (usize, &[AtomEntry])> {
+        self.pages.iter().enumerate().filter_map(|(p, page)| Some((p, page.as_deref()?)))
+    }
+
+    /// Replaces page `page` with `entries` (exactly `PAGE_ATOMS` of them), spanning the table
+    /// to at least the page's end if `len` is not larger; `None` if the page lies past `len`.
+    pub fn put_page(&mut self, page: usize, entries: Box<[AtomEntry]>) -> Option<()> {
+        if entries.len() != PAGE_ATOMS || page >= self.len.div_ceil(PAGE_ATOMS) {
+            return None;
+        }
+        self.pages[page] = Some(entries);
+        Some(())
     }
 
     /// Drops the spare capacity of the page list.

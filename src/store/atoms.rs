@@ -8,7 +8,7 @@ use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::Lsn;
-use crate::store::index::{self, AtomEntry, EntryState, StoreIndex};
+use crate::store::index::{AtomEntry, EntryState, StoreIndex};
 use crate::store::types::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunStatus,
 };
@@ -96,7 +96,8 @@ impl Store {
             }
             Err(error) => {
                 let agent_id = index.agent_id(run32, agent).unwrap_or(0);
-                index.atom_keys.remove(&index::atom_key_hash(run32, agent_id, key));
+                let hash = index.identity.atom_key(run32, agent_id, key);
+                index.atom_keys.remove(&hash);
                 index.atom_slot(atom).state = EntryState::Vacant;
                 Err(error)
             }
@@ -126,7 +127,7 @@ impl Store {
             return Err(Error::AtomExists { atom: existing.0 });
         }
         let agent_id = index.intern_agent(run32, agent);
-        let hash = index::atom_key_hash(run32, agent_id, key);
+        let hash = index.identity.atom_key(run32, agent_id, key);
         // A key held by an abandoned atom is free again (the rollback released it).
         let held = index.atom_keys.get(&hash).and_then(|id| index.atom(AtomId(u64::from(*id))));
         if held.is_some_and(|entry| !entry.abandoned) {
@@ -142,7 +143,7 @@ impl Store {
     /// The atom of (run, agent, key), confirmed against its start record.
     fn find_atom(&self, index: &StoreIndex, run: u32, agent: &str, key: &str) -> Result<Option<AtomId>> {
         let Some(agent_id) = index.agent_id(run, agent) else { return Ok(None) };
-        let Some(&id) = index.atom_keys.get(&index::atom_key_hash(run, agent_id, key)) else { return Ok(None) };
+        let Some(&id) = index.atom_keys.get(&index.identity.atom_key(run, agent_id, key)) else { return Ok(None) };
         let atom = AtomId(u64::from(id));
         let Some(entry) = index.atom(atom).filter(|entry| !entry.abandoned) else { return Ok(None) };
         if entry.state == EntryState::Starting {

@@ -32,7 +32,8 @@ use crate::codec::{CodecError, RecordKind, StoreRecord};
 use crate::error::{Error, Result};
 use crate::log::{Lsn, Rewrite};
 use crate::store::Store;
-use crate::store::index::{self, EntryState};
+use crate::store::checkpoint;
+use crate::store::index::EntryState;
 use crate::store::types::{AtomId, RunId, RunStatus};
 
 /// Bytes a reclaimed completion record is assumed to keep, when planning (the real size is
@@ -163,6 +164,8 @@ impl Store {
                 break;
             }
             let started = std::time::Instant::now();
+            // IMPORTANT: no index checkpoint may outlive a change to the records it covers.
+            checkpoint::remove(&self.shared.log)?;
             let rewrite = self.shared.log.rewrite_segment(Lsn::new(tally.first_lsn), |lsn, bytes| {
                 self.rewrite_decision(&plan, lsn.get(), bytes)
             })?;
@@ -303,13 +306,13 @@ impl Store {
                 }
                 StoreRecord::GuardStarted(guard) => {
                     let run = plan.atom_runs.get(&guard.atom).copied().unwrap_or(u32::MAX);
-                    guard_runs.insert(index::guard_hash(&guard.key), run);
+                    guard_runs.insert(self.shared.identity.guard(&guard.key), run);
                     if plan.dropped_runs.contains(&run) {
                         plan.dead_guards.insert(lsn);
                     }
                 }
                 StoreRecord::GuardCompleted(guard) => {
-                    let run = guard_runs.get(&index::guard_hash(&guard.key));
+                    let run = guard_runs.get(&self.shared.identity.guard(&guard.key));
                     if run.is_some_and(|run| plan.dropped_runs.contains(run)) {
                         plan.dead_guards.insert(lsn);
                     }
@@ -480,6 +483,7 @@ impl Store {
             .collect();
         let Some(last) = empty.last() else { return Ok((0, 0)) };
         let bytes = empty.iter().map(|s| s.data_bytes).sum();
+        checkpoint::remove(&self.shared.log)?;
         let deleted = self.shared.log.truncate_prefix(last.next_lsn)?;
         Ok((deleted, bytes))
     }

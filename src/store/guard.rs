@@ -11,7 +11,7 @@ use crate::codec::StoreRecord;
 use crate::codec::proto;
 use crate::config::Durability;
 use crate::error::{Error, Result};
-use crate::store::index::{self, GuardEntry};
+use crate::store::index::GuardEntry;
 use crate::store::types::AtomId;
 use crate::store::{Store, now_us};
 
@@ -37,7 +37,7 @@ impl Store {
     /// end; [`Error::UnknownAtom`]; the log's errors.
     pub fn guarded(&self, atom: AtomId, operation: &str, effect: impl FnOnce(&str) -> Vec<u8>) -> Result<Vec<u8>> {
         let key = self.guard_key(atom, operation)?;
-        let hash = index::guard_hash(&key);
+        let hash = self.shared.identity.guard(&key);
         if let Some(result) = self.recorded_guard(&key, hash)? {
             return Ok(result);
         }
@@ -74,7 +74,7 @@ impl Store {
     /// # Errors
     /// The log's errors.
     pub fn resolve_guard(&self, key: &str, result: &[u8]) -> Result<()> {
-        self.record_guard(key, index::guard_hash(key), result)
+        self.record_guard(key, self.shared.identity.guard(key), result)
     }
 
     fn record_guard(&self, key: &str, hash: u64, result: &[u8]) -> Result<()> {

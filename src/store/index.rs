@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::OnceLock;
 
 use crate::store::atom_table::AtomTable;
 use crate::store::types::{AtomId, AtomStatus, RunId, RunStatus};
@@ -117,6 +116,8 @@ pub(crate) struct StoreIndex {
     /// Hash of the guard key → entry; a hit is confirmed against the log.
     pub guards: HashMap<u64, GuardEntry, Fast>,
     pub next_dictionary: u32,
+    /// How `atom_keys` and `guards` hash their keys.
+    pub identity: IdentityHasher,
 }
 
 /// How the index's maps hash their keys: foldhash, seeded per process (several times faster
@@ -124,22 +125,59 @@ pub(crate) struct StoreIndex {
 /// rebuild hashes every atom's key twice).
 pub(crate) type Fast = foldhash::fast::RandomState;
 
-/// The hasher of atom and guard identities: foldhash's higher-quality variant, seeded once per
-/// process. These hashes stand for the keys in the maps above (a hit is confirmed against the
-/// log), so they are never written anywhere and may differ from process to process.
-fn identity_hasher() -> &'static foldhash::quality::RandomState {
-    static HASHER: OnceLock<foldhash::quality::RandomState> = OnceLock::new();
-    HASHER.get_or_init(foldhash::quality::RandomState::default)
+/// The hasher of atom and guard identities: foldhash's higher-quality variant with a seed
+/// chosen when the index is first built and kept with it (an index checkpoint stores the seed,
+/// so that the hashes it holds stay valid in the next process). These hashes stand for the
+/// keys in the maps above; a hit is confirmed against the log.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IdentityHasher {
+    seed: u64,
+    state: foldhash::quality::FixedState,
 }
 
-/// Hash of an atom's identity within the store.
-pub(crate) fn atom_key_hash(run: u32, agent: u32, key: &str) -> u64 {
-    identity_hasher().hash_one((run, agent, key))
+impl IdentityHasher {
+    /// A hasher with a fresh random seed.
+    pub fn random() -> Self {
+        Self::with_seed(foldhash::quality::RandomState::default().hash_one(0x636f_6e74_696e_7575_u64))
+    }
+
+    /// The hasher of `seed`.
+    pub fn with_seed(seed: u64) -> Self {
+        Self { seed, state: foldhash::quality::FixedState::with_seed(seed) }
+    }
+
+    /// Its seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Hash of an atom's identity within the store.
+    pub fn atom_key(&self, run: u32, agent: u32, key: &str) -> u64 {
+        self.state.hash_one((run, agent, key))
+    }
+
+    /// Hash of a guard key.
+    pub fn guard(&self, key: &str) -> u64 {
+        self.state.hash_one(key)
+    }
+
+    /// Hashes of fixed inputs: equal in two processes only if both hash alike (a checkpoint
+    /// written by a build whose foldhash hashes differently is not used).
+    pub fn test_vector(&self) -> [u64; 2] {
+        [self.atom_key(1, 2, "continuum"), self.guard("continuum/guard")]
+    }
 }
 
-/// Hash of a guard key.
-pub(crate) fn guard_hash(key: &str) -> u64 {
-    identity_hasher().hash_one(key)
+impl Default for IdentityHasher {
+    fn default() -> Self {
+        Self::random()
+    }
+}
+
+impl PartialEq for IdentityHasher {
+    fn eq(&self, other: &Self) -> bool {
+        self.seed == other.seed
+    }
 }
 
 impl StoreIndex {

@@ -10,6 +10,7 @@
 mod atom_table;
 mod atoms;
 mod background;
+mod checkpoint;
 mod compaction;
 mod guard;
 mod index;
@@ -106,7 +107,7 @@ impl StoreBuilder {
         self.policies.validate()?;
         let shared = Arc::new(Shared::new(self.log.open()?, self.policies, false)?);
         let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
-        Ok(Store { worker, shared })
+        Ok(Store { worker, shared, owner: true })
     }
 }
 
@@ -115,7 +116,8 @@ impl Shared {
     /// never trains a dictionary (training appends one).
     fn new(log: Log, policies: policy::Policies, read_only: bool) -> Result<Self> {
         let codec = Codec::default();
-        let index = rebuild::rebuild(&log, &codec)?;
+        let index_checkpoint = IndexCheckpoint::default();
+        let index = open_index(&log, &codec, read_only, &index_checkpoint)?;
         let training = match (read_only, codec.current_dictionary_len()) {
             (true, _) => atoms::Training::done(),
             (false, None) => atoms::Training::new(atoms::TrainingStage::First),
@@ -129,6 +131,7 @@ impl Shared {
         Ok(Shared {
             log,
             codec,
+            identity: index.identity,
             index: RwLock::new(index),
             training: Mutex::new(training),
             snapshots: Mutex::new(snapshots),
@@ -138,8 +141,50 @@ impl Shared {
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
+            index_checkpoint,
         })
     }
+}
+
+/// Rebuilds the index: from the index checkpoint and the records after it if there is a usable
+/// one, from the whole log otherwise; writes a new checkpoint when the fold covered at least
+/// `checkpoint::MIN_NEW_RECORDS` records (not for a read-only store). A checkpoint that cannot
+/// be written costs only the next open's time: it is logged, not returned.
+fn open_index(log: &Log, codec: &Codec, read_only: bool, written: &IndexCheckpoint) -> Result<StoreIndex> {
+    let started = std::time::Instant::now();
+    let loaded = checkpoint::load(log, codec)?;
+    let from = loaded.as_ref().map_or(0, |state| state.next_lsn);
+    written.covered.store(from, std::sync::atomic::Ordering::Relaxed);
+    let start = loaded.unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
+    let state = rebuild::fold_from(log, codec, start, log.next_lsn().get())?;
+    let folded = state.next_lsn - from.max(log.first_lsn().get()).min(state.next_lsn);
+    let atoms = state.index.atoms.iter().filter(|(_, entry)| entry.state.status().is_some()).count() as u64;
+    let time_to_resume = log.recovery_report().duration + started.elapsed();
+    log.metrics_handle().record_index_rebuild(atoms, time_to_resume);
+    tracing::info!(
+        atoms,
+        runs = state.index.runs.len(),
+        from_checkpoint_lsn = from,
+        records_folded = folded,
+        time_to_resume_us = time_to_resume.as_micros() as u64,
+        "store index rebuilt"
+    );
+    if !read_only && folded >= checkpoint::MIN_NEW_RECORDS {
+        // The recovered records are durable before a checkpoint covering them is.
+        let written_now = log.sync().and_then(|()| checkpoint::publish(log, &checkpoint::encode(&state, log)?));
+        match written_now {
+            Ok(()) => written.covered.store(state.next_lsn, std::sync::atomic::Ordering::Relaxed),
+            Err(error) => tracing::warn!(%error, "index checkpoint not written at open"),
+        }
+    }
+    state.finish()
+}
+
+/// What the store knows of its index checkpoint file.
+#[derive(Debug, Default)]
+pub(crate) struct IndexCheckpoint {
+    /// The LSN the checkpoint on disk covers (records below it are in it); 0 if none.
+    covered: std::sync::atomic::AtomicU64,
 }
 
 /// The continuity store. `Send + Sync`: share it between agent threads behind an `Arc`.
@@ -149,12 +194,32 @@ pub struct Store {
     /// stopped before the store's files are closed.
     worker: Option<background::Worker>,
     shared: Arc<Shared>,
+    /// Opened by [`StoreBuilder::open`] (not a view): checkpoints the index when dropped.
+    owner: bool,
+}
+
+impl Drop for Store {
+    /// Stops the background thread, then writes an index checkpoint if at least
+    /// `checkpoint::MIN_NEW_RECORDS` records came after the newest one (a failure is logged:
+    /// it costs only the next open's time).
+    fn drop(&mut self) {
+        drop(self.worker.take());
+        if self.owner
+            && self.records_after_checkpoint() >= checkpoint::MIN_NEW_RECORDS
+            && let Err(error) = self.checkpoint_index()
+        {
+            tracing::warn!(%error, "index checkpoint not written at close");
+        }
+    }
 }
 
 /// Everything a store holds, shared with its background thread.
 pub(crate) struct Shared {
     log: Log,
     codec: Codec,
+    /// The index's identity hasher (fixed for the store's lifetime in this process), for
+    /// hashing a key before taking the index lock.
+    identity: index::IdentityHasher,
     index: RwLock<StoreIndex>,
     training: Mutex<atoms::Training>,
     /// Atoms with a snapshot file.
@@ -169,6 +234,8 @@ pub(crate) struct Shared {
     /// Compaction rounds completed since open, and the last one's report.
     compaction_rounds: std::sync::atomic::AtomicU64,
     last_compaction: Mutex<Option<CompactionReport>>,
+    /// The index checkpoint on disk.
+    index_checkpoint: IndexCheckpoint,
 }
 
 impl std::fmt::Debug for Store {
@@ -193,7 +260,7 @@ impl Store {
 
     /// A handle over `shared` without a worker: what the background thread works through.
     fn view(shared: Arc<Shared>) -> Self {
-        Store { worker: None, shared }
+        Store { worker: None, shared, owner: false }
     }
 
     /// The underlying log.
@@ -273,6 +340,39 @@ impl Store {
             entry.ended_at_unix_us = now_us();
         }
         Ok(())
+    }
+
+    /// Writes an index checkpoint covering every record appended so far, so that the next open
+    /// folds only the records after it (`docs/ARCHITECTURE.md`, "Index checkpoint"). The
+    /// checkpoint is built the way an open builds the index: the newest checkpoint (if usable)
+    /// plus a fold of the records after it, never a copy of the live index. The store also
+    /// does this when it is dropped, if at least 65,536 records came after the newest
+    /// checkpoint, and at open after folding as many. Compaction deletes the checkpoint before
+    /// it changes a segment. Returns the LSN the checkpoint covers (records below it).
+    ///
+    /// # Errors
+    /// The log's errors (a poisoned or read-only log cannot be checkpointed), an inconsistent
+    /// log, and I/O errors writing the file.
+    pub fn checkpoint_index(&self) -> Result<Lsn> {
+        let shared = &self.shared;
+        // No compaction may change the log while it is folded and its checkpoint written.
+        let _no_compaction = shared.compacting.lock();
+        let until = shared.log.next_lsn().get();
+        // IMPORTANT: the records a checkpoint covers are durable before it is.
+        shared.log.sync()?;
+        let codec = Codec::default();
+        let start = checkpoint::load(&shared.log, &codec)?
+            .unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
+        let state = rebuild::fold_from(&shared.log, &codec, start, until)?;
+        checkpoint::publish(&shared.log, &checkpoint::encode(&state, &shared.log)?)?;
+        shared.index_checkpoint.covered.store(state.next_lsn, std::sync::atomic::Ordering::Relaxed);
+        Ok(Lsn::new(state.next_lsn))
+    }
+
+    /// Records appended since the newest index checkpoint (all of them if there is none).
+    fn records_after_checkpoint(&self) -> u64 {
+        let covered = self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed);
+        self.shared.log.next_lsn().get().saturating_sub(covered.max(self.shared.log.first_lsn().get()))
     }
 
     /// Bytes of memory the in-memory index holds (capacity-based estimate).

@@ -15,59 +15,104 @@ use crate::log::{HeldRange, HeldSources, Log, Lsn};
 use crate::store::index::{self, EntryState, GuardEntry, RunEntry, StoreIndex};
 use crate::store::types::{AtomId, RunId, RunStatus};
 
+/// What folding the records below `next_lsn` made: the index, the orphans still to be
+/// explained, and where the dictionaries are (a checkpoint holds exactly this).
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct FoldState {
+    pub index: StoreIndex,
+    pub orphans: Orphans,
+    /// LSNs of the `CompressionDictionary` records folded, in order.
+    pub dictionary_lsns: Vec<u64>,
+    /// Every record below this LSN is folded.
+    pub next_lsn: u64,
+}
+
+impl FoldState {
+    /// Nothing folded yet: an index hashing identities with `identity`.
+    pub fn new(identity: index::IdentityHasher) -> Self {
+        Self {
+            index: StoreIndex { next_dictionary: 1, identity, ..StoreIndex::default() },
+            orphans: Orphans::default(),
+            dictionary_lsns: Vec::new(),
+            next_lsn: Lsn::FIRST.get(),
+        }
+    }
+
+    /// The index, once every record is folded: fails if an orphan is left unexplained.
+    pub fn finish(self) -> Result<StoreIndex> {
+        let mut index = self.index;
+        self.orphans.check(&index)?;
+        // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
+        index.atoms.shrink_to_fit();
+        index.runs.shrink_to_fit();
+        index.agents.shrink_to_fit();
+        Ok(index)
+    }
+}
+
 /// Replays every record of `log` into a fresh index, loading dictionaries into `codec`.
+#[cfg(test)]
+pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
+    fold_from(log, codec, FoldState::new(index::IdentityHasher::random()), log.next_lsn().get())?.finish()
+}
+
+/// Folds the records of `log` from `start.next_lsn` up to `until` (exclusive) into `start`,
+/// loading dictionaries into `codec`, and returns the state, unfinished (see
+/// [`FoldState::finish`]).
 ///
 /// With more than one core the log is read in chunks of `REBUILD_CHUNK_LSNS`: the pool's
 /// threads verify and parse chunk *n + 1* (frame CRCs, envelopes, start records read in place)
-/// while one thread folds chunk *n* into the index in log order. Should that fail, the
-/// one-thread fold runs instead, so that the error reported is the first one in log order,
-/// exactly as before.
-pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
-    let started = std::time::Instant::now();
-    let parallel = crate::store::replay::replay_pool()
-        .filter(|pool| pool.current_num_threads() > 1)
-        .map(|pool| pool.install(|| rebuild_pipelined(log, codec, pool.current_num_threads(), REBUILD_CHUNK_LSNS)));
-    let index = match parallel {
-        Some(Ok(index)) => index,
-        Some(Err(error)) => {
-            tracing::debug!(%error, "the parallel index rebuild failed; folding on one thread for the exact error");
-            rebuild_sequential(log, codec)?
+/// while one thread folds chunk *n* into the index in log order. Should that fail, the log is
+/// folded again on one thread from its first record, so that the error reported is the first
+/// one in log order, exactly as without the pipeline or a checkpoint.
+pub(crate) fn fold_from(log: &Log, codec: &Codec, start: FoldState, until: u64) -> Result<FoldState> {
+    let identity = start.index.identity;
+    match crate::store::replay::replay_pool().filter(|pool| pool.current_num_threads() > 1) {
+        Some(pool) => {
+            let threads = pool.current_num_threads();
+            match pool.install(|| fold_pipelined(log, codec, start, until, threads, REBUILD_CHUNK_LSNS)) {
+                Ok(state) => Ok(state),
+                Err(error) => {
+                    tracing::debug!(%error, "the parallel index rebuild failed; folding on one thread for the exact error");
+                    fold_sequential(log, codec, FoldState::new(identity), until)
+                }
+            }
         }
-        None => rebuild_sequential(log, codec)?,
-    };
-    let atoms = index.atoms.iter().filter(|(_, entry)| entry.state.status().is_some()).count() as u64;
-    let time_to_resume = log.recovery_report().duration + started.elapsed();
-    log.metrics_handle().record_index_rebuild(atoms, time_to_resume);
-    tracing::info!(
-        atoms,
-        runs = index.runs.len(),
-        time_to_resume_us = time_to_resume.as_micros() as u64,
-        "store index rebuilt"
-    );
-    Ok(index)
+        None => fold_sequential(log, codec, start, until),
+    }
 }
 
-/// Every record folded on this thread, in log order.
-fn rebuild_sequential(log: &Log, codec: &Codec) -> Result<StoreIndex> {
-    let mut fold = Fold::new(codec);
-    log.visit(Lsn::FIRST, Lsn::new(u64::MAX), |lsn, record| {
-        fold.record(lsn, record.bytes())?;
-        Ok(true)
-    })?;
-    fold.finish()
+/// Every record from `start.next_lsn` on folded on this thread, in log order.
+fn fold_sequential(log: &Log, codec: &Codec, start: FoldState, until: u64) -> Result<FoldState> {
+    let mut fold = Fold::resume(codec, start);
+    if until > fold.next_lsn {
+        log.visit(Lsn::new(fold.next_lsn), Lsn::new(until - 1), |lsn, record| {
+            fold.record(lsn, record.bytes())?;
+            Ok(true)
+        })?;
+    }
+    Ok(fold.into_state(until))
 }
 
 /// LSNs parsed together before they are folded (bounds the parsed records held to two chunks).
 const REBUILD_CHUNK_LSNS: u64 = 1 << 16;
 
 /// The parsing of chunk *n + 1* on the pool overlapped with the fold of chunk *n*.
-fn rebuild_pipelined(log: &Log, codec: &Codec, threads: usize, chunk_lsns: u64) -> Result<StoreIndex> {
-    let (first, next) = (log.first_lsn().get(), log.next_lsn().get());
-    let mut fold = Fold::new(codec);
+fn fold_pipelined(
+    log: &Log,
+    codec: &Codec,
+    start: FoldState,
+    until: u64,
+    threads: usize,
+    chunk_lsns: u64,
+) -> Result<FoldState> {
+    let next = until;
+    let first = start.next_lsn.max(log.first_lsn().get());
+    let mut fold = Fold::resume(codec, start);
     let mut chunks = (first..next)
         .step_by(chunk_lsns.max(1) as usize)
         .map(|from| (from, from.saturating_add(chunk_lsns.max(1) - 1).min(next - 1)));
-    let Some(head) = chunks.next() else { return fold.finish() };
+    let Some(head) = chunks.next() else { return Ok(fold.into_state(next)) };
     let mut current = parse_chunk(log, codec, head, threads)?;
     for chunk in chunks {
         let (parsed, folded) = rayon::join(|| parse_chunk(log, codec, chunk, threads), || fold.parts(&current));
@@ -75,7 +120,7 @@ fn rebuild_pipelined(log: &Log, codec: &Codec, threads: usize, chunk_lsns: u64) 
         current = parsed?;
     }
     fold.parts(&current)?;
-    fold.finish()
+    Ok(fold.into_state(next))
 }
 
 /// Parses the records of `from..=to`, split evenly over `threads`, in LSN order.
@@ -137,20 +182,36 @@ struct Fold<'c> {
     codec: &'c Codec,
     index: StoreIndex,
     orphans: Orphans,
+    dictionary_lsns: Vec<u64>,
+    /// Where the fold started.
+    next_lsn: u64,
     reader: BodyReader<'c>,
     scratch: Vec<u8>,
     parents: Vec<u64>,
 }
 
 impl<'c> Fold<'c> {
-    fn new(codec: &'c Codec) -> Self {
+    /// Continues the fold `state`.
+    fn resume(codec: &'c Codec, state: FoldState) -> Self {
         Self {
             codec,
-            index: StoreIndex { next_dictionary: 1, ..StoreIndex::default() },
-            orphans: Orphans::default(),
+            index: state.index,
+            orphans: state.orphans,
+            dictionary_lsns: state.dictionary_lsns,
+            next_lsn: state.next_lsn,
             reader: codec.body_reader(),
             scratch: Vec::new(),
             parents: Vec::new(),
+        }
+    }
+
+    /// The state once every record below `next_lsn` is folded.
+    fn into_state(self, next_lsn: u64) -> FoldState {
+        FoldState {
+            index: self.index,
+            orphans: self.orphans,
+            dictionary_lsns: self.dictionary_lsns,
+            next_lsn: next_lsn.max(self.next_lsn),
         }
     }
 
@@ -213,20 +274,14 @@ impl<'c> Fold<'c> {
                 let state = if failed.retryable { EntryState::FailedRetryable } else { EntryState::Failed };
                 finish(&mut self.index, &mut self.orphans, lsn, subject, state);
             }
-            _ => apply(&mut self.index, &mut self.orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?,
+            kind => {
+                if kind == RecordKind::Dictionary {
+                    self.dictionary_lsns.push(lsn);
+                }
+                apply(&mut self.index, &mut self.orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?;
+            }
         }
         Ok(())
-    }
-
-    /// The rebuilt index, once every record is folded.
-    fn finish(self) -> Result<StoreIndex> {
-        let mut index = self.index;
-        self.orphans.check(&index)?;
-        // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
-        index.atoms.shrink_to_fit();
-        index.runs.shrink_to_fit();
-        index.agents.shrink_to_fit();
-        Ok(index)
     }
 }
 
@@ -262,13 +317,11 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
             entry.ended_at_unix_us = terminal.ended_at_unix_us;
         }
         StoreRecord::GuardStarted(guard) => {
-            index.guards.insert(index::guard_hash(&guard.key), GuardEntry { started_lsn: lsn, completed_lsn: 0 });
+            index.guards.insert(index.identity.guard(&guard.key), GuardEntry { started_lsn: lsn, completed_lsn: 0 });
         }
         StoreRecord::GuardCompleted(guard) => {
-            let entry = index
-                .guards
-                .entry(index::guard_hash(&guard.key))
-                .or_insert(GuardEntry { started_lsn: lsn, completed_lsn: 0 });
+            let hash = index.identity.guard(&guard.key);
+            let entry = index.guards.entry(hash).or_insert(GuardEntry { started_lsn: lsn, completed_lsn: 0 });
             entry.completed_lsn = lsn;
         }
         StoreRecord::Dictionary(dictionary) => {
@@ -311,7 +364,8 @@ fn start_atom(index: &mut StoreIndex, lsn: u64, atom: u64, run: u64, agent: &str
     }
     let agent = index.intern_agent(run32, agent);
     let id = u32::try_from(atom).map_err(|_| Error::InconsistentLog { lsn, reason: "atom out of range" })?;
-    index.atom_keys.insert(index::atom_key_hash(run32, agent, key), id);
+    let hash = index.identity.atom_key(run32, agent, key);
+    index.atom_keys.insert(hash, id);
     *index.atom_slot(AtomId(atom)) = index::AtomEntry::new(lsn, run32, agent, EntryState::Running);
     Ok(())
 }
@@ -327,14 +381,14 @@ fn finish(index: &mut StoreIndex, orphans: &mut Orphans, lsn: u64, atom: u64, st
 }
 
 /// Records whose subject is gone, to be explained by a dropped run.
-#[derive(Default)]
-struct Orphans {
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Orphans {
     /// (LSN, atom) of end records of atoms without a start record.
-    ends: Vec<(u64, u64)>,
+    pub ends: Vec<(u64, u64)>,
     /// (LSN, run) of rollbacks of agents without a start record.
-    rollbacks: Vec<(u64, RunId)>,
+    pub rollbacks: Vec<(u64, RunId)>,
     /// Every atom below this id may belong to a dropped run.
-    dropped_below: u64,
+    pub dropped_below: u64,
 }
 
 impl Orphans {
@@ -351,7 +405,7 @@ impl Orphans {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use super::*;
@@ -364,7 +418,7 @@ mod tests {
     /// a rollback, pins, guards, completions reclaimed behind an agent's one kept snapshot,
     /// and the dictionaries trained after 256 and 2,000 deltas; in
     /// 256 KiB segments, so that most are sealed and mapped.
-    fn busy_store(dir: &std::path::Path) {
+    pub(crate) fn busy_store(dir: &std::path::Path) {
         let store = Store::builder(dir)
             .segment_bytes(256 * 1024)
             .snapshot_policy(SnapshotPolicy::NEVER)
@@ -418,12 +472,25 @@ mod tests {
         store.compact().expect("compact");
     }
 
+    /// Identity hashes with one seed, so that two folds' maps compare equal.
+    fn fresh() -> FoldState {
+        FoldState::new(index::IdentityHasher::with_seed(7))
+    }
+
+    fn rebuild_sequential(log: &Log) -> Result<StoreIndex> {
+        fold_sequential(log, &Codec::default(), fresh(), log.next_lsn().get())?.finish()
+    }
+
+    fn rebuild_pipelined(log: &Log, threads: usize, chunk: u64) -> Result<StoreIndex> {
+        fold_pipelined(log, &Codec::default(), fresh(), log.next_lsn().get(), threads, chunk)?.finish()
+    }
+
     #[test]
     fn the_pipelined_rebuild_equals_the_sequential_fold() {
         let dir = tempfile::tempdir().expect("dir");
         busy_store(dir.path());
         let log = Log::open_read_only(dir.path()).expect("log");
-        let sequential = rebuild_sequential(&log, &Codec::default()).expect("sequential");
+        let sequential = rebuild_sequential(&log).expect("sequential");
         assert!(
             sequential.atoms.len() > 2_000 && sequential.next_dictionary == 3,
             "{} {}",
@@ -434,7 +501,7 @@ mod tests {
         assert!(sequential.atoms.iter().any(|(_, atom)| atom.reclaimed));
         assert!(log.segments().len() > 3, "{} segments", log.segments().len());
         for (threads, chunk) in [(2, REBUILD_CHUNK_LSNS), (2, 1), (3, 7), (2, 100), (4, 1_000)] {
-            let pipelined = rebuild_pipelined(&log, &Codec::default(), threads, chunk).expect("pipelined");
+            let pipelined = rebuild_pipelined(&log, threads, chunk).expect("pipelined");
             assert!(pipelined == sequential, "{threads} threads, chunks of {chunk} LSNs");
         }
     }
@@ -446,7 +513,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         crate::store::test_logs::write_run(dir.path(), &[(1, vec![], None), (4_000_000_000, vec![], None)]);
         let log = Log::open_read_only(dir.path()).expect("log");
-        for index in [rebuild(&log, &Codec::default()), rebuild_sequential(&log, &Codec::default())] {
+        for index in [rebuild(&log, &Codec::default()), rebuild_sequential(&log)] {
             let index = index.expect("rebuild");
             assert!(index.atom(AtomId(4_000_000_000)).is_some() && index.atom(AtomId(1)).is_some());
             assert!(index.heap_bytes() < 64 << 20, "{} bytes", index.heap_bytes());
@@ -464,8 +531,8 @@ mod tests {
             log.append(b"not an envelope").expect("append");
         }
         let log = Log::open_read_only(dir.path()).expect("log");
-        let expected = rebuild_sequential(&log, &Codec::default()).map(|_| ()).expect_err("sequential");
-        assert!(rebuild_pipelined(&log, &Codec::default(), 2, 64).is_err());
+        let expected = rebuild_sequential(&log).map(|_| ()).expect_err("sequential");
+        assert!(rebuild_pipelined(&log, 2, 64).is_err());
         let error = rebuild(&log, &Codec::default()).map(|_| ()).expect_err("rebuild");
         assert_eq!(error.to_string(), expected.to_string());
     }

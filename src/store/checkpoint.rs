@@ -1,0 +1,796 @@
+//! Index checkpoints: the state of the index rebuild (a [`FoldState`]) saved with the LSN it
+//! covers, so that the next open folds only the records after it.
+//!
+//! A checkpoint is a cache, never the truth: the log is. It is used only when every check
+//! passes (its checksums, its format version, the identity hasher's test vector, and a
+//! fingerprint of the log below the LSN it covers: the same segments with the same sequence
+//! numbers and sealed sizes, the same first and last covered records, nothing skipped or lost
+//! by recovery); otherwise the store folds the whole log, as if there were no checkpoint.
+//! Compaction deletes it before it changes any segment. It is written only from a fold of the
+//! log (at open, or by [`Store::checkpoint_index`](crate::Store::checkpoint_index), which
+//! folds the records after the newest checkpoint), never from the live index, so that it holds
+//! exactly what a rebuild would. See `docs/FORMAT.md`, "Index checkpoint".
+
+use std::path::PathBuf;
+
+use crate::codec::{Codec, StoreRecord};
+use crate::error::{Error, Result};
+use crate::log::record::{read_u32_le, read_u64_le};
+use crate::log::{Log, Lsn};
+use crate::storage::OpenMode;
+use crate::store::atom_table::PAGE_ATOMS;
+use crate::store::index::{AtomEntry, EntryState, GuardEntry, IdentityHasher, RunEntry, StoreIndex};
+use crate::store::rebuild::{FoldState, Orphans};
+use crate::store::types::{RunId, RunStatus};
+
+/// The checkpoint's file name in the store directory.
+pub(crate) const FILE_NAME: &str = "index.ckpt";
+/// Its temporary name while it is written (the log's recovery deletes leftover `.tmp` files).
+const TEMP_NAME: &str = "index.ckpt.tmp";
+const MAGIC: [u8; 8] = *b"CONTIDX1";
+const VERSION: u32 = 1;
+/// magic, version, reserved, covered LSN, body length, body CRC, header CRC.
+const HEADER_BYTES: usize = 40;
+/// Records a fold must cover beyond the newest checkpoint before another is written at open
+/// or close: below this, folding them on the next open costs less than writing the file.
+#[cfg(not(test))]
+pub(crate) const MIN_NEW_RECORDS: u64 = 1 << 16;
+/// Small in unit tests, so that every test store of more than a few hundred records goes
+/// through checkpoints when it is dropped and reopened.
+#[cfg(test)]
+pub(crate) const MIN_NEW_RECORDS: u64 = 512;
+
+/// Path of the checkpoint of the store in `log`'s directory.
+fn path(log: &Log) -> PathBuf {
+    log.dir().join(FILE_NAME)
+}
+
+/// Encodes `state` (which must be a fold of `log` up to `state.next_lsn`) with the log's
+/// fingerprint.
+pub(crate) fn encode(state: &FoldState, log: &Log) -> Result<Vec<u8>> {
+    let mut body = Writer::default();
+    fingerprint(log, state.next_lsn)?.put(&mut body);
+    put_state(&mut body, state);
+    let body = body.0;
+    let mut bytes = Vec::with_capacity(HEADER_BYTES + body.len());
+    bytes.extend_from_slice(&MAGIC);
+    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(&0u32.to_le_bytes());
+    bytes.extend_from_slice(&state.next_lsn.to_le_bytes());
+    bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    let header_crc = crc32fast::hash(&bytes);
+    bytes.extend_from_slice(&header_crc.to_le_bytes());
+    bytes.extend_from_slice(&body);
+    Ok(bytes)
+}
+
+/// Writes a checkpoint so that it exists after a crash only complete: temporary name, sync,
+/// rename, directory sync. The log must be synced through the LSN it covers first.
+pub(crate) fn publish(log: &Log, bytes: &[u8]) -> Result<()> {
+    let storage = log.storage();
+    let temp = log.dir().join(TEMP_NAME);
+    let target = path(log);
+    let _ = storage.remove_file(&temp);
+    let file = storage.open(&temp, OpenMode::CreateNew).map_err(|e| Error::io("create", &temp, e))?;
+    file.write_all_at(bytes, 0).map_err(|e| Error::io("write", &temp, e))?;
+    // IMPORTANT: the checkpoint's bytes are durable before its name is.
+    file.sync_data().map_err(|e| Error::io("fdatasync", &temp, e))?;
+    storage.rename(&temp, &target).map_err(|e| Error::io("rename", &temp, e))?;
+    storage.sync_dir(log.dir()).map_err(|e| Error::io("sync directory", log.dir(), e))?;
+    tracing::info!(bytes = bytes.len(), path = %target.display(), "index checkpoint written");
+    Ok(())
+}
+
+/// Deletes the checkpoint, durably, if there is one (before anything changes the log below
+/// the LSN it covers).
+pub(crate) fn remove(log: &Log) -> Result<()> {
+    let target = path(log);
+    match log.storage().remove_file(&target) {
+        Ok(()) => log.storage().sync_dir(log.dir()).map_err(|e| Error::io("sync directory", log.dir(), e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", &target, e)),
+    }
+}
+
+/// The checkpoint of `log`'s store, if there is one and every check passes; its dictionaries
+/// are loaded into `codec`. An unusable checkpoint is reported (logged) and ignored.
+pub(crate) fn load(log: &Log, codec: &Codec) -> Result<Option<FoldState>> {
+    let target = path(log);
+    let file = match log.storage().open(&target, OpenMode::ReadOnly) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("open", &target, e)),
+    };
+    let len = file.len().map_err(|e| Error::io("stat", &target, e))?;
+    // An index is at most tens of bytes per atom: anything this large is not a checkpoint.
+    if len > limits_bytes() {
+        tracing::warn!(len, "index checkpoint ignored: too large");
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; len as usize];
+    file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io("read", &target, e))?;
+    match decode(&bytes, log).and_then(|state| load_dictionaries(state, log, codec)) {
+        Ok(state) => Ok(Some(state)),
+        Err(reason) => {
+            tracing::warn!(reason, path = %target.display(), "index checkpoint ignored; folding the whole log");
+            Ok(None)
+        }
+    }
+}
+
+/// The largest checkpoint file read (256 bytes per possible 32-bit atom id would be far more).
+fn limits_bytes() -> u64 {
+    64 << 30
+}
+
+/// Why a checkpoint cannot be used.
+type Unusable = &'static str;
+
+/// Checks and decodes a checkpoint's bytes against `log`.
+pub(crate) fn decode(bytes: &[u8], log: &Log) -> std::result::Result<FoldState, Unusable> {
+    if bytes.len() < HEADER_BYTES || bytes[..8] != MAGIC {
+        return Err("not a checkpoint");
+    }
+    if read_u32_le(bytes, 8) != VERSION {
+        return Err("another format version");
+    }
+    if read_u32_le(bytes, 36) != crc32fast::hash(&bytes[..36]) {
+        return Err("header checksum mismatch");
+    }
+    let next_lsn = read_u64_le(bytes, 16);
+    let body = &bytes[HEADER_BYTES..];
+    if read_u64_le(bytes, 24) != body.len() as u64 {
+        return Err("length mismatch");
+    }
+    if read_u32_le(bytes, 32) != crc32fast::hash(body) {
+        return Err("body checksum mismatch");
+    }
+    let mut reader = Reader { bytes: body, at: 0 };
+    let written = Fingerprint::get(&mut reader).ok_or("malformed fingerprint")?;
+    let report = log.recovery_report();
+    if !report.skipped.is_empty() || !report.lost_lsns.is_empty() {
+        return Err("recovery skipped or lost records");
+    }
+    if log.next_lsn().get() < next_lsn {
+        return Err("the log ends before the checkpoint's LSN");
+    }
+    let now = fingerprint(log, next_lsn).map_err(|_| "the log cannot be read")?;
+    if now != written {
+        return Err("the log below the checkpoint's LSN changed");
+    }
+    let mut state = get_state(&mut reader).ok_or("malformed body")?;
+    if reader.at != body.len() {
+        return Err("trailing bytes");
+    }
+    state.next_lsn = next_lsn;
+    Ok(state)
+}
+
+/// Loads the dictionaries the checkpoint names into `codec`.
+fn load_dictionaries(state: FoldState, log: &Log, codec: &Codec) -> std::result::Result<FoldState, Unusable> {
+    for &lsn in &state.dictionary_lsns {
+        let bytes = log.read(Lsn::new(lsn)).ok().flatten().ok_or("a dictionary record is missing")?;
+        match codec.decode(&bytes) {
+            Ok(StoreRecord::Dictionary(dictionary)) => codec.add_dictionary(dictionary.id, &dictionary.dictionary),
+            _ => return Err("a dictionary record is not one"),
+        }
+    }
+    Ok(state)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The log's fingerprint below the covered LSN
+
+/// What must not have changed in the log below the checkpoint's LSN.
+#[derive(Debug, PartialEq, Eq)]
+struct Fingerprint {
+    first_lsn: u64,
+    /// (sequence, first LSN, data bytes if sealed and wholly covered, else `u64::MAX`) of every
+    /// segment that begins below the covered LSN.
+    segments: Vec<(u64, u64, u64)>,
+    /// CRC of the log's first record and of the last covered one (0 when there is none).
+    first_record: u32,
+    last_record: u32,
+}
+
+fn fingerprint(log: &Log, next_lsn: u64) -> Result<Fingerprint> {
+    let segments = log
+        .segments()
+        .iter()
+        .filter(|segment| segment.first_lsn.get() < next_lsn)
+        .map(|segment| {
+            let whole = segment.sealed && segment.next_lsn.get() <= next_lsn;
+            (segment.seq, segment.first_lsn.get(), if whole { segment.data_bytes } else { u64::MAX })
+        })
+        .collect();
+    let first_lsn = log.first_lsn().get();
+    let record_crc = |lsn: u64| -> Result<u32> {
+        if lsn < first_lsn || lsn >= next_lsn {
+            return Ok(0);
+        }
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&lsn.to_le_bytes());
+        match log.read(Lsn::new(lsn))? {
+            Some(bytes) => hasher.update(&bytes),
+            None => hasher.update(b"none"),
+        }
+        Ok(hasher.finalize())
+    };
+    Ok(Fingerprint {
+        first_lsn,
+        segments,
+        first_record: record_crc(first_lsn)?,
+        last_record: record_crc(next_lsn.wrapping_sub(1))?,
+    })
+}
+
+impl Fingerprint {
+    fn put(&self, out: &mut Writer) {
+        out.varint(self.first_lsn);
+        out.varint(self.segments.len() as u64);
+        for &(seq, first, bytes) in &self.segments {
+            out.varint(seq);
+            out.varint(first);
+            out.fixed64(bytes);
+        }
+        out.fixed32(self.first_record);
+        out.fixed32(self.last_record);
+    }
+
+    fn get(input: &mut Reader<'_>) -> Option<Self> {
+        let first_lsn = input.varint()?;
+        let count = input.count()?;
+        let mut segments = Vec::with_capacity(count);
+        for _ in 0..count {
+            segments.push((input.varint()?, input.varint()?, input.fixed64()?));
+        }
+        Some(Self { first_lsn, segments, first_record: input.fixed32()?, last_record: input.fixed32()? })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fold state
+
+fn put_state(out: &mut Writer, state: &FoldState) {
+    let index = &state.index;
+    out.fixed64(index.identity.seed());
+    for hash in index.identity.test_vector() {
+        out.fixed64(hash);
+    }
+    out.varint(u64::from(index.next_dictionary));
+    out.varint(state.dictionary_lsns.len() as u64);
+    state.dictionary_lsns.iter().for_each(|lsn| out.varint(*lsn));
+    // Runs and their names.
+    out.varint(index.runs.len() as u64);
+    for run in &index.runs {
+        put_run(out, run);
+    }
+    out.varint(index.run_names.len() as u64);
+    for (name, id) in &index.run_names {
+        out.bytes(name.as_bytes());
+        out.varint(u64::from(*id));
+    }
+    // Agents (their ids by name follow from this list).
+    out.varint(index.agents.len() as u64);
+    for (run, name) in &index.agents {
+        out.varint(u64::from(*run));
+        out.bytes(name.as_bytes());
+    }
+    // Atoms: the written pages, entries delta-coded.
+    out.varint(index.atoms.len() as u64);
+    let pages: Vec<_> = index.atoms.written_pages().collect();
+    out.varint(pages.len() as u64);
+    let mut previous = 0u64;
+    for (page, entries) in pages {
+        out.varint(page as u64);
+        for entry in entries {
+            put_entry(out, entry, &mut previous);
+        }
+    }
+    out.varint(index.atom_keys.len() as u64);
+    for (hash, id) in &index.atom_keys {
+        out.fixed64(*hash);
+        out.varint(u64::from(*id));
+    }
+    out.varint(index.guards.len() as u64);
+    for (hash, guard) in &index.guards {
+        out.fixed64(*hash);
+        out.varint(guard.started_lsn);
+        out.varint(guard.completed_lsn);
+    }
+    // Orphans.
+    let orphans = &state.orphans;
+    out.varint(orphans.ends.len() as u64);
+    for &(lsn, atom) in &orphans.ends {
+        out.varint(lsn);
+        out.varint(atom);
+    }
+    out.varint(orphans.rollbacks.len() as u64);
+    for &(lsn, run) in &orphans.rollbacks {
+        out.varint(lsn);
+        out.varint(run.0);
+    }
+    out.varint(orphans.dropped_below);
+}
+
+fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
+    let identity = IdentityHasher::with_seed(input.fixed64()?);
+    if identity.test_vector() != [input.fixed64()?, input.fixed64()?] {
+        return None;
+    }
+    let mut index = StoreIndex { identity, ..StoreIndex::default() };
+    index.next_dictionary = u32::try_from(input.varint()?).ok()?;
+    let dictionary_lsns = (0..input.count()?).map(|_| input.varint()).collect::<Option<Vec<_>>>()?;
+    index.runs = (0..input.count()?).map(|_| get_run(input)).collect::<Option<_>>()?;
+    for _ in 0..input.count()? {
+        let name = input.text()?;
+        index.run_names.insert(name, input.u32()?);
+    }
+    for _ in 0..input.count()? {
+        let run = input.u32()?;
+        let name: Box<str> = input.text()?.into();
+        index.agents.push((run, name.clone()));
+        let id = u32::try_from(index.agents.len()).ok()?;
+        index.agent_ids.entry(run).or_default().insert(name, id);
+    }
+    let len = usize::try_from(input.varint()?).ok().filter(|len| *len <= u32::MAX as usize + 1)?;
+    index.atoms.extend_to(len);
+    let mut previous = 0u64;
+    for _ in 0..input.count()? {
+        let page = usize::try_from(input.varint()?).ok()?;
+        let entries = (0..PAGE_ATOMS).map(|_| get_entry(input, &mut previous)).collect::<Option<Box<[_]>>>()?;
+        index.atoms.put_page(page, entries)?;
+    }
+    let keys = input.count()?;
+    index.atom_keys.reserve(keys);
+    for _ in 0..keys {
+        let hash = input.fixed64()?;
+        index.atom_keys.insert(hash, input.u32()?);
+    }
+    for _ in 0..input.count()? {
+        let hash = input.fixed64()?;
+        index.guards.insert(hash, GuardEntry { started_lsn: input.varint()?, completed_lsn: input.varint()? });
+    }
+    let mut orphans = Orphans::default();
+    for _ in 0..input.count()? {
+        orphans.ends.push((input.varint()?, input.varint()?));
+    }
+    for _ in 0..input.count()? {
+        orphans.rollbacks.push((input.varint()?, RunId(input.varint()?)));
+    }
+    orphans.dropped_below = input.varint()?;
+    Some(FoldState { index, orphans, dictionary_lsns, next_lsn: 0 })
+}
+
+fn put_run(out: &mut Writer, run: &RunEntry) {
+    out.bytes(run.name.as_bytes());
+    match &run.status {
+        RunStatus::Running => out.byte(0),
+        RunStatus::Finished { success, resume_hint } => {
+            out.byte(1 + u8::from(*success));
+            out.bytes(resume_hint.as_bytes());
+        }
+        RunStatus::Dropped => out.byte(3),
+    }
+    match run.snapshot_policy {
+        None => out.byte(0),
+        Some(policy) => {
+            out.byte(1);
+            out.varint(u64::from(policy.every_atoms));
+            out.varint(policy.every.as_secs());
+            out.varint(u64::from(policy.every.subsec_nanos()));
+        }
+    }
+    out.varint(run.ended_at_unix_us);
+}
+
+fn get_run(input: &mut Reader<'_>) -> Option<RunEntry> {
+    let name = input.text()?;
+    let status = match input.byte()? {
+        0 => RunStatus::Running,
+        tag @ (1 | 2) => RunStatus::Finished { success: tag == 2, resume_hint: input.text()? },
+        3 => RunStatus::Dropped,
+        _ => return None,
+    };
+    let snapshot_policy = match input.byte()? {
+        0 => None,
+        1 => {
+            let every_atoms = input.u32()?;
+            let secs = input.varint()?;
+            let nanos = input.u32()?.min(999_999_999);
+            Some(crate::store::SnapshotPolicy { every_atoms, every: std::time::Duration::new(secs, nanos) })
+        }
+        _ => return None,
+    };
+    Some(RunEntry { name, status, snapshot_policy, ended_at_unix_us: input.varint()? })
+}
+
+const STATES: [EntryState; 7] = [
+    EntryState::Vacant,
+    EntryState::Starting,
+    EntryState::Running,
+    EntryState::Finishing,
+    EntryState::Completed,
+    EntryState::Failed,
+    EntryState::FailedRetryable,
+];
+const ABANDONED: u8 = 1 << 3;
+const RECLAIMED: u8 = 1 << 4;
+const PINNED: u8 = 1 << 5;
+/// The entry's numbers follow (a vacant entry is the flags byte alone).
+const NUMBERS: u8 = 1 << 6;
+/// The entry has an end LSN.
+const ENDED: u8 = 1 << 7;
+
+/// One atom entry: a flags byte, then (unless vacant) the start LSN as a zigzag difference from
+/// the previous entry's, the end LSN as one from the start, the run and the agent.
+fn put_entry(out: &mut Writer, entry: &AtomEntry, previous: &mut u64) {
+    let state = STATES.iter().position(|state| *state == entry.state).unwrap_or(0) as u8;
+    let mut flags = state
+        | if entry.abandoned { ABANDONED } else { 0 }
+        | if entry.reclaimed { RECLAIMED } else { 0 }
+        | if entry.pinned { PINNED } else { 0 };
+    if *entry == AtomEntry::VACANT {
+        out.byte(flags);
+        return;
+    }
+    flags |= NUMBERS | if entry.ended_lsn != 0 { ENDED } else { 0 };
+    out.byte(flags);
+    out.varint(zigzag(entry.started_lsn.wrapping_sub(*previous)));
+    if entry.ended_lsn != 0 {
+        out.varint(zigzag(entry.ended_lsn.wrapping_sub(entry.started_lsn)));
+    }
+    out.varint(u64::from(entry.run));
+    out.varint(u64::from(entry.agent));
+    *previous = entry.started_lsn;
+}
+
+fn get_entry(input: &mut Reader<'_>, previous: &mut u64) -> Option<AtomEntry> {
+    let flags = input.byte()?;
+    let mut entry = AtomEntry::VACANT;
+    entry.state = *STATES.get(usize::from(flags & 0b111))?;
+    entry.abandoned = flags & ABANDONED != 0;
+    entry.reclaimed = flags & RECLAIMED != 0;
+    entry.pinned = flags & PINNED != 0;
+    if flags & NUMBERS != 0 {
+        entry.started_lsn = previous.wrapping_add(unzigzag(input.varint()?));
+        if flags & ENDED != 0 {
+            entry.ended_lsn = entry.started_lsn.wrapping_add(unzigzag(input.varint()?));
+        }
+        entry.run = input.u32()?;
+        entry.agent = input.u32()?;
+        *previous = entry.started_lsn;
+    }
+    Some(entry)
+}
+
+fn zigzag(difference: u64) -> u64 {
+    let signed = difference as i64;
+    ((signed << 1) ^ (signed >> 63)) as u64
+}
+
+fn unzigzag(value: u64) -> u64 {
+    (value >> 1) ^ (value & 1).wrapping_neg()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bytes
+
+#[derive(Default)]
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn byte(&mut self, value: u8) {
+        self.0.push(value);
+    }
+
+    fn varint(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.0.push(value as u8 | 0x80);
+            value >>= 7;
+        }
+        self.0.push(value as u8);
+    }
+
+    fn fixed32(&mut self, value: u32) {
+        self.0.extend_from_slice(&value.to_le_bytes());
+    }
+
+    fn fixed64(&mut self, value: u64) {
+        self.0.extend_from_slice(&value.to_le_bytes());
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.varint(bytes.len() as u64);
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+/// A cursor over untrusted bytes: every read is bounds-checked and returns `None` past the end
+/// or on a malformed value.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let byte = *self.bytes.get(self.at)?;
+        self.at += 1;
+        Some(byte)
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.byte()?;
+            value |= u64::from(byte & 0x7f).checked_shl(shift)?;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        u32::try_from(self.varint()?).ok()
+    }
+
+    /// A count of items that take at least one byte each: never more than the bytes left, so
+    /// that a damaged count cannot make the reader allocate more than the file's size.
+    fn count(&mut self) -> Option<usize> {
+        usize::try_from(self.varint()?).ok().filter(|count| *count <= self.bytes.len() - self.at)
+    }
+
+    fn take(&mut self, len: usize) -> Option<&[u8]> {
+        let end = self.at.checked_add(len).filter(|end| *end <= self.bytes.len())?;
+        let bytes = &self.bytes[self.at..end];
+        self.at = end;
+        Some(bytes)
+    }
+
+    fn fixed32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn fixed64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn text(&mut self) -> Option<String> {
+        let len = self.count()?;
+        String::from_utf8(self.take(len)?.to_vec()).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::storage::sim::{CrashDamage, SimStorage};
+    use crate::store::rebuild::{self, tests::busy_store};
+    use crate::{AtomOutput, RunSpec, SnapshotPolicy, Store};
+
+    fn fresh(seed: u64) -> FoldState {
+        FoldState::new(IdentityHasher::with_seed(seed))
+    }
+
+    /// The whole log folded from nothing with `seed`, finished.
+    fn whole(log: &Log, seed: u64) -> StoreIndex {
+        rebuild::fold_from(log, &Codec::default(), fresh(seed), log.next_lsn().get())
+            .and_then(FoldState::finish)
+            .expect("fold")
+    }
+
+    /// The index of `store` as it was rebuilt on open, against a fold of its whole log.
+    fn assert_index_is_the_whole_fold(store: &Store) {
+        let index = store.shared.index.read();
+        let expected = whole(store.log(), index.identity.seed());
+        assert!(*index == expected, "the index rebuilt from a checkpoint differs from the whole fold");
+    }
+
+    #[test]
+    fn a_checkpoint_plus_the_records_after_it_equals_the_whole_fold() {
+        let dir = tempfile::tempdir().expect("dir");
+        busy_store(dir.path());
+        let log = Log::open(dir.path()).expect("log");
+        let next = log.next_lsn().get();
+        let expected = whole(&log, 9);
+        assert!(expected.atoms.len() > 2_000 && expected.next_dictionary == 3);
+        for covered in [1, 2, 300, next / 3, next / 2 + 17, next - 1, next] {
+            let state = rebuild::fold_from(&log, &Codec::default(), fresh(9), covered).expect("fold");
+            let bytes = encode(&state, &log).expect("encode");
+            publish(&log, &bytes).expect("publish");
+            let codec = Codec::default();
+            let loaded = load(&log, &codec).expect("load").expect("a usable checkpoint");
+            assert!(loaded == state, "the checkpoint of LSN {covered} does not round-trip");
+            let resumed = rebuild::fold_from(&log, &codec, loaded, next).and_then(FoldState::finish).expect("fold");
+            assert!(resumed == expected, "checkpoint at LSN {covered} + the rest differs from the whole fold");
+        }
+    }
+
+    #[test]
+    fn a_damaged_or_truncated_checkpoint_is_never_used() {
+        let dir = tempfile::tempdir().expect("dir");
+        busy_store(dir.path());
+        let log = Log::open(dir.path()).expect("log");
+        let state = rebuild::fold_from(&log, &Codec::default(), fresh(3), log.next_lsn().get() / 2).expect("fold");
+        let bytes = encode(&state, &log).expect("encode");
+        assert!(decode(&bytes, &log).is_ok());
+        let mut checked = 0;
+        for at in (0..bytes.len()).filter(|at| *at < 2 * HEADER_BYTES || at % 13 == 0) {
+            for flip in [0x01, 0x80] {
+                let mut damaged = bytes.clone();
+                damaged[at] ^= flip;
+                assert!(decode(&damaged, &log).is_err(), "a flip at byte {at} went unnoticed");
+                checked += 1;
+            }
+        }
+        for len in [0, 7, HEADER_BYTES - 1, HEADER_BYTES, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode(&bytes[..len], &log).is_err(), "a checkpoint cut to {len} bytes was accepted");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode(&longer, &log).is_err());
+        assert!(checked > 1_000, "{checked} cases");
+    }
+
+    #[test]
+    fn a_malformed_body_with_valid_checksums_is_refused_without_panicking() {
+        // What a bug in an encoder (or a crafted file) would produce: checksums that match a
+        // body that does not decode, and a foreign hasher whose test vector does not match.
+        let dir = tempfile::tempdir().expect("dir");
+        busy_store(dir.path());
+        let log = Log::open(dir.path()).expect("log");
+        let state = rebuild::fold_from(&log, &Codec::default(), fresh(5), log.next_lsn().get()).expect("fold");
+        let bytes = encode(&state, &log).expect("encode");
+        let reseal = |mut bytes: Vec<u8>| {
+            let body_crc = crc32fast::hash(&bytes[HEADER_BYTES..]);
+            let body_len = (bytes.len() - HEADER_BYTES) as u64;
+            bytes[24..32].copy_from_slice(&body_len.to_le_bytes());
+            bytes[32..36].copy_from_slice(&body_crc.to_le_bytes());
+            let header_crc = crc32fast::hash(&bytes[..36]);
+            bytes[36..40].copy_from_slice(&header_crc.to_le_bytes());
+            bytes
+        };
+        assert!(decode(&reseal(bytes.clone()), &log).is_ok());
+        // Every single-byte change of the body, resealed, either decodes or is refused.
+        let mut refused = 0;
+        for at in (HEADER_BYTES..bytes.len()).step_by(7) {
+            let mut changed = bytes.clone();
+            changed[at] ^= 0xff;
+            refused += usize::from(decode(&reseal(changed), &log).is_err());
+        }
+        assert!(refused > 0);
+        // Cut bodies are refused.
+        for len in [HEADER_BYTES, HEADER_BYTES + 9, (bytes.len() + HEADER_BYTES) / 2] {
+            assert!(decode(&reseal(bytes[..len].to_vec()), &log).is_err());
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_log_is_refused() {
+        // Same shape (one segment, same first LSN), different records.
+        let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        for (dir, agent) in [(&a, "x"), (&b, "y")] {
+            let store = Store::builder(dir.path()).background(false).open().expect("open");
+            let run = store.create_run(RunSpec::new("r")).expect("run");
+            for i in 0..20 {
+                let atom = store.begin_atom(run, agent, &i.to_string(), &[], "").expect("begin");
+                store.complete_atom(atom, &AtomOutput::default()).expect("complete");
+            }
+            store.checkpoint_index().expect("checkpoint");
+        }
+        std::fs::copy(a.path().join(FILE_NAME), b.path().join(FILE_NAME)).expect("copy");
+        let log = Log::open(b.path()).expect("log");
+        assert!(load(&log, &Codec::default()).expect("load").is_none());
+    }
+
+    fn store_on(storage: &SimStorage) -> Store {
+        Store::builder("/store")
+            .storage(Arc::new(storage.clone()))
+            .segment_bytes(128 * 1024)
+            .snapshot_policy(SnapshotPolicy::NEVER)
+            .background(false)
+            .open()
+            .expect("open")
+    }
+
+    fn atoms(store: &Store, run: &str, count: u64) {
+        let run = store.create_run(RunSpec::new(run)).expect("run");
+        let mut transcript = crate::synthetic::Transcript::new(count);
+        for i in 0..count {
+            let atom = store.begin_atom(run, "agent", &i.to_string(), &[], "").expect("begin");
+            let output = AtomOutput { delta: transcript.next_delta(300), result: Vec::new() };
+            store.complete_atom(atom, &output).expect("complete");
+        }
+    }
+
+    #[test]
+    fn a_crash_at_any_step_of_writing_a_checkpoint_leaves_a_store_that_opens_to_the_whole_fold() {
+        let probe = SimStorage::new(1);
+        {
+            let store = store_on(&probe);
+            atoms(&store, "a", 150);
+            let before = probe.op_count();
+            store.checkpoint_index().expect("checkpoint");
+            assert!(probe.op_count() > before + 5);
+        }
+        let steps = {
+            let storage = SimStorage::new(1);
+            let store = store_on(&storage);
+            atoms(&store, "a", 150);
+            let before = storage.op_count();
+            store.checkpoint_index().expect("checkpoint");
+            storage.op_count() - before
+        };
+        let mut states = 0;
+        for step in 0..=steps {
+            for damage in CrashDamage::ALL {
+                let storage = SimStorage::new(step);
+                {
+                    let store = store_on(&storage);
+                    atoms(&store, "a", 150);
+                    // An older checkpoint, so that the crash may also leave that one behind.
+                    store.checkpoint_index().expect("checkpoint");
+                    atoms(&store, "b", 40);
+                    storage.halt_after(step);
+                    let _ = store.checkpoint_index();
+                    storage.crash(damage);
+                }
+                let store = store_on(&storage);
+                assert_index_is_the_whole_fold(&store);
+                assert_eq!(store.run_atoms(store.run_id("a").expect("a")).len(), 150);
+                states += 1;
+            }
+        }
+        assert!(states >= 9 * 6, "{states} crash states");
+    }
+
+    #[test]
+    fn the_store_writes_checkpoints_at_close_and_uses_them_and_compaction_deletes_them() {
+        let dir = tempfile::tempdir().expect("dir");
+        let open = || {
+            Store::builder(dir.path())
+                .segment_bytes(128 * 1024)
+                .snapshot_policy(SnapshotPolicy::NEVER)
+                .retention(crate::RetentionPolicy { snapshots_per_agent: 1, finished_run_age: None })
+                .background(false)
+                .open()
+                .expect("open")
+        };
+        {
+            let store = open();
+            atoms(&store, "a", MIN_NEW_RECORDS); // two records per atom: enough for a checkpoint at close
+        }
+        assert!(dir.path().join(FILE_NAME).exists(), "no checkpoint written at close");
+        let covered = {
+            let log = Log::open(dir.path()).expect("log");
+            decode(&std::fs::read(dir.path().join(FILE_NAME)).expect("read"), &log).expect("usable").next_lsn
+        };
+        {
+            let store = open();
+            assert_eq!(store.records_after_checkpoint(), 0, "the checkpoint covers the whole log");
+            assert_index_is_the_whole_fold(&store);
+            // Atoms after the checkpoint are folded on the next open.
+            atoms(&store, "b", 30);
+        }
+        {
+            let store = open();
+            assert!(store.records_after_checkpoint() > 60);
+            assert_eq!(store.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed), covered);
+            assert_index_is_the_whole_fold(&store);
+            // A snapshot makes the deltas before it reclaimable: compaction rewrites segments.
+            let run = store.run_id("a").expect("run");
+            let last = *store.run_atoms(run).last().expect("an atom");
+            store.snapshot_now(last).expect("snapshot");
+            let report = store.compact().expect("compact");
+            assert!(report.segments_rewritten > 0, "{report:?}");
+            assert!(!dir.path().join(FILE_NAME).exists(), "compaction left a checkpoint of the old log");
+        }
+        let store = open();
+        assert_index_is_the_whole_fold(&store);
+    }
+}
