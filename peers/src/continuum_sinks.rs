@@ -163,7 +163,11 @@ impl AtomSink for StoreSink {
     }
 
     fn close(self: Box<Self>) -> Result<()> {
+        // Dropping the store may write its index checkpoint (through the load storage, which
+        // does not sync): sync what the directory holds now.
+        let dir = self.dir.clone();
         drop(self.store);
+        sync_tree(&dir)?;
         Ok(())
     }
 }

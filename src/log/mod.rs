@@ -184,6 +184,12 @@ impl LogBuilder {
         Log::open_with(self.storage, self.dir, self.config, self.metrics_enabled)
     }
 
+    /// The directory and storage the log will open (for reading the store's other files while
+    /// it recovers).
+    pub(crate) fn location(&self) -> (&Path, &Arc<dyn Storage>) {
+        (&self.dir, &self.storage)
+    }
+
     /// Opens the log read-only: no lock is taken and nothing is ever written, truncated,
     /// synced, created or deleted, so it works while another process has the store open for
     /// writing (it sees the records written up to the open) and on a damaged store. Recovery

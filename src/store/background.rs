@@ -112,10 +112,24 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
                     Ok(report) => tracing::debug!(?report, "background compaction"),
                     Err(error) => tracing::warn!(%error, "background compaction failed"),
                 }
+                checkpoint_if_due(&store);
                 next_compaction = interval.map(|every| Instant::now() + every);
             }
             Err(RecvTimeoutError::Disconnected) => return,
         }
+    }
+}
+
+/// Writes an index checkpoint when the records after the newest one (all of them, if
+/// compaction deleted it) are at least `checkpoint::MIN_NEW_RECORDS` and a quarter of those
+/// it covers: a crash then costs an open at most that many records' fold, and rewriting the
+/// checkpoint stays proportional to the records appended.
+fn checkpoint_if_due(store: &Store) {
+    let (after, covered) = store.checkpoint_lag();
+    if after >= crate::store::checkpoint::MIN_NEW_RECORDS.max(covered / 4)
+        && let Err(error) = store.checkpoint_index()
+    {
+        tracing::warn!(%error, "background index checkpoint failed");
     }
 }
 

@@ -94,41 +94,82 @@ pub(crate) fn remove(log: &Log) -> Result<()> {
 }
 
 /// The checkpoint of `log`'s store, if there is one and every check passes; its dictionaries
-/// are loaded into `codec`. An unusable checkpoint is reported (logged) and ignored.
-pub(crate) fn load(log: &Log, codec: &Codec) -> Result<Option<FoldState>> {
-    let target = path(log);
-    let file = match log.storage().open(&target, OpenMode::ReadOnly) {
+/// are loaded into `codec`. An unusable or unreadable checkpoint is reported (logged) and
+/// ignored: it costs the open time, never the open.
+pub(crate) fn load(log: &Log, codec: &Codec) -> Option<FoldState> {
+    accept(read(log.storage().as_ref(), log.dir()), log, codec)
+}
+
+/// A checkpoint file read and decoded, not yet checked against the log.
+pub(crate) struct Parsed {
+    fingerprint: Fingerprint,
+    state: FoldState,
+}
+
+/// What reading the checkpoint in a directory found.
+pub(crate) enum Read {
+    /// There is none.
+    Absent,
+    /// There is one, decoded; it still has to be checked against the log.
+    Parsed(Box<Parsed>),
+    /// There is one that cannot be used, and why.
+    Unusable(Unusable),
+}
+
+/// Reads and decodes the checkpoint in `dir`, without the log: this can run while the log
+/// recovers (`StoreBuilder::open` does), and [`accept`] checks it against the log after.
+pub(crate) fn read(storage: &dyn crate::storage::Storage, dir: &std::path::Path) -> Read {
+    let target = dir.join(FILE_NAME);
+    let file = match storage.open(&target, OpenMode::ReadOnly) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io("open", &target, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Read::Absent,
+        Err(_) => return Read::Unusable("it cannot be opened"),
     };
-    let len = file.len().map_err(|e| Error::io("stat", &target, e))?;
-    // An index is at most tens of bytes per atom: anything this large is not a checkpoint.
-    if len > limits_bytes() {
-        tracing::warn!(len, "index checkpoint ignored: too large");
-        return Ok(None);
+    let Ok(len) = file.len() else { return Read::Unusable("it cannot be measured") };
+    // An index is tens of bytes per atom: anything this large is not a checkpoint.
+    if len > BYTES_MAX {
+        return Read::Unusable("too large");
     }
     let mut bytes = vec![0u8; len as usize];
-    file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io("read", &target, e))?;
-    match decode(&bytes, log).and_then(|state| load_dictionaries(state, log, codec)) {
-        Ok(state) => Ok(Some(state)),
-        Err(reason) => {
-            tracing::warn!(reason, path = %target.display(), "index checkpoint ignored; folding the whole log");
-            Ok(None)
-        }
+    if file.read_exact_at(&mut bytes, 0).is_err() {
+        return Read::Unusable("it cannot be read");
+    }
+    match parse(&bytes) {
+        Ok(parsed) => Read::Parsed(Box::new(parsed)),
+        Err(reason) => Read::Unusable(reason),
     }
 }
 
-/// The largest checkpoint file read (256 bytes per possible 32-bit atom id would be far more).
-fn limits_bytes() -> u64 {
-    64 << 30
+/// The state of a checkpoint [`read`] found, if it passes the checks against `log`; its
+/// dictionaries are loaded into `codec`. Anything else is logged and yields `None`.
+pub(crate) fn accept(read: Read, log: &Log, codec: &Codec) -> Option<FoldState> {
+    let reason = match read {
+        Read::Absent => return None,
+        Read::Unusable(reason) => reason,
+        Read::Parsed(parsed) => match check(*parsed, log).and_then(|state| load_dictionaries(state, log, codec)) {
+            Ok(state) => return Some(state),
+            Err(reason) => reason,
+        },
+    };
+    tracing::warn!(reason, path = %path(log).display(), "index checkpoint ignored; folding the whole log");
+    None
 }
+
+/// The largest checkpoint file read (far more than 256 bytes for each of 2^32 atoms would
+/// take).
+const BYTES_MAX: u64 = 64 << 30;
 
 /// Why a checkpoint cannot be used.
 type Unusable = &'static str;
 
 /// Checks and decodes a checkpoint's bytes against `log`.
-pub(crate) fn decode(bytes: &[u8], log: &Log) -> std::result::Result<FoldState, Unusable> {
+#[cfg(test)]
+fn decode(bytes: &[u8], log: &Log) -> std::result::Result<FoldState, Unusable> {
+    check(parse(bytes)?, log)
+}
+
+/// Checks a checkpoint's framing and decodes it.
+fn parse(bytes: &[u8]) -> std::result::Result<Parsed, Unusable> {
     if bytes.len() < HEADER_BYTES || bytes[..8] != MAGIC {
         return Err("not a checkpoint");
     }
@@ -147,24 +188,30 @@ pub(crate) fn decode(bytes: &[u8], log: &Log) -> std::result::Result<FoldState, 
         return Err("body checksum mismatch");
     }
     let mut reader = Reader { bytes: body, at: 0 };
-    let written = Fingerprint::get(&mut reader).ok_or("malformed fingerprint")?;
-    let report = log.recovery_report();
-    if !report.skipped.is_empty() || !report.lost_lsns.is_empty() {
-        return Err("recovery skipped or lost records");
-    }
-    if log.next_lsn().get() < next_lsn {
-        return Err("the log ends before the checkpoint's LSN");
-    }
-    let now = fingerprint(log, next_lsn).map_err(|_| "the log cannot be read")?;
-    if now != written {
-        return Err("the log below the checkpoint's LSN changed");
-    }
+    let fingerprint = Fingerprint::get(&mut reader).ok_or("malformed fingerprint")?;
     let mut state = get_state(&mut reader).ok_or("malformed body")?;
     if reader.at != body.len() {
         return Err("trailing bytes");
     }
     state.next_lsn = next_lsn;
-    Ok(state)
+    Ok(Parsed { fingerprint, state })
+}
+
+/// The state of `parsed` if the log below its LSN is still the one it was folded from.
+fn check(parsed: Parsed, log: &Log) -> std::result::Result<FoldState, Unusable> {
+    let report = log.recovery_report();
+    if !report.skipped.is_empty() || !report.lost_lsns.is_empty() {
+        return Err("recovery skipped or lost records");
+    }
+    let next_lsn = parsed.state.next_lsn;
+    if log.next_lsn().get() < next_lsn {
+        return Err("the log ends before the checkpoint's LSN");
+    }
+    let now = fingerprint(log, next_lsn).map_err(|_| "the log cannot be read")?;
+    if now != parsed.fingerprint {
+        return Err("the log below the checkpoint's LSN changed");
+    }
+    Ok(parsed.state)
 }
 
 /// Loads the dictionaries the checkpoint names into `codec`.
@@ -604,7 +651,7 @@ mod tests {
             let bytes = encode(&state, &log).expect("encode");
             publish(&log, &bytes).expect("publish");
             let codec = Codec::default();
-            let loaded = load(&log, &codec).expect("load").expect("a usable checkpoint");
+            let loaded = load(&log, &codec).expect("a usable checkpoint");
             assert!(loaded == state, "the checkpoint of LSN {covered} does not round-trip");
             let resumed = rebuild::fold_from(&log, &codec, loaded, next).and_then(FoldState::finish).expect("fold");
             assert!(resumed == expected, "checkpoint at LSN {covered} + the rest differs from the whole fold");
@@ -685,7 +732,7 @@ mod tests {
         }
         std::fs::copy(a.path().join(FILE_NAME), b.path().join(FILE_NAME)).expect("copy");
         let log = Log::open(b.path()).expect("log");
-        assert!(load(&log, &Codec::default()).expect("load").is_none());
+        assert!(load(&log, &Codec::default()).is_none());
     }
 
     fn store_on(storage: &SimStorage) -> Store {
@@ -792,5 +839,27 @@ mod tests {
         }
         let store = open();
         assert_index_is_the_whole_fold(&store);
+    }
+
+    #[test]
+    fn the_background_thread_checkpoints_after_a_compaction_round() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::builder(dir.path())
+            .snapshot_policy(SnapshotPolicy::NEVER)
+            .compaction(crate::CompactionPolicy {
+                live_fraction_min: 0.7,
+                interval: Some(std::time::Duration::from_millis(20)),
+            })
+            .open()
+            .expect("open");
+        atoms(&store, "a", MIN_NEW_RECORDS);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while store.records_after_checkpoint() >= MIN_NEW_RECORDS {
+            assert!(std::time::Instant::now() < deadline, "no background checkpoint within 20 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let log = Log::open_read_only(dir.path()).expect("log");
+        let bytes = std::fs::read(dir.path().join(FILE_NAME)).expect("the checkpoint file");
+        assert!(decode(&bytes, &log).expect("usable").next_lsn > 2 * MIN_NEW_RECORDS);
     }
 }

@@ -32,7 +32,6 @@ use crate::codec::{CodecError, RecordKind, StoreRecord};
 use crate::error::{Error, Result};
 use crate::log::{Lsn, Rewrite};
 use crate::store::Store;
-use crate::store::checkpoint;
 use crate::store::index::EntryState;
 use crate::store::types::{AtomId, RunId, RunStatus};
 
@@ -165,7 +164,7 @@ impl Store {
             }
             let started = std::time::Instant::now();
             // IMPORTANT: no index checkpoint may outlive a change to the records it covers.
-            checkpoint::remove(&self.shared.log)?;
+            self.shared.remove_index_checkpoint()?;
             let rewrite = self.shared.log.rewrite_segment(Lsn::new(tally.first_lsn), |lsn, bytes| {
                 self.rewrite_decision(&plan, lsn.get(), bytes)
             })?;
@@ -483,7 +482,7 @@ impl Store {
             .collect();
         let Some(last) = empty.last() else { return Ok((0, 0)) };
         let bytes = empty.iter().map(|s| s.data_bytes).sum();
-        checkpoint::remove(&self.shared.log)?;
+        self.shared.remove_index_checkpoint()?;
         let deleted = self.shared.log.truncate_prefix(last.next_lsn)?;
         Ok((deleted, bytes))
     }

@@ -101,7 +101,7 @@ impl StoreBuilder {
         self.policies.validate()?;
         // Listing snapshots tries to delete leftover temporary files; the read-only storage
         // refuses, and the listing goes on.
-        let shared = Arc::new(Shared::new(self.log.open_read_only()?, self.policies, true)?);
+        let shared = Arc::new(Shared::new(self.log.open_read_only()?, self.policies, true, None)?);
         // No background thread: it would write policy snapshots and compact.
         Ok(Store::view(shared))
     }

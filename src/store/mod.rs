@@ -105,7 +105,22 @@ impl StoreBuilder {
     /// [`Error::InvalidConfig`] for an invalid policy.
     pub fn open(self) -> Result<Store> {
         self.policies.validate()?;
-        let shared = Arc::new(Shared::new(self.log.open()?, self.policies, false)?);
+        // The index checkpoint is read and decoded while the log recovers (both take a large
+        // store's open time); it is checked against the log once that is open.
+        let (dir, storage) = self.log.location();
+        let (dir, storage) = (dir.to_path_buf(), Arc::clone(storage));
+        let (log, checkpoint) = std::thread::scope(|scope| {
+            let reader = std::thread::Builder::new()
+                .name("continuum-checkpoint".into())
+                .spawn_scoped(scope, || checkpoint::read(storage.as_ref(), &dir));
+            let log = self.log.open();
+            let read = match reader {
+                Ok(thread) => thread.join().unwrap_or(checkpoint::Read::Unusable("its reader panicked")),
+                Err(_) => checkpoint::read(storage.as_ref(), &dir),
+            };
+            (log, read)
+        });
+        let shared = Arc::new(Shared::new(log?, self.policies, false, Some(checkpoint))?);
         let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
         Ok(Store { worker, shared, owner: true })
     }
@@ -114,10 +129,18 @@ impl StoreBuilder {
 impl Shared {
     /// Rebuilds the index of the opened `log` and lists its snapshots. A `read_only` store
     /// never trains a dictionary (training appends one).
-    fn new(log: Log, policies: policy::Policies, read_only: bool) -> Result<Self> {
+    /// The store over `log`; `checkpoint` is the index checkpoint already read, if it was
+    /// (otherwise it is read here).
+    fn new(
+        log: Log,
+        policies: policy::Policies,
+        read_only: bool,
+        checkpoint: Option<checkpoint::Read>,
+    ) -> Result<Self> {
         let codec = Codec::default();
         let index_checkpoint = IndexCheckpoint::default();
-        let index = open_index(&log, &codec, read_only, &index_checkpoint)?;
+        let checkpoint = checkpoint.unwrap_or_else(|| checkpoint::read(log.storage().as_ref(), log.dir()));
+        let index = open_index(&log, &codec, read_only, checkpoint, &index_checkpoint)?;
         let training = match (read_only, codec.current_dictionary_len()) {
             (true, _) => atoms::Training::done(),
             (false, None) => atoms::Training::new(atoms::TrainingStage::First),
@@ -146,13 +169,28 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Deletes the index checkpoint, durably (before anything changes the records it covers).
+    fn remove_index_checkpoint(&self) -> Result<()> {
+        checkpoint::remove(&self.log)?;
+        self.index_checkpoint.covered.store(0, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// Rebuilds the index: from the index checkpoint and the records after it if there is a usable
 /// one, from the whole log otherwise; writes a new checkpoint when the fold covered at least
 /// `checkpoint::MIN_NEW_RECORDS` records (not for a read-only store). A checkpoint that cannot
 /// be written costs only the next open's time: it is logged, not returned.
-fn open_index(log: &Log, codec: &Codec, read_only: bool, written: &IndexCheckpoint) -> Result<StoreIndex> {
+fn open_index(
+    log: &Log,
+    codec: &Codec,
+    read_only: bool,
+    checkpoint: checkpoint::Read,
+    written: &IndexCheckpoint,
+) -> Result<StoreIndex> {
     let started = std::time::Instant::now();
-    let loaded = checkpoint::load(log, codec)?;
+    let loaded = checkpoint::accept(checkpoint, log, codec);
     let from = loaded.as_ref().map_or(0, |state| state.next_lsn);
     written.covered.store(from, std::sync::atomic::Ordering::Relaxed);
     let start = loaded.unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
@@ -361,7 +399,7 @@ impl Store {
         // IMPORTANT: the records a checkpoint covers are durable before it is.
         shared.log.sync()?;
         let codec = Codec::default();
-        let start = checkpoint::load(&shared.log, &codec)?
+        let start = checkpoint::load(&shared.log, &codec)
             .unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
         let state = rebuild::fold_from(&shared.log, &codec, start, until)?;
         checkpoint::publish(&shared.log, &checkpoint::encode(&state, &shared.log)?)?;
@@ -371,8 +409,16 @@ impl Store {
 
     /// Records appended since the newest index checkpoint (all of them if there is none).
     fn records_after_checkpoint(&self) -> u64 {
+        self.checkpoint_lag().0
+    }
+
+    /// Records after the newest index checkpoint (all of them if there is none), and records
+    /// it covers.
+    fn checkpoint_lag(&self) -> (u64, u64) {
         let covered = self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed);
-        self.shared.log.next_lsn().get().saturating_sub(covered.max(self.shared.log.first_lsn().get()))
+        let first = self.shared.log.first_lsn().get();
+        let covered = covered.max(first);
+        (self.shared.log.next_lsn().get().saturating_sub(covered), covered - first)
     }
 
     /// Bytes of memory the in-memory index holds (capacity-based estimate).
