@@ -153,6 +153,13 @@ fn fuzz_base_context() -> crate::context::Context {
     context
 }
 
+/// Decodes `data` as the body of an index checkpoint (the header is made for it, so that the
+/// checksums match and the decoder is reached). Must never panic, and allocates at most a
+/// bounded multiple of the input's size.
+pub fn index_checkpoint(data: &[u8]) {
+    let _ = crate::store::checkpoint_body_decodes(data);
+}
+
 /// Hand-made seed inputs: `(target, file name, bytes)`. Valid frames and segments, so that the
 /// fuzzers start from inputs that reach deep into the decoders.
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
@@ -232,7 +239,44 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             seeds.push(("replay_decode", format!("seed-{i}"), input));
         }
     }
+    seeds.push(("index_checkpoint", "seed-0".to_owned(), checkpoint_body()));
     seeds
+}
+
+/// The body of the index checkpoint of a small store with two runs, a failed and a running
+/// atom, a guard and a pin.
+fn checkpoint_body() -> Vec<u8> {
+    let storage = SimStorage::new(0);
+    let dir = Path::new("/seed");
+    {
+        let store = crate::Store::builder(dir)
+            .storage(Arc::new(storage.clone()))
+            .background(false)
+            .open()
+            .expect("seed store opens");
+        for name in ["first", "second"] {
+            let run = store.create_run(crate::RunSpec::new(name)).expect("seed run");
+            let mut parents = Vec::new();
+            for i in 0..12 {
+                let atom = store.begin_atom(run, "agent", &i.to_string(), &parents, "").expect("seed atom");
+                match i {
+                    5 => store
+                        .fail_atom(atom, &crate::AtomFailure { message: "no".into(), retryable: true })
+                        .expect("seed failure"),
+                    11 => {}
+                    _ => store.complete_atom(atom, &crate::AtomOutput::default()).expect("seed completion"),
+                }
+                if i == 3 {
+                    store.guarded(atom, "email", |_| b"sent".to_vec()).expect("seed guard");
+                    store.pin(atom, true).expect("seed pin");
+                }
+                parents = vec![atom];
+            }
+        }
+        store.checkpoint_index().expect("seed checkpoint");
+    }
+    let bytes = storage.file_bytes(&dir.join(crate::store::CHECKPOINT_FILE_NAME)).unwrap_or_default();
+    bytes.get(40..).unwrap_or_default().to_vec()
 }
 
 /// The bytes of a first segment rewritten by compaction, with LSN gaps and a replaced record.

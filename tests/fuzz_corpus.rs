@@ -48,6 +48,13 @@ fn replay_decode_corpus_agrees_with_prost() {
     eprintln!("replay_decode: {count} inputs");
 }
 
+#[test]
+fn index_checkpoint_corpus_never_panics() {
+    let count = replay("index_checkpoint", continuum::fuzz::index_checkpoint);
+    assert!(count > 0, "the index_checkpoint corpus must not be empty");
+    eprintln!("index_checkpoint: {count} inputs");
+}
+
 /// Writes the hand-made seeds. Run with `cargo test --test fuzz_corpus -- --ignored` after a
 /// format change, then commit `fuzz/corpus/`.
 #[test]

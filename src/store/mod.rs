@@ -36,6 +36,14 @@ use crate::storage::Storage;
 use index::StoreIndex;
 
 pub use compaction::{CompactionReport, SpaceReport};
+
+/// The index checkpoint's file name in a store directory (for the fuzz seeds).
+pub(crate) const CHECKPOINT_FILE_NAME: &str = checkpoint::FILE_NAME;
+
+/// Whether `body` decodes as an index checkpoint's body (for the fuzz target).
+pub(crate) fn checkpoint_body_decodes(body: &[u8]) -> bool {
+    checkpoint::parse_body(body)
+}
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
 pub use replay::{Rebuilt, SnapshotFallback};
