@@ -269,6 +269,7 @@ struct StoreFacts {
     agents: usize,
     atoms: AtomCounts,
     live_bytes: u64,
+    checkpoint: continuum::IndexCheckpointInfo,
 }
 
 fn store_facts(store: &Store) -> Result<StoreFacts, Failure> {
@@ -294,6 +295,7 @@ fn store_facts(store: &Store) -> Result<StoreFacts, Failure> {
         agents,
         atoms,
         live_bytes: inspect::live_bytes(store)?,
+        checkpoint: store.index_checkpoint(),
     })
 }
 
@@ -359,6 +361,12 @@ fn summary_json(summary: &Summary, log: &Log, dir: &Path) -> Value {
         "runs": facts.map(|f| json!({"total": f.runs, "running": f.running, "finished": f.finished, "dropped": f.dropped})),
         "agents": facts.map(|f| f.agents),
         "atoms": facts.map(|f| f.atoms.json()),
+        "index_checkpoint": facts.map(|f| json!({
+            "covered_lsn": f.checkpoint.covered.map(Lsn::get),
+            "opened_from_lsn": f.checkpoint.opened_from.map(Lsn::get),
+            "records_after": f.checkpoint.records_after,
+            "ignored_at_open": f.checkpoint.ignored_at_open,
+        })),
         "records": {"total": totals.count, "by_kind": totals.by_kind},
         "bytes_on_disk": {"total": disk_bytes, "segment_files": segment_file_bytes, "snapshots": snapshot_bytes,
             "other": disk_bytes - segment_file_bytes - snapshot_bytes},
@@ -391,6 +399,7 @@ fn summary_text(summary: &Summary, log: &Log, dir: &Path, out: &mut dyn Write) -
             writeln!(out, "runs: {} ({} running, {} finished, {} dropped)", f.runs, f.running, f.finished, f.dropped)?;
             writeln!(out, "agents: {}", f.agents)?;
             writeln!(out, "atoms: {}", f.atoms.text())?;
+            writeln!(out, "index checkpoint: {}", checkpoint_text(&f.checkpoint))?;
         }
         None => writeln!(out, "runs, agents, atoms: unavailable (the store index cannot be rebuilt)")?,
     }
@@ -421,6 +430,18 @@ fn summary_text(summary: &Summary, log: &Log, dir: &Path, out: &mut dyn Write) -
         fixed(ratio(*disk_bytes, live))
     )?;
     Ok(())
+}
+
+/// How the open built the index: from a checkpoint (and how many records it folded after it),
+/// or from every record (and why a checkpoint it found was ignored).
+fn checkpoint_text(info: &continuum::IndexCheckpointInfo) -> String {
+    match (info.opened_from, &info.ignored_at_open) {
+        (Some(lsn), _) => {
+            format!("used (covers the records below LSN {}; {} records folded after it)", lsn.get(), info.records_after)
+        }
+        (None, Some(reason)) => format!("IGNORED ({reason}); the open folded every record"),
+        (None, None) => "none; the open folded every record".to_owned(),
+    }
 }
 
 fn fixed(value: Option<f64>) -> String {

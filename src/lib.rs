@@ -71,5 +71,6 @@ pub use log::{Log, LogBuilder, Lsn, LsnRange, RecoveryReport};
 pub use metrics::MetricsSnapshot;
 pub use store::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, CompactionReport, Executed,
-    ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy, SpaceReport, Store, StoreBuilder,
+    IndexCheckpointInfo, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy, SpaceReport, Store,
+    StoreBuilder,
 };

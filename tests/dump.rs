@@ -348,6 +348,25 @@ fn a_torn_tail_is_reported_not_cut() {
     assert_eq!(std::fs::read(&last).expect("read"), torn, "dump changed the segment");
 }
 
+#[test]
+fn the_summary_says_whether_the_index_came_from_a_checkpoint() {
+    let store = golden_store();
+    let covered = {
+        let opened = Store::builder(store.path()).background(false).open().expect("open");
+        opened.checkpoint_index().expect("checkpoint")
+    };
+    let (code, out, _) = dump(store.path(), &["summary"]);
+    assert_eq!(code, 0, "{out}");
+    let expected =
+        format!("index checkpoint: used (covers the records below LSN {}; 0 records folded after it)", covered.get());
+    assert!(out.contains(&expected), "{out}");
+    let path = store.path().join("index.ckpt");
+    flip_byte(&path, 41);
+    let (code, out, _) = dump(store.path(), &["summary"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("index checkpoint: IGNORED (body checksum mismatch); the open folded every record"), "{out}");
+}
+
 fn flip_byte(path: &Path, offset: usize) {
     let mut bytes = std::fs::read(path).expect("read file");
     bytes[offset] ^= 0x40;

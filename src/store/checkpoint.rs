@@ -97,7 +97,7 @@ pub(crate) fn remove(log: &Log) -> Result<()> {
 /// are loaded into `codec`. An unusable or unreadable checkpoint is reported (logged) and
 /// ignored: it costs the open time, never the open.
 pub(crate) fn load(log: &Log, codec: &Codec) -> Option<FoldState> {
-    accept(read(log.storage().as_ref(), log.dir()), log, codec)
+    accept(read(log.storage().as_ref(), log.dir()), log, codec).ok()
 }
 
 /// A checkpoint file read and decoded, not yet checked against the log.
@@ -140,19 +140,20 @@ pub(crate) fn read(storage: &dyn crate::storage::Storage, dir: &std::path::Path)
     }
 }
 
-/// The state of a checkpoint [`read`] found, if it passes the checks against `log`; its
-/// dictionaries are loaded into `codec`. Anything else is logged and yields `None`.
-pub(crate) fn accept(read: Read, log: &Log, codec: &Codec) -> Option<FoldState> {
+/// The state of a checkpoint [`read`] found, if it passes the checks against `log` (its
+/// dictionaries are then loaded into `codec`); otherwise why it was not used (`None` if there
+/// was none), which is also logged.
+pub(crate) fn accept(read: Read, log: &Log, codec: &Codec) -> std::result::Result<FoldState, Option<Unusable>> {
     let reason = match read {
-        Read::Absent => return None,
+        Read::Absent => return Err(None),
         Read::Unusable(reason) => reason,
         Read::Parsed(parsed) => match check(*parsed, log).and_then(|state| load_dictionaries(state, log, codec)) {
-            Ok(state) => return Some(state),
+            Ok(state) => return Ok(state),
             Err(reason) => reason,
         },
     };
     tracing::warn!(reason, path = %path(log).display(), "index checkpoint ignored; folding the whole log");
-    None
+    Err(Some(reason))
 }
 
 /// The largest checkpoint file read (far more than 256 bytes for each of 2^32 atoms would
@@ -160,7 +161,7 @@ pub(crate) fn accept(read: Read, log: &Log, codec: &Codec) -> Option<FoldState> 
 const BYTES_MAX: u64 = 64 << 30;
 
 /// Why a checkpoint cannot be used.
-type Unusable = &'static str;
+pub(crate) type Unusable = &'static str;
 
 /// Checks and decodes a checkpoint's bytes against `log`.
 #[cfg(test)]
@@ -877,5 +878,36 @@ mod tests {
         let log = Log::open_read_only(dir.path()).expect("log");
         let bytes = std::fs::read(dir.path().join(FILE_NAME)).expect("the checkpoint file");
         assert!(decode(&bytes, &log).expect("usable").next_lsn > 2 * MIN_NEW_RECORDS);
+    }
+
+    #[test]
+    fn the_store_reports_its_checkpoint_and_close_writes_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let open = || Store::builder(dir.path()).snapshot_policy(SnapshotPolicy::NEVER).background(false).open();
+        let store = open().expect("open");
+        let fresh = store.index_checkpoint();
+        assert_eq!((fresh.covered, fresh.opened_from, fresh.ignored_at_open), (None, None, None));
+        atoms(&store, "a", MIN_NEW_RECORDS);
+        assert!(store.index_checkpoint().records_after >= 2 * MIN_NEW_RECORDS);
+        let end = store.log().next_lsn();
+        store.close().expect("close");
+        let store = open().expect("open");
+        let info = store.index_checkpoint();
+        assert_eq!((info.covered, info.opened_from, info.records_after), (Some(end), Some(end), 0));
+        assert_eq!(info.ignored_at_open, None);
+        drop(store);
+        // A damaged checkpoint: ignored, with the reason; the open folds everything and, having
+        // folded that many records, writes a new one.
+        let path = dir.path().join(FILE_NAME);
+        let mut bytes = std::fs::read(&path).expect("read");
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&path, bytes).expect("write");
+        let store = open().expect("open");
+        let info = store.index_checkpoint();
+        assert_eq!(info.opened_from, None);
+        assert_eq!(info.ignored_at_open.as_deref(), Some("body checksum mismatch"));
+        assert_eq!((info.covered, info.records_after), (Some(end), 0));
+        assert_index_is_the_whole_fold(&store);
     }
 }

@@ -198,9 +198,13 @@ fn open_index(
     written: &IndexCheckpoint,
 ) -> Result<StoreIndex> {
     let started = std::time::Instant::now();
-    let loaded = checkpoint::accept(checkpoint, log, codec);
+    let (loaded, ignored) = match checkpoint::accept(checkpoint, log, codec) {
+        Ok(state) => (Some(state), None),
+        Err(reason) => (None, reason),
+    };
     let from = loaded.as_ref().map_or(0, |state| state.next_lsn);
     written.covered.store(from, std::sync::atomic::Ordering::Relaxed);
+    *written.at_open.lock() = (from, ignored);
     let start = loaded.unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
     let state = rebuild::fold_from(log, codec, start, log.next_lsn().get())?;
     let folded = state.next_lsn - from.max(log.first_lsn().get()).min(state.next_lsn);
@@ -231,6 +235,27 @@ fn open_index(
 pub(crate) struct IndexCheckpoint {
     /// The LSN the checkpoint on disk covers (records below it are in it); 0 if none.
     covered: std::sync::atomic::AtomicU64,
+    /// The LSN the checkpoint the open used covers (0 if it folded the whole log), and why it
+    /// ignored the one it found, if it did.
+    at_open: Mutex<(u64, Option<checkpoint::Unusable>)>,
+}
+
+/// What a store knows of its index checkpoint ([`Store::index_checkpoint`]): a cache of the
+/// index rebuild on open (`docs/ARCHITECTURE.md`, "Index checkpoint").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexCheckpointInfo {
+    /// The LSN the newest checkpoint covers (every record below it is in it), if one exists
+    /// that this store opened from or wrote.
+    pub covered: Option<Lsn>,
+    /// Records after it: what the next open would fold (all of the log's records if there is
+    /// no checkpoint).
+    pub records_after: u64,
+    /// The LSN the checkpoint the open used covered, or `None` if the open folded the whole
+    /// log.
+    pub opened_from: Option<Lsn>,
+    /// Why the open ignored the checkpoint it found (damaged, stale, another log's...), if it
+    /// did.
+    pub ignored_at_open: Option<String>,
 }
 
 /// The continuity store. `Send + Sync`: share it between agent threads behind an `Arc`.
@@ -413,6 +438,33 @@ impl Store {
         checkpoint::publish(&shared.log, &checkpoint::encode(&state, &shared.log)?)?;
         shared.index_checkpoint.covered.store(state.next_lsn, std::sync::atomic::Ordering::Relaxed);
         Ok(Lsn::new(state.next_lsn))
+    }
+
+    /// What this store knows of its index checkpoint: the LSN the newest one covers, the
+    /// records after it, and whether the open used one (or why it ignored the one it found).
+    pub fn index_checkpoint(&self) -> IndexCheckpointInfo {
+        let covered = self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed);
+        let (opened_from, ignored) = *self.shared.index_checkpoint.at_open.lock();
+        IndexCheckpointInfo {
+            covered: (covered != 0).then(|| Lsn::new(covered)),
+            records_after: self.records_after_checkpoint(),
+            opened_from: (opened_from != 0).then(|| Lsn::new(opened_from)),
+            ignored_at_open: ignored.map(str::to_owned),
+        }
+    }
+
+    /// Closes the store: stops the background thread, then writes an index checkpoint if at
+    /// least 65,536 records came after the newest one (what dropping the store does, with the
+    /// error returned instead of logged).
+    ///
+    /// # Errors
+    /// The errors of [`Store::checkpoint_index`]; the store is closed either way.
+    pub fn close(mut self) -> Result<()> {
+        drop(self.worker.take());
+        let due = self.owner && self.records_after_checkpoint() >= checkpoint::MIN_NEW_RECORDS;
+        // Dropping `self` afterwards must not try again.
+        self.owner = false;
+        if due { self.checkpoint_index().map(|_| ()) } else { Ok(()) }
     }
 
     /// Records appended since the newest index checkpoint (all of them if there is none).
