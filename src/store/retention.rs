@@ -104,8 +104,8 @@ impl Store {
 
     /// Pins `atom` (or unpins it): while pinned, retention and compaction keep everything its
     /// context needs (it can always be rebuilt, and branched from), and its snapshot, if it
-    /// has one, is never pruned. Durable when this returns. Waits for a compaction round in
-    /// progress to finish.
+    /// has one, is never pruned. Durable when this returns. Waits for a compaction round or an
+    /// index checkpoint in progress to finish.
     ///
     /// # Errors
     /// [`Error::UnknownAtom`], [`Error::HistoryReclaimed`] when pinning an atom whose context
