@@ -4,7 +4,10 @@
 //! until the plan completes. Checks invariant 8: every atom acknowledged complete before a
 //! crash is still complete and its closure never runs again, and every guarded effect happens
 //! exactly once in the outside world (an in-doubt effect is settled through its key, as an
-//! agent would with an API that accepts idempotency keys).
+//! agent would with an API that accepts idempotency keys). The second test does the same with
+//! index checkpoints written along the way (explicitly after every fourth atom, and by the
+//! store at open and close after 4 records), so crashes also land inside checkpoint writes and
+//! reopens start from checkpoints.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,12 +31,23 @@ struct World {
     acknowledged: BTreeSet<String>,
 }
 
-fn open(sim: &SimStorage) -> continuum::Result<Store> {
-    Store::builder(Path::new("/store")).storage(Arc::new(sim.clone())).segment_bytes(8 * 1024).open()
+/// Index checkpoints: none but the default ones (never reached here), or often.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Checkpoints {
+    Default,
+    Often,
+}
+
+fn open(sim: &SimStorage, checkpoints: Checkpoints) -> continuum::Result<Store> {
+    let builder = Store::builder(Path::new("/store")).storage(Arc::new(sim.clone())).segment_bytes(8 * 1024);
+    match checkpoints {
+        Checkpoints::Default => builder.open(),
+        Checkpoints::Often => builder.index_checkpoint_after(4).open(),
+    }
 }
 
 /// Runs the agent's plan from wherever the store says it stands; stops at the first error.
-fn run_agent(store: &Store, world: &RefCell<World>) -> continuum::Result<()> {
+fn run_agent(store: &Store, world: &RefCell<World>, checkpoints: Checkpoints) -> continuum::Result<()> {
     let run = store.create_run(RunSpec::new("trip-planner"))?;
     let mut parents = Vec::new();
     for step in 0..STEPS {
@@ -48,6 +62,9 @@ fn run_agent(store: &Store, world: &RefCell<World>) -> continuum::Result<()> {
         assert_eq!(executed.output.result, key.as_bytes(), "the recorded output is this step's");
         world.borrow_mut().acknowledged.insert(key);
         parents = vec![executed.atom];
+        if checkpoints == Checkpoints::Often && step % 4 == 3 {
+            store.checkpoint_index()?;
+        }
     }
     Ok(())
 }
@@ -75,30 +92,49 @@ fn guarded_effect(
     }
 }
 
-fn total_ops() -> u64 {
+fn total_ops(checkpoints: Checkpoints) -> u64 {
     let sim = SimStorage::new(0);
-    let store = open(&sim).expect("open");
+    let store = open(&sim, checkpoints).expect("open");
     let before = sim.op_count();
-    run_agent(&store, &RefCell::new(World::default())).expect("clean run");
+    run_agent(&store, &RefCell::new(World::default()), checkpoints).expect("clean run");
+    drop(store);
     sim.op_count() - before
 }
 
 #[test]
 fn no_completed_atom_reruns_and_every_effect_happens_once_across_crashes() {
-    let total = total_ops();
-    let mut states = 0;
+    let (states, _) = crash_everywhere(Checkpoints::Default);
+    eprintln!("store crash points: {states} crash states checked");
+}
+
+#[test]
+fn index_checkpoints_change_nothing_across_crashes() {
+    let (states, from_checkpoint) = crash_everywhere(Checkpoints::Often);
+    assert!(from_checkpoint > states / 4, "only {from_checkpoint} of {states} reopens started from a checkpoint");
+    eprintln!("store crash points with checkpoints: {states} crash states, {from_checkpoint} reopened from one");
+}
+
+/// Crashes the agent's run after every I/O call (the store's drop included) with three kinds
+/// of damage, resumes it, and checks invariant 8; returns the crash states checked and how
+/// many of the reopens started from an index checkpoint.
+fn crash_everywhere(checkpoints: Checkpoints) -> (u64, u64) {
+    let total = total_ops(checkpoints);
+    let (mut states, mut from_checkpoint) = (0, 0);
     for crash_at in 0..=total {
         for damage in [CrashDamage::ALL[0], CrashDamage::ALL[4], CrashDamage::ALL[8]] {
             let world = RefCell::new(World::default());
             let sim = SimStorage::new(crash_at);
-            let store = open(&sim).expect("open");
+            let store = open(&sim, checkpoints).expect("open");
             sim.halt_after(crash_at);
-            let _ = run_agent(&store, &world);
+            let _ = run_agent(&store, &world, checkpoints);
             drop(store);
             sim.crash(damage);
             let acknowledged_before = world.borrow().acknowledged.clone();
-            let store = open(&sim).unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): reopen: {e}"));
-            run_agent(&store, &world).unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));
+            let store =
+                open(&sim, checkpoints).unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): reopen: {e}"));
+            from_checkpoint += u64::from(store.index_checkpoint().opened_from.is_some());
+            run_agent(&store, &world, checkpoints)
+                .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));
             let world = world.borrow();
             for key in &acknowledged_before {
                 assert_eq!(
@@ -116,5 +152,5 @@ fn no_completed_atom_reruns_and_every_effect_happens_once_across_crashes() {
             states += 1;
         }
     }
-    eprintln!("store crash points: {total} I/O calls × 3 damage kinds = {states} crash states checked");
+    (states, from_checkpoint)
 }

@@ -121,12 +121,12 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
 }
 
 /// Writes an index checkpoint when the records after the newest one (all of them, if
-/// compaction deleted it) are at least `checkpoint::MIN_NEW_RECORDS` and a quarter of those
+/// compaction deleted it) are at least `index_checkpoint_after` and a quarter of those
 /// it covers: a crash then costs an open at most that many records' fold, and rewriting the
 /// checkpoint stays proportional to the records appended.
 fn checkpoint_if_due(store: &Store) {
     let (after, covered) = store.checkpoint_lag();
-    if after >= crate::store::checkpoint::MIN_NEW_RECORDS.max(covered / 4)
+    if after >= store.shared.policies.index_checkpoint_after.max(covered / 4)
         && let Err(error) = store.checkpoint_index()
     {
         tracing::warn!(%error, "background index checkpoint failed");

@@ -97,6 +97,17 @@ impl StoreBuilder {
         self
     }
 
+    /// How many records must come after the newest index checkpoint before the store writes
+    /// another on its own: at open (after folding that many), when dropped or closed, and on
+    /// the background thread after a compaction round (when they are also a quarter of what
+    /// the checkpoint covers). Default 65,536; `u64::MAX` leaves checkpoints to
+    /// [`Store::checkpoint_index`]. Smaller means faster opens after a crash and more
+    /// checkpoint writes (each rewrites the whole index: about 16 bytes per atom).
+    pub fn index_checkpoint_after(mut self, records: u64) -> Self {
+        self.policies.index_checkpoint_after = records;
+        self
+    }
+
     /// Whether a background thread writes policy snapshots and runs compaction (default:
     /// yes). Without it, policy snapshots are written by the thread that completes the atom,
     /// and compaction runs only when [`Store::compact`] is called.
@@ -148,7 +159,8 @@ impl Shared {
         let codec = Codec::default();
         let index_checkpoint = IndexCheckpoint::default();
         let checkpoint = checkpoint.unwrap_or_else(|| checkpoint::read(log.storage().as_ref(), log.dir()));
-        let index = open_index(&log, &codec, read_only, checkpoint, &index_checkpoint)?;
+        let index =
+            open_index(&log, &codec, read_only, checkpoint, &index_checkpoint, policies.index_checkpoint_after)?;
         let training = match (read_only, codec.current_dictionary_len()) {
             (true, _) => atoms::Training::done(),
             (false, None) => atoms::Training::new(atoms::TrainingStage::First),
@@ -188,7 +200,7 @@ impl Shared {
 
 /// Rebuilds the index: from the index checkpoint and the records after it if there is a usable
 /// one, from the whole log otherwise; writes a new checkpoint when the fold covered at least
-/// `checkpoint::MIN_NEW_RECORDS` records (not for a read-only store). A checkpoint that cannot
+/// `checkpoint_after` records (not for a read-only store). A checkpoint that cannot
 /// be written costs only the next open's time: it is logged, not returned.
 fn open_index(
     log: &Log,
@@ -196,6 +208,7 @@ fn open_index(
     read_only: bool,
     checkpoint: checkpoint::Read,
     written: &IndexCheckpoint,
+    checkpoint_after: u64,
 ) -> Result<StoreIndex> {
     let started = std::time::Instant::now();
     let (loaded, ignored) = match checkpoint::accept(checkpoint, log, codec) {
@@ -219,7 +232,7 @@ fn open_index(
         time_to_resume_us = time_to_resume.as_micros() as u64,
         "store index rebuilt"
     );
-    if !read_only && folded >= checkpoint::MIN_NEW_RECORDS {
+    if !read_only && folded >= checkpoint_after {
         // The recovered records are durable before a checkpoint covering them is.
         let written_now = log.sync().and_then(|()| checkpoint::publish(log, &checkpoint::encode(&state, log)?));
         match written_now {
@@ -271,12 +284,12 @@ pub struct Store {
 
 impl Drop for Store {
     /// Stops the background thread, then writes an index checkpoint if at least
-    /// `checkpoint::MIN_NEW_RECORDS` records came after the newest one (a failure is logged:
+    /// `index_checkpoint_after` records came after the newest one (a failure is logged:
     /// it costs only the next open's time).
     fn drop(&mut self) {
         drop(self.worker.take());
         if self.owner
-            && self.records_after_checkpoint() >= checkpoint::MIN_NEW_RECORDS
+            && self.records_after_checkpoint() >= self.shared.policies.index_checkpoint_after
             && let Err(error) = self.checkpoint_index()
         {
             tracing::warn!(%error, "index checkpoint not written at close");
@@ -454,14 +467,14 @@ impl Store {
     }
 
     /// Closes the store: stops the background thread, then writes an index checkpoint if at
-    /// least 65,536 records came after the newest one (what dropping the store does, with the
-    /// error returned instead of logged).
+    /// least `index_checkpoint_after` records came after the newest one (what dropping the
+    /// store does, with the error returned instead of logged).
     ///
     /// # Errors
     /// The errors of [`Store::checkpoint_index`]; the store is closed either way.
     pub fn close(mut self) -> Result<()> {
         drop(self.worker.take());
-        let due = self.owner && self.records_after_checkpoint() >= checkpoint::MIN_NEW_RECORDS;
+        let due = self.owner && self.records_after_checkpoint() >= self.shared.policies.index_checkpoint_after;
         // Dropping `self` afterwards must not try again.
         self.owner = false;
         if due { self.checkpoint_index().map(|_| ()) } else { Ok(()) }

@@ -68,12 +68,26 @@ impl Default for CompactionPolicy {
     }
 }
 
-/// The three policies of a store.
-#[derive(Clone, Copy, Debug, Default)]
+/// The policies of a store.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Policies {
     pub snapshot: SnapshotPolicy,
     pub retention: RetentionPolicy,
     pub compaction: CompactionPolicy,
+    /// Records a fold must cover beyond the newest index checkpoint before the store writes
+    /// another on its own (at open, at close, on the background thread).
+    pub index_checkpoint_after: u64,
+}
+
+impl Default for Policies {
+    fn default() -> Self {
+        Self {
+            snapshot: SnapshotPolicy::default(),
+            retention: RetentionPolicy::default(),
+            compaction: CompactionPolicy::default(),
+            index_checkpoint_after: crate::store::checkpoint::MIN_NEW_RECORDS,
+        }
+    }
 }
 
 impl Policies {
@@ -84,6 +98,9 @@ impl Policies {
         let fraction = self.compaction.live_fraction_min;
         if !(0.0..=1.0).contains(&fraction) {
             return Err(Error::InvalidConfig { reason: format!("live_fraction_min {fraction} is not in 0..=1") });
+        }
+        if self.index_checkpoint_after == 0 {
+            return Err(Error::InvalidConfig { reason: "index_checkpoint_after must be at least 1 record".into() });
         }
         if self.compaction.interval.is_some_and(|interval| interval.is_zero()) {
             return Err(Error::InvalidConfig { reason: "the compaction interval must not be zero".into() });
