@@ -5,6 +5,8 @@
 //! and the agent resumes. Checks invariant 8 under real crashes: no atom's closure runs after
 //! its acknowledgement, every acknowledged atom is complete after reopen, and every effect
 //! happens exactly once. `CONTINUUM_CRASH_ITERATIONS` raises the number of kills (default 20).
+//! The store writes index checkpoints along the way (every 100 atoms, and at open and close
+//! after 64 records), so kills also land inside checkpoint writes and reopens start from them.
 
 mod common;
 
@@ -22,7 +24,7 @@ const CHILD_ENV: &str = "CONTINUUM_STORE_CRASH_CHILD_DIR";
 
 /// Runs the plan; `report` gets "RUN key" before each closure and "ACK key" after each ack.
 fn run_plan(dir: &Path, mut report: impl FnMut(&str)) -> continuum::Result<()> {
-    let store = Store::open(dir)?;
+    let store = open(dir)?;
     let run = store.create_run(RunSpec::new("crash-run"))?;
     let mut parents = Vec::new();
     for step in 0..STEPS {
@@ -36,8 +38,16 @@ fn run_plan(dir: &Path, mut report: impl FnMut(&str)) -> continuum::Result<()> {
         })?;
         report(&format!("ACK {key}"));
         parents = vec![executed.atom];
+        if step % 100 == 99 {
+            store.checkpoint_index()?;
+        }
     }
     Ok(())
+}
+
+/// The store, with index checkpoints after 64 records instead of 65,536.
+fn open(dir: &Path) -> continuum::Result<Store> {
+    Store::builder(dir).index_checkpoint_after(64).open()
 }
 
 /// A side effect recorded durably in the world file, which outlives the agent.
@@ -100,7 +110,7 @@ fn sigkill_never_reruns_acknowledged_atoms_nor_repeats_effects() {
             }
         }
         // Every acknowledged atom is complete in the reopened store.
-        let store = Store::open(dir.path()).expect("reopen after SIGKILL");
+        let store = open(dir.path()).expect("reopen after SIGKILL");
         let run = store.run_id("crash-run").expect("run exists once anything was acknowledged");
         for key in &acknowledged {
             let atom = store.atom_by_key(run, "agent", key).expect("lookup").expect("acknowledged atom exists");
