@@ -910,4 +910,30 @@ mod tests {
         assert_eq!((info.covered, info.records_after), (Some(end), 0));
         assert_index_is_the_whole_fold(&store);
     }
+
+    #[test]
+    fn an_open_that_folds_many_records_writes_one_and_a_read_only_open_never_does() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let store = Store::builder(dir.path())
+                .snapshot_policy(SnapshotPolicy::NEVER)
+                .background(false)
+                .index_checkpoint_after(u64::MAX)
+                .open()
+                .expect("open");
+            atoms(&store, "a", MIN_NEW_RECORDS);
+        }
+        assert!(!dir.path().join(FILE_NAME).exists(), "u64::MAX leaves checkpoints to checkpoint_index");
+        let read_only = Store::open_read_only(dir.path()).expect("read-only open");
+        assert_eq!(read_only.index_checkpoint().opened_from, None);
+        drop(read_only);
+        assert!(!dir.path().join(FILE_NAME).exists(), "a read-only open wrote a checkpoint");
+        let store = Store::builder(dir.path()).background(false).open().expect("open");
+        let info = store.index_checkpoint();
+        assert_eq!((info.opened_from, info.covered), (None, Some(store.log().next_lsn())));
+        assert!(dir.path().join(FILE_NAME).exists(), "the open folded every record and wrote no checkpoint");
+        drop(store);
+        let read_only = Store::open_read_only(dir.path()).expect("read-only open");
+        assert_eq!(read_only.index_checkpoint().opened_from, Some(read_only.log().next_lsn()));
+    }
 }
