@@ -904,6 +904,7 @@ mod tests {
         bytes[at] ^= 0x10;
         std::fs::write(&path, bytes).expect("write");
         let store = open().expect("open");
+        store.wait_for_checkpoint_writer();
         let info = store.index_checkpoint();
         assert_eq!(info.opened_from, None);
         assert_eq!(info.ignored_at_open.as_deref(), Some("body checksum mismatch"));
@@ -929,11 +930,39 @@ mod tests {
         drop(read_only);
         assert!(!dir.path().join(FILE_NAME).exists(), "a read-only open wrote a checkpoint");
         let store = Store::builder(dir.path()).background(false).open().expect("open");
+        // The open left the checkpoint of its fold to a thread of its own.
+        store.wait_for_checkpoint_writer();
         let info = store.index_checkpoint();
         assert_eq!((info.opened_from, info.covered), (None, Some(store.log().next_lsn())));
         assert!(dir.path().join(FILE_NAME).exists(), "the open folded every record and wrote no checkpoint");
         drop(store);
         let read_only = Store::open_read_only(dir.path()).expect("read-only open");
         assert_eq!(read_only.index_checkpoint().opened_from, Some(read_only.log().next_lsn()));
+    }
+
+    #[test]
+    fn the_open_s_checkpoint_is_not_published_after_compaction_changed_the_log() {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::builder(dir.path()).background(false).open().expect("open");
+        atoms(&store, "a", 40);
+        store.checkpoint_index().expect("checkpoint");
+        let on_disk = std::fs::read(dir.path().join(FILE_NAME)).expect("read");
+        // What the open's writer thread would hold: another encoding of the same log.
+        let next = store.log().next_lsn().get();
+        let state = rebuild::fold_from(store.log(), &Codec::default(), fresh(99), next).expect("fold");
+        let other = encode(&state, store.log()).expect("encode");
+        assert_ne!(other, on_disk);
+        let checkpoint = &store.shared.index_checkpoint;
+        let publish = |changes: u64| {
+            checkpoint.covered.store(0, Ordering::Relaxed);
+            checkpoint.log_changes.store(changes, Ordering::Relaxed);
+            *checkpoint.pending.lock() = Some((next, other.clone()));
+            let writer = crate::store::Shared::write_pending_checkpoint(&store.shared).expect("a writer");
+            writer.join().expect("join");
+            std::fs::read(dir.path().join(FILE_NAME)).expect("read")
+        };
+        assert_eq!(publish(1), on_disk, "published although compaction changed the log since the fold");
+        assert_eq!(publish(0), other, "not published although nothing changed");
     }
 }

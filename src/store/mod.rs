@@ -140,8 +140,9 @@ impl StoreBuilder {
             (log, read)
         });
         let shared = Arc::new(Shared::new(log?, self.policies, false, Some(checkpoint))?);
+        let checkpoint_writer = Mutex::new(Shared::write_pending_checkpoint(&shared));
         let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
-        Ok(Store { worker, shared, owner: true })
+        Ok(Store { worker, shared, owner: true, checkpoint_writer })
     }
 }
 
@@ -190,8 +191,35 @@ impl Shared {
 }
 
 impl Shared {
+    /// Starts a thread that publishes the checkpoint of the open's fold, if the open left one
+    /// (`None` if not, or if the thread cannot start: the checkpoint is then dropped, which
+    /// costs only the next open's time).
+    fn write_pending_checkpoint(shared: &Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
+        shared.index_checkpoint.pending.lock().as_ref()?;
+        let shared = Arc::clone(shared);
+        let spawned = std::thread::Builder::new().name("continuum-checkpoint".into()).spawn(move || {
+            let Some((covered, bytes)) = shared.index_checkpoint.pending.lock().take() else { return };
+            // Compaction cannot start a change while this holds the lock; one that already
+            // changed a segment since the open bumped `log_changes`.
+            let _no_compaction = shared.compacting.lock();
+            // Nothing changed a segment since the open, and no newer checkpoint was written
+            // meanwhile (`checkpoint_index` on the background thread).
+            if shared.index_checkpoint.log_changes.load(std::sync::atomic::Ordering::Acquire) != 0
+                || shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed) >= covered
+            {
+                return;
+            }
+            match checkpoint::publish(&shared.log, &bytes) {
+                Ok(()) => shared.index_checkpoint.covered.store(covered, std::sync::atomic::Ordering::Relaxed),
+                Err(error) => tracing::warn!(%error, "index checkpoint not written after open"),
+            }
+        });
+        spawned.ok()
+    }
+
     /// Deletes the index checkpoint, durably (before anything changes the records it covers).
     fn remove_index_checkpoint(&self) -> Result<()> {
+        self.index_checkpoint.log_changes.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         checkpoint::remove(&self.log)?;
         self.index_checkpoint.covered.store(0, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -233,10 +261,10 @@ fn open_index(
         "store index rebuilt"
     );
     if !read_only && folded >= checkpoint_after {
-        // The recovered records are durable before a checkpoint covering them is.
-        let written_now = log.sync().and_then(|()| checkpoint::publish(log, &checkpoint::encode(&state, log)?));
-        match written_now {
-            Ok(()) => written.covered.store(state.next_lsn, std::sync::atomic::Ordering::Relaxed),
+        // The recovered records are durable before a checkpoint covering them is. The file is
+        // written by `StoreBuilder::open`'s writer thread, off the open's path.
+        match log.sync().and_then(|()| checkpoint::encode(&state, log)) {
+            Ok(bytes) => *written.pending.lock() = Some((state.next_lsn, bytes)),
             Err(error) => tracing::warn!(%error, "index checkpoint not written at open"),
         }
     }
@@ -251,6 +279,12 @@ pub(crate) struct IndexCheckpoint {
     /// The LSN the checkpoint the open used covers (0 if it folded the whole log), and why it
     /// ignored the one it found, if it did.
     at_open: Mutex<(u64, Option<checkpoint::Unusable>)>,
+    /// A checkpoint of the open's fold (the LSN it covers and its bytes), until the writer
+    /// thread publishes it.
+    pending: Mutex<Option<(u64, Vec<u8>)>>,
+    /// Bumped (under the compaction lock) before compaction changes a segment: a checkpoint
+    /// folded before the bump must not be published after it.
+    log_changes: std::sync::atomic::AtomicU64,
 }
 
 /// What a store knows of its index checkpoint ([`Store::index_checkpoint`]): a cache of the
@@ -280,6 +314,8 @@ pub struct Store {
     shared: Arc<Shared>,
     /// Opened by [`StoreBuilder::open`] (not a view): checkpoints the index when dropped.
     owner: bool,
+    /// The thread publishing the checkpoint of the open's fold, if one runs.
+    checkpoint_writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for Store {
@@ -288,6 +324,7 @@ impl Drop for Store {
     /// it costs only the next open's time).
     fn drop(&mut self) {
         drop(self.worker.take());
+        self.wait_for_checkpoint_writer();
         if self.owner
             && self.records_after_checkpoint() >= self.shared.policies.index_checkpoint_after
             && let Err(error) = self.checkpoint_index()
@@ -344,7 +381,7 @@ impl Store {
 
     /// A handle over `shared` without a worker: what the background thread works through.
     fn view(shared: Arc<Shared>) -> Self {
-        Store { worker: None, shared, owner: false }
+        Store { worker: None, shared, owner: false, checkpoint_writer: Mutex::new(None) }
     }
 
     /// The underlying log.
@@ -438,6 +475,7 @@ impl Store {
     /// The log's errors (a poisoned or read-only log cannot be checkpointed), an inconsistent
     /// log, and I/O errors writing the file.
     pub fn checkpoint_index(&self) -> Result<Lsn> {
+        self.wait_for_checkpoint_writer();
         let shared = &self.shared;
         // No compaction may change the log while it is folded and its checkpoint written.
         let _no_compaction = shared.compacting.lock();
@@ -474,10 +512,18 @@ impl Store {
     /// The errors of [`Store::checkpoint_index`]; the store is closed either way.
     pub fn close(mut self) -> Result<()> {
         drop(self.worker.take());
+        self.wait_for_checkpoint_writer();
         let due = self.owner && self.records_after_checkpoint() >= self.shared.policies.index_checkpoint_after;
         // Dropping `self` afterwards must not try again.
         self.owner = false;
         if due { self.checkpoint_index().map(|_| ()) } else { Ok(()) }
+    }
+
+    /// Waits until the checkpoint of the open's fold, if one is being written, is published.
+    pub(crate) fn wait_for_checkpoint_writer(&self) {
+        if let Some(thread) = self.checkpoint_writer.lock().take() {
+            let _ = thread.join();
+        }
     }
 
     /// Records appended since the newest index checkpoint (all of them if there is none).
