@@ -3,7 +3,9 @@
 //! single I/O call, with every kind of damage the simulator knows. After each crash nothing
 //! live is lost (every atom of the live run, its result, and the exact context of every
 //! target), the dropped run is either wholly there or wholly gone, and once a round has
-//! returned, nothing it removed comes back.
+//! returned, nothing it removed comes back. A second test runs a round that only strips deltas
+//! (no run is dropped) of a store with an index checkpoint, which the round deletes and then
+//! writes again patched, and crashes it after every I/O call in the same way.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,15 +22,32 @@ const SEGMENT_BYTES: u64 = 8 * 1024;
 const OLD_ATOMS: usize = 24;
 const LIVE_ATOMS: usize = 48;
 
-fn open(sim: &SimStorage) -> continuum::Result<Store> {
+/// What a round does to the finished run: drop it (retention's age zero), or keep it (and the
+/// store has an index checkpoint, which the round patches).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Round {
+    DropsTheOldRun,
+    PatchesTheCheckpoint,
+}
+
+fn open_for(sim: &SimStorage, round: Round) -> continuum::Result<Store> {
+    let age = match round {
+        Round::DropsTheOldRun => Some(Duration::ZERO),
+        Round::PatchesTheCheckpoint => None,
+    };
     Store::builder(Path::new("/store"))
         .storage(Arc::new(sim.clone()))
         .segment_bytes(SEGMENT_BYTES)
         .snapshot_policy(SnapshotPolicy { every_atoms: 6, every: Duration::ZERO })
-        .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
+        .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: age })
         .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None })
+        .index_checkpoint_after(u64::MAX)
         .background(false)
         .open()
+}
+
+fn open(sim: &SimStorage) -> continuum::Result<Store> {
+    open_for(sim, Round::DropsTheOldRun)
 }
 
 fn chain(store: &Store, name: &str, count: usize, seed: u64) -> Vec<AtomId> {
@@ -57,13 +76,20 @@ struct World {
 }
 
 fn world(seed: u64) -> World {
+    world_for(seed, Round::DropsTheOldRun)
+}
+
+fn world_for(seed: u64, round: Round) -> World {
     let sim = SimStorage::new(seed);
-    let store = open(&sim).expect("open");
+    let store = open_for(&sim, round).expect("open");
     let old = chain(&store, "old", OLD_ATOMS, 1);
     let live = chain(&store, "live", LIVE_ATOMS, 2);
     let old_run = store.run_id("old").expect("run");
     store.finish_run(old_run, true, "done").expect("finish");
     let expected = live.iter().map(|id| store.rebuild_context(*id).expect("rebuild").context).collect();
+    if round == Round::PatchesTheCheckpoint {
+        store.checkpoint_index().expect("checkpoint");
+    }
     World { sim, store, old, live, expected }
 }
 
@@ -152,4 +178,41 @@ fn a_crash_anywhere_in_compaction_loses_nothing_live_and_revives_nothing_dead() 
         CrashDamage::ALL.len()
     );
     assert!(ops >= 20, "a round makes many I/O calls ({ops})");
+}
+
+#[test]
+fn a_crash_anywhere_in_a_round_that_patches_the_index_checkpoint_loses_nothing() {
+    let round = Round::PatchesTheCheckpoint;
+    let ops = {
+        let w = world_for(1, round);
+        let before = w.sim.op_count();
+        let covered = w.store.index_checkpoint().covered.expect("a checkpoint");
+        let report = w.store.compact().expect("compact");
+        assert_eq!(report.runs_dropped, 0);
+        assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
+        assert_eq!(w.store.index_checkpoint().covered, Some(covered), "the round patched the checkpoint");
+        check(&w.store, &w, "without a crash");
+        w.sim.op_count() - before
+    };
+    let (mut states, mut patched) = (0, 0);
+    for crash_at in 0..=ops {
+        for damage in CrashDamage::ALL {
+            let w = world_for(1, round);
+            w.sim.halt_after(crash_at);
+            let outcome = w.store.compact();
+            let World { sim, store, old, live, expected } = w;
+            drop(store);
+            sim.crash(damage);
+            let context = format!("crash after op {crash_at} of {ops} with {damage:?} ({:?})", outcome.as_ref().err());
+            let store = open_for(&sim, round).unwrap_or_else(|e| panic!("{context}: reopen: {e}"));
+            patched += u64::from(store.index_checkpoint().opened_from.is_some());
+            let w = World { sim, store, old, live, expected };
+            check(&w.store, &w, &context);
+            w.store.compact().unwrap_or_else(|e| panic!("{context}: compaction after recovery: {e}"));
+            check(&w.store, &w, &format!("{context}, then compacted again"));
+            states += 1;
+        }
+    }
+    eprintln!("patching compaction crash points: {states} crash states, {patched} reopened from a checkpoint");
+    assert!(patched > 0 && patched < states, "{patched} of {states} reopens used a checkpoint");
 }

@@ -851,9 +851,41 @@ mod tests {
             let last = *store.run_atoms(run).last().expect("an atom");
             store.snapshot_now(last).expect("snapshot");
             let report = store.compact().expect("compact");
-            assert!(report.segments_rewritten > 0, "{report:?}");
-            assert!(!dir.path().join(FILE_NAME).exists(), "compaction left a checkpoint of the old log");
+            assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
+            // The round only stripped deltas: it patched the checkpoint instead of leaving none.
+            assert_eq!(store.index_checkpoint().covered, Some(Lsn::new(covered)));
         }
+        let store = open();
+        assert_eq!(store.index_checkpoint().opened_from, Some(Lsn::new(covered)));
+        assert!(store.shared.index.read().atoms.iter().any(|(_, atom)| atom.reclaimed));
+        assert_index_is_the_whole_fold(&store);
+    }
+
+    #[test]
+    fn a_compaction_round_that_drops_records_deletes_the_checkpoint() {
+        let dir = tempfile::tempdir().expect("dir");
+        let open = || {
+            Store::builder(dir.path())
+                .segment_bytes(128 * 1024)
+                .snapshot_policy(SnapshotPolicy::NEVER)
+                .retention(crate::RetentionPolicy {
+                    snapshots_per_agent: 1,
+                    finished_run_age: Some(std::time::Duration::ZERO),
+                })
+                .background(false)
+                .open()
+                .expect("open")
+        };
+        let store = open();
+        atoms(&store, "doomed", 300);
+        atoms(&store, "kept", 300);
+        store.checkpoint_index().expect("checkpoint");
+        store.finish_run(store.run_id("doomed").expect("run"), true, "").expect("finish");
+        let report = store.compact().expect("compact");
+        assert!(report.runs_dropped == 1 && report.segments_rewritten > 0, "{report:?}");
+        assert_eq!(store.index_checkpoint().covered, None);
+        assert!(!dir.path().join(FILE_NAME).exists(), "a round that dropped records left a checkpoint");
+        drop(store);
         let store = open();
         assert_index_is_the_whole_fold(&store);
     }

@@ -157,16 +157,22 @@ impl Store {
             return Ok(report);
         }
         let threshold = self.shared.policies.compaction.live_fraction_min;
+        let mut checkpoint = CheckpointPatch::default();
         for tally in plan.segments.iter().filter(|t| t.total > 0 && (t.live as f64) < threshold * t.total as f64) {
             if self.shared.closing.load(std::sync::atomic::Ordering::Acquire) {
                 report.aborted = true;
                 break;
             }
             let started = std::time::Instant::now();
+            if checkpoint.state.is_none() && !checkpoint.dropped {
+                checkpoint.state = self.shared.loaded_index_checkpoint();
+            }
             // IMPORTANT: no index checkpoint may outlive a change to the records it covers.
             self.shared.remove_index_checkpoint()?;
             let rewrite = self.shared.log.rewrite_segment(Lsn::new(tally.first_lsn), |lsn, bytes| {
-                self.rewrite_decision(&plan, lsn.get(), bytes)
+                let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
+                checkpoint.note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
+                Ok(decision)
             })?;
             report.segments_rewritten += 1;
             report.deltas_reclaimed += rewrite.replaced;
@@ -179,6 +185,7 @@ impl Store {
         let (deleted, bytes) = self.delete_empty_prefix()?;
         report.segments_deleted = deleted;
         report.bytes_reclaimed += bytes;
+        checkpoint.publish(&self.shared);
         report.round = self.shared.compaction_rounds.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
         self.shared.log.metrics_handle().record_compaction(
             report.bytes_read,
@@ -485,6 +492,54 @@ impl Store {
         self.shared.remove_index_checkpoint()?;
         let deleted = self.shared.log.truncate_prefix(last.next_lsn)?;
         Ok((deleted, bytes))
+    }
+}
+
+/// The index checkpoint a round deletes before it rewrites a segment, patched and written
+/// again after the round if the round only stripped deltas (`AtomCompleted` replaced by
+/// `AtomReclaimed`, whose only effect on a fold is the atom's `reclaimed` flag), so that the
+/// background thread need not fold the whole log again. A round that drops records (a dropped
+/// run's, dead guards) changes what a fold interns and maps; its checkpoint stays deleted.
+#[derive(Default)]
+struct CheckpointPatch {
+    /// The checkpoint as loaded before the round's first change (`None` if there was none).
+    state: Option<crate::store::rebuild::FoldState>,
+    /// Atoms whose completion below the checkpoint's LSN the round stripped.
+    stripped: Vec<u64>,
+    /// The round dropped a record, or could not tell what it replaced: no patch.
+    dropped: bool,
+}
+
+impl CheckpointPatch {
+    /// Notes what the rewrite does to the record at `lsn`.
+    fn note(&mut self, lsn: u64, decision: &Rewrite, atom: impl FnOnce() -> Option<u64>) {
+        let covered = self.state.as_ref().map_or(0, |state| state.next_lsn);
+        match decision {
+            Rewrite::Keep => {}
+            Rewrite::Drop => self.dropped = true,
+            Rewrite::Replace(_) if lsn < covered => match atom() {
+                Some(atom) => self.stripped.push(atom),
+                None => self.dropped = true,
+            },
+            Rewrite::Replace(_) => {}
+        }
+    }
+
+    /// Writes the patched checkpoint (a failure is logged: the background thread folds the
+    /// log again instead).
+    fn publish(self, shared: &crate::store::Shared) {
+        let Some(mut state) = self.state.filter(|_| !self.dropped) else { return };
+        for atom in self.stripped {
+            if let Some(entry) = state.index.atom_mut(AtomId(atom)) {
+                entry.reclaimed = true;
+            }
+        }
+        let written = crate::store::checkpoint::encode(&state, &shared.log)
+            .and_then(|bytes| crate::store::checkpoint::publish(&shared.log, &bytes));
+        match written {
+            Ok(()) => shared.index_checkpoint.covered.store(state.next_lsn, std::sync::atomic::Ordering::Relaxed),
+            Err(error) => tracing::warn!(%error, "patched index checkpoint not written"),
+        }
     }
 }
 

@@ -217,6 +217,15 @@ impl Shared {
         spawned.ok()
     }
 
+    /// The index checkpoint on disk, loaded and checked against the log, if this store has
+    /// one (compaction patches it).
+    fn loaded_index_checkpoint(&self) -> Option<rebuild::FoldState> {
+        if self.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return None;
+        }
+        checkpoint::load(&self.log, &Codec::default())
+    }
+
     /// Deletes the index checkpoint, durably (before anything changes the records it covers).
     fn remove_index_checkpoint(&self) -> Result<()> {
         self.index_checkpoint.log_changes.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
