@@ -6,10 +6,11 @@
 //! fingerprint of the log below the LSN it covers: the same segments with the same sequence
 //! numbers and sealed sizes, the same first and last covered records, nothing skipped or lost
 //! by recovery); otherwise the store folds the whole log, as if there were no checkpoint.
-//! Compaction deletes it before it changes any segment. It is written only from a fold of the
-//! log (at open, or by [`Store::checkpoint_index`](crate::Store::checkpoint_index), which
-//! folds the records after the newest checkpoint), never from the live index, so that it holds
-//! exactly what a rebuild would. See `docs/FORMAT.md`, "Index checkpoint".
+//! Compaction deletes it before it changes any segment (and writes it again, patched, after a
+//! round that only stripped deltas). It is written only from a fold of the log (after an open
+//! that folded many records, or by [`Store::checkpoint_index`](crate::Store::checkpoint_index),
+//! which folds the records after the newest checkpoint), never from the live index, so that it
+//! holds exactly what a rebuild would. See `docs/FORMAT.md`, §9a "Index checkpoint".
 
 use std::path::PathBuf;
 

@@ -36,6 +36,12 @@ use crate::storage::Storage;
 use index::StoreIndex;
 
 pub use compaction::{CompactionReport, SpaceReport};
+pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
+pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
+pub use replay::{Rebuilt, SnapshotFallback};
+pub use types::{
+    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
+};
 
 /// The index checkpoint's file name in a store directory (for the fuzz seeds).
 pub(crate) const CHECKPOINT_FILE_NAME: &str = checkpoint::FILE_NAME;
@@ -44,12 +50,6 @@ pub(crate) const CHECKPOINT_FILE_NAME: &str = checkpoint::FILE_NAME;
 pub(crate) fn checkpoint_body_decodes(body: &[u8]) -> bool {
     checkpoint::parse_body(body)
 }
-pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
-pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
-pub use replay::{Rebuilt, SnapshotFallback};
-pub use types::{
-    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
-};
 
 /// Builds a [`Store`]: `Store::builder(dir).segment_bytes(…).open()?`.
 #[must_use = "a builder does nothing until `open` is called"]
@@ -130,7 +130,7 @@ impl StoreBuilder {
         let (dir, storage) = (dir.to_path_buf(), Arc::clone(storage));
         let (log, checkpoint) = std::thread::scope(|scope| {
             let reader = std::thread::Builder::new()
-                .name("continuum-checkpoint".into())
+                .name("continuum-checkpoint-read".into())
                 .spawn_scoped(scope, || checkpoint::read(storage.as_ref(), &dir));
             let log = self.log.open();
             let read = match reader {
@@ -147,10 +147,9 @@ impl StoreBuilder {
 }
 
 impl Shared {
-    /// Rebuilds the index of the opened `log` and lists its snapshots. A `read_only` store
+    /// Rebuilds the index of the opened `log` (from `checkpoint`, the index checkpoint already
+    /// read, if it was; otherwise it is read here) and lists its snapshots. A `read_only` store
     /// never trains a dictionary (training appends one).
-    /// The store over `log`; `checkpoint` is the index checkpoint already read, if it was
-    /// (otherwise it is read here).
     fn new(
         log: Log,
         policies: policy::Policies,
@@ -197,7 +196,7 @@ impl Shared {
     fn write_pending_checkpoint(shared: &Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
         shared.index_checkpoint.pending.lock().as_ref()?;
         let shared = Arc::clone(shared);
-        let spawned = std::thread::Builder::new().name("continuum-checkpoint".into()).spawn(move || {
+        let spawned = std::thread::Builder::new().name("continuum-checkpoint-write".into()).spawn(move || {
             let Some((covered, bytes)) = shared.index_checkpoint.pending.lock().take() else { return };
             // Compaction cannot start a change while this holds the lock; one that already
             // changed a segment since the open bumped `log_changes`.
@@ -476,9 +475,11 @@ impl Store {
     /// folds only the records after it (`docs/ARCHITECTURE.md`, "Index checkpoint"). The
     /// checkpoint is built the way an open builds the index: the newest checkpoint (if usable)
     /// plus a fold of the records after it, never a copy of the live index. The store also
-    /// does this when it is dropped, if at least 65,536 records came after the newest
-    /// checkpoint, and at open after folding as many. Compaction deletes the checkpoint before
-    /// it changes a segment. Returns the LSN the checkpoint covers (records below it).
+    /// does this on its own (see [`StoreBuilder::index_checkpoint_after`]). Compaction deletes
+    /// the checkpoint before it changes a segment, and writes it again patched after a round
+    /// that only stripped deltas. Waits for a compaction round in progress, and holds
+    /// compaction off while it folds. Returns the LSN the checkpoint covers (records below
+    /// it).
     ///
     /// # Errors
     /// The log's errors (a poisoned or read-only log cannot be checkpointed), an inconsistent
