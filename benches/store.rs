@@ -210,7 +210,7 @@ fn main() {
         with_checkpoint.as_secs_f64() * 1e3
     );
     eprintln!(
-        "  open of {index_atoms} atoms, no checkpoint (fold all)  {:>9.1} ms (and write one)",
+        "  open of {index_atoms} atoms, no checkpoint (fold all)  {:>9.1} ms (encodes one; a thread writes it)",
         without.as_secs_f64() * 1e3
     );
     eprintln!("==== end store ====");
