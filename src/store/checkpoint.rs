@@ -998,4 +998,159 @@ mod tests {
         assert_eq!(publish(1), on_disk, "published although compaction changed the log since the fold");
         assert_eq!(publish(0), other, "not published although nothing changed");
     }
+
+    /// One step of a random store history.
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// `n` atoms of agent `agent` in run `run` (completed, failed or left running by `i % 5`).
+        Atoms { run: u8, agent: u8, n: u16 },
+        /// A guarded effect and a pin on the newest completed atom.
+        GuardAndPin,
+        /// Roll agent 0 of run 0 back to its oldest completed atom, and fork from there.
+        RollbackAndFork,
+        /// Finish run `run` (dropped by retention at the next compaction).
+        Finish { run: u8 },
+        /// A snapshot of the newest completed atom, then a compaction round.
+        SnapshotAndCompact,
+        /// An explicit checkpoint.
+        Checkpoint,
+        /// Drop the store (which may checkpoint) and open it again.
+        Reopen,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u8..3, 0u8..2, 1u16..120).prop_map(|(run, agent, n)| Step::Atoms { run, agent, n }),
+            1 => Just(Step::GuardAndPin),
+            1 => Just(Step::RollbackAndFork),
+            1 => (0u8..3).prop_map(|run| Step::Finish { run }),
+            2 => Just(Step::SnapshotAndCompact),
+            2 => Just(Step::Checkpoint),
+            2 => Just(Step::Reopen),
+        ]
+    }
+
+    /// Plays `steps`, ignoring the typed refusals a random history runs into (a finished run
+    /// takes no atoms, a pinned history cannot be reclaimed, ...); every reopen must rebuild
+    /// exactly the index a fold of the whole log builds, whichever checkpoint it starts from.
+    fn play(steps: &[Step]) -> usize {
+        let dir = tempfile::tempdir().expect("dir");
+        let open = || {
+            Store::builder(dir.path())
+                .segment_bytes(64 * 1024)
+                .snapshot_policy(SnapshotPolicy::NEVER)
+                .retention(crate::RetentionPolicy {
+                    snapshots_per_agent: 1,
+                    finished_run_age: Some(std::time::Duration::ZERO),
+                })
+                .index_checkpoint_after(64)
+                .background(false)
+                .open()
+                .expect("open")
+        };
+        let mut store = open();
+        let mut transcript = crate::synthetic::Transcript::new(steps.len() as u64);
+        let mut key = 0u64;
+        let mut from_checkpoint = 0;
+        for step in steps {
+            match *step {
+                Step::Atoms { run, agent, n } => {
+                    let Ok(run) = store.create_run(RunSpec::new(format!("run-{run}"))) else { continue };
+                    let agent = format!("agent-{agent}");
+                    for i in 0..n {
+                        key += 1;
+                        let parents: Vec<_> = store.agent_atoms(run, &agent).last().copied().into_iter().collect();
+                        let Ok(atom) = store.begin_atom(run, &agent, &key.to_string(), &parents, "") else { break };
+                        let _ = match i % 5 {
+                            3 => store.fail_atom(atom, &crate::AtomFailure { message: "x".into(), retryable: true }),
+                            4 if i % 2 == 0 => Ok(()),
+                            _ => store.complete_atom(
+                                atom,
+                                &AtomOutput { delta: transcript.next_delta(200), result: vec![1] },
+                            ),
+                        };
+                    }
+                }
+                Step::GuardAndPin => {
+                    if let Some(atom) = newest_completed(&store) {
+                        let _ = store.guarded(atom, "effect", |_| b"done".to_vec());
+                        let _ = store.pin(atom, true);
+                    }
+                }
+                Step::RollbackAndFork => {
+                    if let Some(run) = store.run_id("run-0") {
+                        let completed = |atom: &crate::AtomId| {
+                            store.atom(*atom).is_ok_and(|a| a.status == crate::AtomStatus::Completed)
+                        };
+                        if let Some(&to) = store.agent_atoms(run, "agent-0").iter().find(|a| completed(a)) {
+                            key += 1;
+                            let _ = store.rollback(run, "agent-0", to, "review");
+                            let _ = store.fork(run, "agent-0", to, &format!("fork-{key}"));
+                        }
+                    }
+                }
+                Step::Finish { run } => {
+                    if let Some(run) = store.run_id(&format!("run-{run}")) {
+                        let _ = store.finish_run(run, true, "");
+                    }
+                }
+                Step::SnapshotAndCompact => {
+                    if let Some(atom) = newest_completed(&store) {
+                        let _ = store.snapshot_now(atom);
+                    }
+                    store.compact().expect("compact");
+                }
+                Step::Checkpoint => {
+                    store.checkpoint_index().expect("checkpoint");
+                }
+                Step::Reopen => {
+                    drop(store);
+                    store = open();
+                    from_checkpoint += usize::from(store.index_checkpoint().opened_from.is_some());
+                    assert_index_is_the_whole_fold(&store);
+                }
+            }
+        }
+        drop(store);
+        let store = open();
+        assert_index_is_the_whole_fold(&store);
+        from_checkpoint
+    }
+
+    fn newest_completed(store: &Store) -> Option<crate::AtomId> {
+        let runs = store.runs();
+        let atoms = runs.iter().flat_map(|run| store.run_atoms(run.id));
+        atoms.filter(|atom| store.atom(*atom).is_ok_and(|a| a.status == crate::AtomStatus::Completed)).max()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, failure_persistence: None, ..Default::default() })]
+        #[test]
+        fn any_history_reopens_to_the_whole_fold(steps in proptest::collection::vec(step(), 1..24)) {
+            play(&steps);
+        }
+    }
+
+    #[test]
+    fn a_history_with_every_step_reopens_from_checkpoints() {
+        use Step::*;
+        let steps = [
+            Atoms { run: 0, agent: 0, n: 100 },
+            Atoms { run: 1, agent: 1, n: 80 },
+            Checkpoint,
+            GuardAndPin,
+            Atoms { run: 2, agent: 0, n: 50 },
+            Reopen,
+            RollbackAndFork,
+            Finish { run: 2 },
+            SnapshotAndCompact,
+            Reopen,
+            Atoms { run: 0, agent: 1, n: 60 },
+            SnapshotAndCompact,
+            Checkpoint,
+            Reopen,
+        ];
+        assert!(play(&steps) >= 2, "the reopens should start from checkpoints");
+    }
 }
