@@ -25,7 +25,9 @@ fn main() {
     let builder = Store::builder(dir.path());
     let store = match policy.as_str() {
         "default" => builder.open(),
-        "every200" => builder.snapshot_policy(SnapshotPolicy { every_atoms: 200, every: Duration::from_secs(600) }).open(),
+        "every200" => {
+            builder.snapshot_policy(SnapshotPolicy { every_atoms: 200, every: Duration::from_secs(600) }).open()
+        }
         "never" => builder.snapshot_policy(SnapshotPolicy::NEVER).open(),
         other => panic!("the policy is default, every200 or never, not {other}"),
     }
