@@ -535,10 +535,9 @@ impl CheckpointPatch {
             }
         }
         let written = crate::store::checkpoint::encode(&state, &shared.log)
-            .and_then(|bytes| crate::store::checkpoint::publish(&shared.log, &bytes));
-        match written {
-            Ok(()) => shared.index_checkpoint.covered.store(state.next_lsn, std::sync::atomic::Ordering::Relaxed),
-            Err(error) => tracing::warn!(%error, "patched index checkpoint not written"),
+            .and_then(|bytes| shared.publish_index_checkpoint(state.next_lsn, &bytes));
+        if let Err(error) = written {
+            tracing::warn!(%error, "patched index checkpoint not written");
         }
     }
 }

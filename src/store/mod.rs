@@ -208,9 +208,8 @@ impl Shared {
             {
                 return;
             }
-            match checkpoint::publish(&shared.log, &bytes) {
-                Ok(()) => shared.index_checkpoint.covered.store(covered, std::sync::atomic::Ordering::Relaxed),
-                Err(error) => tracing::warn!(%error, "index checkpoint not written after open"),
+            if let Err(error) = shared.publish_index_checkpoint(covered, &bytes) {
+                tracing::warn!(%error, "index checkpoint not written after open");
             }
         });
         spawned.ok()
@@ -223,6 +222,14 @@ impl Shared {
             return None;
         }
         checkpoint::load(&self.log, &Codec::default())
+    }
+
+    /// Publishes the index checkpoint `bytes`, which cover the records below `covered` (the
+    /// caller holds the compaction lock).
+    fn publish_index_checkpoint(&self, covered: u64, bytes: &[u8]) -> Result<()> {
+        checkpoint::publish(&self.log, bytes)?;
+        self.index_checkpoint.covered.store(covered, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Deletes the index checkpoint, durably (before anything changes the records it covers).
@@ -496,8 +503,7 @@ impl Store {
         let start = checkpoint::load(&shared.log, &codec)
             .unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
         let state = rebuild::fold_from(&shared.log, &codec, start, until)?;
-        checkpoint::publish(&shared.log, &checkpoint::encode(&state, &shared.log)?)?;
-        shared.index_checkpoint.covered.store(state.next_lsn, std::sync::atomic::Ordering::Relaxed);
+        shared.publish_index_checkpoint(state.next_lsn, &checkpoint::encode(&state, &shared.log)?)?;
         Ok(Lsn::new(state.next_lsn))
     }
 
