@@ -763,6 +763,20 @@ mod tests {
             .expect("open")
     }
 
+    /// A store in `dir` that compacts on request only: no policy snapshots, one snapshot kept
+    /// per agent, finished runs dropped after `finished_run_age` (never if `None`).
+    fn compacting_store(
+        dir: &std::path::Path,
+        segment_bytes: u64,
+        finished_run_age: Option<std::time::Duration>,
+    ) -> crate::StoreBuilder {
+        Store::builder(dir)
+            .segment_bytes(segment_bytes)
+            .snapshot_policy(SnapshotPolicy::NEVER)
+            .retention(crate::RetentionPolicy { snapshots_per_agent: 1, finished_run_age })
+            .background(false)
+    }
+
     fn atoms(store: &Store, run: &str, count: u64) {
         let run = store.create_run(RunSpec::new(run)).expect("run");
         let mut transcript = crate::synthetic::Transcript::new(count);
@@ -817,15 +831,7 @@ mod tests {
     #[test]
     fn the_store_writes_checkpoints_at_close_and_uses_them_and_compaction_deletes_them() {
         let dir = tempfile::tempdir().expect("dir");
-        let open = || {
-            Store::builder(dir.path())
-                .segment_bytes(128 * 1024)
-                .snapshot_policy(SnapshotPolicy::NEVER)
-                .retention(crate::RetentionPolicy { snapshots_per_agent: 1, finished_run_age: None })
-                .background(false)
-                .open()
-                .expect("open")
-        };
+        let open = || compacting_store(dir.path(), 128 * 1024, None).open().expect("open");
         {
             let store = open();
             atoms(&store, "a", MIN_NEW_RECORDS); // two records per atom: enough for a checkpoint at close
@@ -865,18 +871,7 @@ mod tests {
     #[test]
     fn a_compaction_round_that_drops_records_deletes_the_checkpoint() {
         let dir = tempfile::tempdir().expect("dir");
-        let open = || {
-            Store::builder(dir.path())
-                .segment_bytes(128 * 1024)
-                .snapshot_policy(SnapshotPolicy::NEVER)
-                .retention(crate::RetentionPolicy {
-                    snapshots_per_agent: 1,
-                    finished_run_age: Some(std::time::Duration::ZERO),
-                })
-                .background(false)
-                .open()
-                .expect("open")
-        };
+        let open = || compacting_store(dir.path(), 128 * 1024, Some(std::time::Duration::ZERO)).open().expect("open");
         let store = open();
         atoms(&store, "doomed", 300);
         atoms(&store, "kept", 300);
@@ -1046,15 +1041,8 @@ mod tests {
     fn play(steps: &[Step]) -> usize {
         let dir = tempfile::tempdir().expect("dir");
         let open = || {
-            Store::builder(dir.path())
-                .segment_bytes(64 * 1024)
-                .snapshot_policy(SnapshotPolicy::NEVER)
-                .retention(crate::RetentionPolicy {
-                    snapshots_per_agent: 1,
-                    finished_run_age: Some(std::time::Duration::ZERO),
-                })
+            compacting_store(dir.path(), 64 * 1024, Some(std::time::Duration::ZERO))
                 .index_checkpoint_after(64)
-                .background(false)
                 .open()
                 .expect("open")
         };
