@@ -11,14 +11,22 @@ use crate::log::segment::{self, SegmentHeader};
 use crate::storage::sim::SimStorage;
 use crate::storage::{OpenMode, Storage};
 
-/// Decodes `data` as a frame (the first 8 bytes are the segment salt). Must never panic.
+/// Decodes `data` as a frame (the first 8 bytes are the segment salt), inflating a compressed
+/// one. Must never panic.
 pub fn decode_batch(data: &[u8]) {
     let Some((salt, frame)) = data.split_first_chunk::<8>() else { return };
     let salt = u64::from_le_bytes(*salt);
-    if let Ok(decoded) = record::decode_frame(frame, salt) {
-        let count = record::Records::new(decoded.payload).filter(Result::is_ok).count();
-        assert_eq!(count as u64, u64::from(decoded.header.record_count), "a verified frame holds exactly its records");
-    }
+    let Ok(decoded) = record::decode_frame(frame, salt) else { return };
+    let inflated;
+    let payload = if decoded.header.is_compressed() {
+        let Ok(records) = record::inflate(&decoded) else { return };
+        inflated = records;
+        &inflated[..]
+    } else {
+        decoded.payload
+    };
+    let count = record::Records::new(payload).filter(Result::is_ok).count();
+    assert_eq!(count as u64, u64::from(decoded.header.record_count), "a verified frame holds exactly its records");
 }
 
 /// Opens a log whose only segment file holds `data`, in every recovery mode, and reads back
@@ -58,6 +66,7 @@ fn place_active_after(storage: &SimStorage, dir: &Path, sealed: &SegmentHeader) 
         segment_bytes: 4096,
         store_id: sealed.store_id,
         end_lsn: 0,
+        compressed: false,
     };
     let file = storage.open(&dir.join(segment::file_name(header.first_lsn)), OpenMode::CreateNew)?;
     file.allocate(header.segment_bytes)?;
@@ -172,10 +181,20 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         input.extend_from_slice(batch.seal(1 + i as u64 * 10, salt, 64));
         seeds.push(("decode_batch", format!("seed-{i}"), input));
     }
+    {
+        let records: [&[u8]; 3] = [b"tool: ls tool: ls tool: ls", &[0xAB; 300], b"ok"];
+        let mut compressor = zstd::bulk::Compressor::new(3).expect("a zstd context");
+        let mut batch = record::EncodedBatch::encode_compressed(&records, &mut compressor).expect("within limits");
+        let mut input = 7u64.to_le_bytes().to_vec();
+        input.extend_from_slice(batch.seal(5, 7, 64));
+        seeds.push(("decode_batch", "seed-compressed".to_owned(), input));
+    }
     for (i, records) in [1usize, 3, 40].into_iter().enumerate() {
         seeds.push(("recover_segment", format!("seed-{i}"), segment_with(records)));
     }
-    seeds.push(("recover_segment", "seed-compacted".to_owned(), compacted_segment()));
+    seeds.push(("recover_segment", "seed-compacted".to_owned(), compacted_segment(None)));
+    let compression = crate::log::FrameCompression { level: 3, frame_bytes: 4096 };
+    seeds.push(("recover_segment", "seed-compressed".to_owned(), compacted_segment(Some(compression))));
     let codec = crate::codec::Codec::default();
     let mut transcript = crate::synthetic::Transcript::new(1);
     let records = [
@@ -279,8 +298,9 @@ fn checkpoint_body() -> Vec<u8> {
     bytes.get(40..).unwrap_or_default().to_vec()
 }
 
-/// The bytes of a first segment rewritten by compaction, with LSN gaps and a replaced record.
-fn compacted_segment() -> Vec<u8> {
+/// The bytes of a first segment rewritten by compaction, with LSN gaps and a replaced record,
+/// its frames compressed as `compression` says.
+fn compacted_segment(compression: Option<crate::log::FrameCompression>) -> Vec<u8> {
     let storage = SimStorage::new(0);
     let dir = Path::new("/seed");
     let log = Log::builder(dir).storage(Arc::new(storage.clone())).segment_bytes(4096).open().expect("seed log opens");
@@ -289,7 +309,8 @@ fn compacted_segment() -> Vec<u8> {
             break;
         }
     }
-    let _ = log.rewrite_segment(crate::log::Lsn::FIRST, |lsn, _| {
+    let options = crate::log::RewriteOptions { compression };
+    let _ = log.rewrite_segment_with(crate::log::Lsn::FIRST, options, |lsn, _| {
         Ok(match lsn.get() % 3 {
             0 => crate::log::Rewrite::Drop,
             1 => crate::log::Rewrite::Keep,

@@ -1,17 +1,25 @@
 //! `Log::rewrite_segment`, compaction's primitive: a sealed segment is rewritten without some
 //! records (and with others replaced), keeping every LSN of what stays, across reopen and
-//! across a crash at every I/O call of the rewrite.
+//! across a crash at every I/O call of the rewrite; with plain frames and with compressed ones
+//! (`RewriteOptions::compression`, format version 2), which must also refuse every flipped byte.
 
 mod common;
 
 use std::collections::BTreeMap;
 
 use common::{open, payload};
-use continuum::log::{Rewrite, RewriteReport};
+use continuum::log::{FrameCompression, Rewrite, RewriteOptions, RewriteReport};
 use continuum::storage::sim::{CrashDamage, SimStorage};
-use continuum::{Error, Log, Lsn};
+use continuum::storage::{OpenMode, Storage};
+use continuum::{Error, Log, Lsn, RecoveryMode};
 
 const SEGMENT_BYTES: u64 = 4096;
+
+/// Plain frames, and compressed frames small enough that a 4 KiB segment holds several.
+const OPTIONS: [RewriteOptions; 2] = [
+    RewriteOptions { compression: None },
+    RewriteOptions { compression: Some(FrameCompression { level: 3, frame_bytes: 4096 }) },
+];
 
 /// What the test expects at each LSN: `None` for a dropped record.
 type Expected = BTreeMap<u64, Option<Vec<u8>>>;
@@ -68,6 +76,12 @@ fn sealed(log: &Log) -> Vec<(u64, u64)> {
 
 #[test]
 fn rewriting_keeps_lsns_and_survives_reopen() {
+    for options in OPTIONS {
+        rewrite_and_reopen(options);
+    }
+}
+
+fn rewrite_and_reopen(options: RewriteOptions) {
     let sim = SimStorage::new(1);
     let log = open(&sim, SEGMENT_BYTES).expect("open");
     let mut expected = fill(&log, 60);
@@ -75,12 +89,14 @@ fn rewriting_keeps_lsns_and_survives_reopen() {
     assert!(segments.len() >= 3, "the workload spans several segments");
     let mut totals = RewriteReport::default();
     for &(first, next) in &segments {
-        let report = log.rewrite_segment(Lsn::new(first), decide).expect("rewrite");
+        let report = log.rewrite_segment_with(Lsn::new(first), options, decide).expect("rewrite");
         assert!(report.bytes_after < report.bytes_before, "{report:?}");
         totals.dropped += report.dropped;
         apply_rule(&mut expected, first..next);
     }
     assert!(totals.dropped > 0);
+    let compressed = log.segments().iter().filter(|s| s.compressed).count();
+    assert_eq!(compressed, if options.compression.is_some() { segments.len() } else { 0 }, "{options:?}");
     check(&log, &expected, "after rewrite");
     // The segments keep their LSN ranges, so the log stays contiguous.
     assert_eq!(sealed(&log), segments);
@@ -137,13 +153,19 @@ fn a_failing_decision_changes_nothing() {
 /// all of its original records or exactly the rewritten ones, and nothing else changes.
 #[test]
 fn a_crash_at_any_point_of_a_rewrite_leaves_the_original_or_the_rewrite() {
+    for options in OPTIONS {
+        crash_during_rewrite(options);
+    }
+}
+
+fn crash_during_rewrite(options: RewriteOptions) {
     let ops = {
         let sim = SimStorage::new(4);
         let log = open(&sim, SEGMENT_BYTES).expect("open");
         fill(&log, 40);
         let (first, _) = sealed(&log)[0];
         let before = sim.op_count();
-        log.rewrite_segment(Lsn::new(first), decide).expect("rewrite");
+        log.rewrite_segment_with(Lsn::new(first), options, decide).expect("rewrite");
         sim.op_count() - before
     };
     let mut states = 0;
@@ -154,7 +176,7 @@ fn a_crash_at_any_point_of_a_rewrite_leaves_the_original_or_the_rewrite() {
             let original = fill(&log, 40);
             let (first, next) = sealed(&log)[0];
             sim.halt_after(crash_at);
-            let outcome = log.rewrite_segment(Lsn::new(first), decide);
+            let outcome = log.rewrite_segment_with(Lsn::new(first), options, decide);
             drop(log);
             sim.crash(damage);
             let context = format!("crash after op {crash_at} of {ops} with {damage:?} ({outcome:?})");
@@ -168,6 +190,125 @@ fn a_crash_at_any_point_of_a_rewrite_leaves_the_original_or_the_rewrite() {
             states += 1;
         }
     }
-    eprintln!("rewrite crash points: {ops} I/O calls × {} damage kinds = {states} states", CrashDamage::ALL.len());
+    eprintln!(
+        "rewrite crash points ({options:?}): {ops} I/O calls × {} damage kinds = {states} states",
+        CrashDamage::ALL.len()
+    );
     assert!(ops >= 4, "a rewrite makes at least create, write, sync, rename, sync-dir calls");
+}
+
+/// A compressed rewrite is smaller than a plain one of the same records, and a plain rewrite
+/// of a compressed segment turns it back into format version 1.
+#[test]
+fn compressed_frames_are_smaller_and_can_be_rewritten_plain() {
+    let sizes: Vec<u64> = OPTIONS
+        .iter()
+        .map(|options| {
+            let sim = SimStorage::new(5);
+            let log = open(&sim, SEGMENT_BYTES).expect("open");
+            fill(&log, 40);
+            let (first, _) = sealed(&log)[0];
+            log.rewrite_segment_with(Lsn::new(first), *options, |_, _| Ok(Rewrite::Keep)).expect("rewrite").bytes_after
+        })
+        .collect();
+    assert!(sizes[1] * 2 < sizes[0], "compressed {} bytes against plain {}", sizes[1], sizes[0]);
+
+    let sim = SimStorage::new(6);
+    let log = open(&sim, SEGMENT_BYTES).expect("open");
+    let expected = fill(&log, 40);
+    let (first, _) = sealed(&log)[0];
+    log.rewrite_segment_with(Lsn::new(first), OPTIONS[1], |_, _| Ok(Rewrite::Keep)).expect("compress");
+    assert!(log.segments()[0].compressed);
+    check(&log, &expected, "compressed");
+    log.rewrite_segment(Lsn::new(first), |_, _| Ok(Rewrite::Keep)).expect("rewrite plain");
+    assert!(!log.segments()[0].compressed);
+    drop(log);
+    let log = open(&sim, SEGMENT_BYTES).expect("reopen");
+    assert!(!log.segments()[0].compressed);
+    check(&log, &expected, "compressed, then plain, then reopened");
+}
+
+/// Out-of-range compression settings are refused before anything is written.
+#[test]
+fn compression_settings_out_of_range_are_refused() {
+    let sim = SimStorage::new(7);
+    let log = open(&sim, SEGMENT_BYTES).expect("open");
+    let expected = fill(&log, 40);
+    let (first, _) = sealed(&log)[0];
+    for compression in [
+        FrameCompression { level: 0, frame_bytes: 4096 },
+        FrameCompression { level: 23, frame_bytes: 4096 },
+        FrameCompression { level: 3, frame_bytes: 16 },
+        FrameCompression { level: 3, frame_bytes: 64 << 20 },
+    ] {
+        let options = RewriteOptions { compression: Some(compression) };
+        let outcome = log.rewrite_segment_with(Lsn::new(first), options, |_, _| Ok(Rewrite::Keep));
+        assert!(matches!(outcome, Err(Error::InvalidConfig { .. })), "{compression:?}: {outcome:?}");
+    }
+    check(&log, &expected, "after refused settings");
+}
+
+/// Every byte of a compressed segment flipped, one at a time, in every recovery mode: the open
+/// fails naming the segment, or every record read back is the one written (a record may be
+/// missing only where `SkipCorrupted` reported a skip); never changed bytes returned as valid.
+#[test]
+fn flips_in_a_compressed_segment_are_never_returned() {
+    let sim = SimStorage::new(8);
+    let (expected, path, len) = {
+        let log = open(&sim, SEGMENT_BYTES).expect("open");
+        let expected = fill(&log, 40);
+        let (first, _) = sealed(&log)[0];
+        log.rewrite_segment_with(Lsn::new(first), OPTIONS[1], |_, _| Ok(Rewrite::Keep)).expect("compress");
+        let segment = log.segments()[0].clone();
+        (expected, segment.path, segment.data_bytes)
+    };
+    let pristine = sim.file_bytes(&path).expect("segment bytes");
+    assert_eq!(pristine.len() as u64, len, "a rewritten segment is exactly as long as its frames");
+    let dir = std::path::Path::new(common::DIR);
+    let files: Vec<(std::path::PathBuf, Vec<u8>)> = sim
+        .file_names(dir)
+        .into_iter()
+        .map(|name| (dir.join(&name), sim.durable_bytes(&dir.join(name)).expect("durable")))
+        .collect();
+    let (mut refused, mut read_back) = (0, 0);
+    for at in 0..pristine.len() {
+        for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::SkipCorrupted] {
+            let damaged = SimStorage::new(9);
+            damaged.create_dir_all(dir).expect("mkdir");
+            for (file_path, bytes) in &files {
+                let file = damaged.open(file_path, OpenMode::CreateNew).expect("create");
+                file.write_all_at(bytes, 0).expect("write");
+                file.sync_data().expect("sync");
+            }
+            damaged.sync_dir(dir).expect("sync dir");
+            damaged.overwrite(&path, at as u64, &[pristine[at] ^ 0x01]);
+            let context = format!("flip at {at} in {mode:?}");
+            let log = match continuum::Log::builder(common::DIR)
+                .storage(std::sync::Arc::new(damaged))
+                .segment_bytes(SEGMENT_BYTES)
+                .recovery_mode(mode)
+                .open()
+            {
+                Ok(log) => log,
+                Err(Error::Corruption { segment, .. }) => {
+                    assert_eq!(segment, path, "{context}: the error names the damaged segment");
+                    refused += 1;
+                    continue;
+                }
+                Err(other) => panic!("{context}: {other}"),
+            };
+            let skipped = !log.recovery_report().lost_lsns.is_empty() || !log.recovery_report().skipped.is_empty();
+            for (lsn, want) in &expected {
+                match log.read(Lsn::new(*lsn)) {
+                    Ok(Some(got)) => assert_eq!(Some(got.to_vec()), *want, "{context}: LSN {lsn}"),
+                    Ok(None) => assert!(skipped, "{context}: LSN {lsn} lost without a report"),
+                    Err(Error::Corruption { .. }) => {}
+                    Err(other) => panic!("{context}: read {lsn}: {other}"),
+                }
+            }
+            read_back += 1;
+        }
+    }
+    eprintln!("compressed segment: {} flips × 3 modes: {refused} opens refused, {read_back} read back", pristine.len());
+    assert!(refused > 0);
 }

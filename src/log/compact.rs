@@ -43,6 +43,50 @@ pub enum Rewrite {
     Replace(Vec<u8>),
 }
 
+/// How [`Log::rewrite_segment_with`] writes the new segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RewriteOptions {
+    /// Compress the kept records (format version 2, `FORMAT.md` §5a); `None` writes plain
+    /// frames (format version 1).
+    pub compression: Option<FrameCompression>,
+}
+
+/// Compression of a rewritten segment's frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameCompression {
+    /// zstd level, 1..=22.
+    pub level: i32,
+    /// Uncompressed bytes of records per frame, `FRAME_COMPRESSION_BYTES_MIN..=
+    /// FRAME_COMPRESSION_BYTES_MAX` (a read of one record inflates its whole frame).
+    pub frame_bytes: usize,
+}
+
+/// Smallest [`FrameCompression::frame_bytes`].
+pub const FRAME_COMPRESSION_BYTES_MIN: usize = 4 * 1024;
+/// Largest [`FrameCompression::frame_bytes`].
+pub const FRAME_COMPRESSION_BYTES_MAX: usize = 4 * 1024 * 1024;
+const _: () = assert!(FRAME_COMPRESSION_BYTES_MAX <= limits::BATCH_BYTES_MAX as usize);
+
+impl FrameCompression {
+    /// Checks the level and frame size.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the value out of range.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=22).contains(&self.level) {
+            return Err(Error::InvalidConfig { reason: format!("zstd level {} is not in 1..=22", self.level) });
+        }
+        if !(FRAME_COMPRESSION_BYTES_MIN..=FRAME_COMPRESSION_BYTES_MAX).contains(&self.frame_bytes) {
+            let reason = format!(
+                "compressed frames of {} bytes: not in {FRAME_COMPRESSION_BYTES_MIN}..={FRAME_COMPRESSION_BYTES_MAX}",
+                self.frame_bytes
+            );
+            return Err(Error::InvalidConfig { reason });
+        }
+        Ok(())
+    }
+}
+
 /// What [`Log::rewrite_segment`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RewriteReport {
@@ -70,17 +114,35 @@ impl Log {
     pub fn rewrite_segment(
         &self,
         first_lsn: Lsn,
+        decide: impl FnMut(Lsn, &Bytes) -> Result<Rewrite>,
+    ) -> Result<RewriteReport> {
+        self.rewrite_segment_with(first_lsn, RewriteOptions::default(), decide)
+    }
+
+    /// [`Log::rewrite_segment`], writing the new segment as `options` say: with compressed
+    /// frames, records are read back exactly as before (each read of a record inflates its
+    /// frame).
+    ///
+    /// # Errors
+    /// As [`Log::rewrite_segment`]; [`Error::InvalidConfig`] for a compression out of range.
+    pub fn rewrite_segment_with(
+        &self,
+        first_lsn: Lsn,
+        options: RewriteOptions,
         mut decide: impl FnMut(Lsn, &Bytes) -> Result<Rewrite>,
     ) -> Result<RewriteReport> {
+        if let Some(compression) = &options.compression {
+            compression.validate()?;
+        }
         let _one_at_a_time = self.inner.truncating.lock();
         let meta = self.sealed_meta(first_lsn.get())?;
-        let header = compacted_header(&meta)?;
+        let header = SegmentHeader { compressed: options.compression.is_some(), ..compacted_header(&meta)? };
         let storage = self.inner.storage.as_ref();
         let temp =
             self.inner.dir.join(format!("{}.compact{}", segment::file_name(header.first_lsn), segment::TEMP_SUFFIX));
         let _ = storage.remove_file(&temp);
         let file = storage.open(&temp, OpenMode::CreateNew).map_err(|e| Error::io("create", &temp, e))?;
-        let mut out = SegmentWriter::new(Arc::clone(&file), &temp, header);
+        let mut out = SegmentWriter::new(Arc::clone(&file), &temp, header, options.compression)?;
         let written = copy_records(&meta, &mut out, &mut decide).and_then(|mut report| {
             out.finish()?;
             report.bytes_before = meta.data_end;
@@ -106,6 +168,7 @@ impl Log {
             skips: Arc::new(Vec::new()),
             bytes: SegmentBytes::mapped(view),
             next_lsn: header.end_lsn,
+            compressed: header.compressed,
             ..meta
         };
         let mut index = self.inner.index.write();
@@ -180,13 +243,25 @@ struct SegmentWriter {
     offset: u64,
     sparse: Vec<SparseEntry>,
     last_indexed: Option<u64>,
+    /// The compressor of a compressed rewrite, and its frames' uncompressed size.
+    compressor: Option<zstd::bulk::Compressor<'static>>,
+    frame_bytes: usize,
 }
 
 impl SegmentWriter {
-    fn new(file: Arc<dyn StorageFile>, path: &Path, header: SegmentHeader) -> Self {
+    fn new(
+        file: Arc<dyn StorageFile>,
+        path: &Path,
+        header: SegmentHeader,
+        compression: Option<FrameCompression>,
+    ) -> Result<Self> {
         let mut buf = Vec::with_capacity(REWRITE_WRITE_BYTES);
         buf.extend_from_slice(&header.encode());
-        Self {
+        let compressor = match compression {
+            Some(compression) => Some(compressor(compression.level).map_err(|e| Error::io("zstd", path, e))?),
+            None => None,
+        };
+        Ok(Self {
             file,
             path: path.to_path_buf(),
             salt: header.salt(),
@@ -198,12 +273,14 @@ impl SegmentWriter {
             offset: SEGMENT_HEADER_BYTES as u64,
             sparse: Vec::new(),
             last_indexed: None,
-        }
+            compressor,
+            frame_bytes: compression.map_or(REWRITE_FRAME_BYTES, |c| c.frame_bytes),
+        })
     }
 
     fn push(&mut self, lsn: u64, record: Bytes) -> Result<()> {
         let contiguous = self.pending_first + self.pending.len() as u64 == lsn;
-        if !self.pending.is_empty() && (!contiguous || self.pending_bytes + record.len() > REWRITE_FRAME_BYTES) {
+        if !self.pending.is_empty() && (!contiguous || self.pending_bytes + record.len() > self.frame_bytes) {
             self.seal_frame()?;
         }
         if self.pending.is_empty() {
@@ -218,7 +295,10 @@ impl SegmentWriter {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let mut batch = EncodedBatch::encode(&self.pending)?;
+        let mut batch = match &mut self.compressor {
+            Some(compressor) => EncodedBatch::encode_compressed(&self.pending, compressor)?,
+            None => EncodedBatch::encode(&self.pending)?,
+        };
         if self.last_indexed.is_none_or(|at| self.offset - at >= limits::SPARSE_INDEX_STRIDE_BYTES) {
             self.sparse.push(SparseEntry { lsn: self.pending_first, offset: self.offset });
             self.last_indexed = Some(self.offset);
@@ -248,4 +328,13 @@ impl SegmentWriter {
         self.seal_frame()?;
         self.write_buf()
     }
+}
+
+/// A zstd compressor at `level` whose frames carry no checksum (the frame's CRC-32 covers
+/// them) and no dictionary id.
+fn compressor(level: i32) -> std::io::Result<zstd::bulk::Compressor<'static>> {
+    let mut compressor = zstd::bulk::Compressor::new(level)?;
+    compressor.include_checksum(false)?;
+    compressor.include_dictid(false)?;
+    Ok(compressor)
 }

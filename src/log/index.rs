@@ -46,6 +46,8 @@ pub(crate) struct SegmentMeta {
     pub seq: u64,
     /// Salt of the segment's frame checksums.
     pub salt: u64,
+    /// Whether compressed frames may appear (a format-version-2 rewrite).
+    pub compressed: bool,
     pub first_lsn: u64,
     /// LSN after the last published record.
     pub next_lsn: u64,
@@ -96,13 +98,16 @@ pub(crate) struct ReadBatch {
     pub payload: Bytes,
 }
 
-/// Walks a segment's frames from an offset, verifying each one again as it is read.
+/// Walks a segment's frames from an offset, verifying each one again as it is read; a
+/// compressed frame's records are inflated into a buffer of their own.
 #[derive(Debug)]
 pub(crate) struct FrameCursor {
     meta: SegmentMeta,
     pos: u64,
     window: Bytes,
     window_start: u64,
+    /// The records of the last frame read, when it was compressed.
+    inflated: Option<Bytes>,
     /// Bytes the next positioned read fetches: small for point reads, doubling as a scan goes
     /// on, up to `READ_CHUNK_BYTES_MAX`.
     window_bytes: usize,
@@ -112,7 +117,7 @@ impl FrameCursor {
     /// A cursor at the indexed frame at or before `lsn`.
     pub fn seek(meta: SegmentMeta, lsn: u64) -> Self {
         let pos = meta.seek_offset(lsn);
-        Self { meta, pos, window: Bytes::new(), window_start: 0, window_bytes: READ_WINDOW_BYTES_MIN }
+        Self { meta, pos, window: Bytes::new(), window_start: 0, inflated: None, window_bytes: READ_WINDOW_BYTES_MIN }
     }
 
     /// The next frame, or `None` at the published end. The frame is verified in place; only
@@ -123,33 +128,51 @@ impl FrameCursor {
         Ok(Some(ReadBatch { first_lsn: frame.first_lsn, record_count: frame.record_count, payload }))
     }
 
-    /// The next frame, verified in place, or `None` at the published end; its payload is at
-    /// `payload` of [`FrameCursor::source`] until the next call.
+    /// The next frame, verified in place, or `None` at the published end; its payload (for a
+    /// compressed frame: its inflated records) is at `payload` of [`FrameCursor::source`] until
+    /// the next call.
     pub fn next_frame(&mut self) -> Result<Option<FrameAt>> {
         self.skip_gap();
+        self.inflated = None;
         if self.pos >= self.meta.data_end {
             return Ok(None);
         }
         let (pos, salt) = (self.pos, self.meta.salt);
         let header = record::decode_header(self.fetch(pos, FRAME_HEADER_BYTES)?, salt);
         let header = header.map_err(|_| self.meta.corruption(pos, "frame header does not verify"))?;
-        let frame = record::decode_frame(self.fetch(pos, header.frame_len())?, salt).map(|frame| frame.payload.len());
-        let payload_len = frame.map_err(|_| self.meta.corruption(pos, "frame does not verify"))?;
-        let start = match &self.meta.bytes {
-            SegmentBytes::Mapped(_) => pos as usize,
-            SegmentBytes::Active(_) => (pos - self.window_start) as usize,
-        } + FRAME_HEADER_BYTES;
+        if header.is_compressed() && !self.meta.compressed {
+            return Err(self.meta.corruption(pos, "a compressed frame in a segment of format version 1"));
+        }
+        let frame = record::decode_frame(self.fetch(pos, header.frame_len())?, salt)
+            .and_then(|frame| match frame.header.is_compressed() {
+                true => record::inflate(&frame).map(Some),
+                false => Ok(None),
+            })
+            .map_err(|_| self.meta.corruption(pos, "frame does not verify"))?;
+        let payload = match frame {
+            Some(records) => {
+                let len = records.len();
+                self.inflated = Some(Bytes::from(records));
+                0..len
+            }
+            None => {
+                let start = match &self.meta.bytes {
+                    SegmentBytes::Mapped(_) => pos as usize,
+                    SegmentBytes::Active(_) => (pos - self.window_start) as usize,
+                } + FRAME_HEADER_BYTES;
+                start..start + header.payload_len as usize
+            }
+        };
         self.pos += header.frame_len() as u64;
-        Ok(Some(FrameAt {
-            first_lsn: header.first_lsn,
-            record_count: header.record_count,
-            payload: start..start + payload_len,
-        }))
+        Ok(Some(FrameAt { first_lsn: header.first_lsn, record_count: header.record_count, payload }))
     }
 
-    /// The bytes the last frame's `payload` range indexes: the mapped segment, or the read
-    /// window of the active one.
+    /// The bytes the last frame's `payload` range indexes: the mapped segment, the read window
+    /// of the active one, or the inflated records of a compressed frame.
     pub fn source(&self) -> &Bytes {
+        if let Some(inflated) = &self.inflated {
+            return inflated;
+        }
         match &self.meta.bytes {
             SegmentBytes::Mapped(all) => all,
             SegmentBytes::Active(_) => &self.window,

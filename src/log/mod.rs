@@ -29,7 +29,9 @@ use index::SegmentIndex;
 use record::EncodedBatch;
 use writer::Writer;
 
-pub use compact::{Rewrite, RewriteReport};
+pub use compact::{
+    FRAME_COMPRESSION_BYTES_MAX, FRAME_COMPRESSION_BYTES_MIN, FrameCompression, Rewrite, RewriteOptions, RewriteReport,
+};
 pub(crate) use iter::{HeldRange, HeldSources};
 pub use iter::{LogIter, RecordRef};
 pub use recovery::{InvalidRange, RecoveryReport};
@@ -124,6 +126,8 @@ pub struct SegmentInfo {
     pub data_bytes: u64,
     /// Whether the segment is sealed (every segment but the last is).
     pub sealed: bool,
+    /// Whether compaction rewrote it with compressed frames (format version 2).
+    pub compressed: bool,
 }
 
 /// Builds a [`Log`]: `Log::builder(dir).segment_bytes(…).open()?`.
@@ -448,6 +452,7 @@ impl Log {
                 next_lsn: Lsn(meta.next_lsn),
                 data_bytes: meta.data_end,
                 sealed: i < last,
+                compressed: meta.compressed,
             })
             .collect()
     }

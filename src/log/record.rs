@@ -4,7 +4,8 @@
 //! frame   := header payload padding
 //! header  := header_crc:u32 payload_crc:u32 payload_len:u32 kind:u8 flags:u8 reserved:u16
 //!            first_lsn:u64 record_count:u32 synced_through:u32    (32 bytes, little-endian)
-//! payload := (record_len:u32 record_bytes)*                       (record_count times)
+//! payload := (record_len:u32 record_bytes)*                       (kind 1: record_count times)
+//!          | raw_len:u32 zstd_frame                                (kind 2: the kind-1 payload, compressed)
 //! padding := 0x00{0..7}                                           (frame length is a multiple of 8)
 //! ```
 //!
@@ -21,8 +22,13 @@ use crate::limits;
 pub(crate) const FRAME_HEADER_BYTES: usize = 32;
 /// Frames start and end at multiples of this many bytes inside a segment.
 pub(crate) const FRAME_ALIGN_BYTES: usize = 8;
-/// The only batch kind of format version 1: a batch of opaque records.
+/// A batch of opaque records (the only kind the writer writes).
 pub(crate) const KIND_RECORDS: u8 = 1;
+/// A batch of records compressed as one zstd frame: written only by compaction, into
+/// segments of format version 2 (`FORMAT.md` §5a).
+pub(crate) const KIND_COMPRESSED_RECORDS: u8 = 2;
+/// Bytes before the zstd frame of a compressed payload: the length of the records it holds.
+pub(crate) const RAW_LEN_BYTES: usize = 4;
 
 // Header field offsets; the layout is the table in the module docs.
 const HEADER_CRC_AT: usize = 0;
@@ -53,6 +59,8 @@ pub(crate) enum FrameError {
 /// A decoded, verified frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FrameHeader {
+    /// [`KIND_RECORDS`] or [`KIND_COMPRESSED_RECORDS`].
+    pub kind: u8,
     pub payload_len: u32,
     pub first_lsn: u64,
     pub record_count: u32,
@@ -70,6 +78,11 @@ impl FrameHeader {
     pub fn next_lsn(&self) -> u64 {
         self.first_lsn + u64::from(self.record_count)
     }
+
+    /// Whether the payload is compressed (kind 2): its records must be inflated to be read.
+    pub fn is_compressed(&self) -> bool {
+        self.kind == KIND_COMPRESSED_RECORDS
+    }
 }
 
 /// Frame length for a payload of `payload_len` bytes.
@@ -82,6 +95,7 @@ pub(crate) fn frame_len_for(payload_len: usize) -> usize {
 #[derive(Debug)]
 pub(crate) struct EncodedBatch {
     frame: Vec<u8>,
+    kind: u8,
     payload_len: u32,
     record_count: u32,
     payload_crc: u32,
@@ -103,7 +117,30 @@ impl EncodedBatch {
         frame.resize(frame_len_for(payload_len), 0);
         let record_count = u32::try_from(records.len()).expect("record count was checked against BATCH_RECORDS_MAX");
         let payload_len = u32::try_from(payload_len).expect("payload length was checked against BATCH_BYTES_MAX");
-        Ok(Self { frame, payload_len, record_count, payload_crc })
+        Ok(Self { frame, kind: KIND_RECORDS, payload_len, record_count, payload_crc })
+    }
+
+    /// Encodes `records` as one compressed frame (kind 2) with `compressor`, or as a plain
+    /// frame if compression would not make it smaller.
+    pub fn encode_compressed<R: AsRef<[u8]>>(
+        records: &[R],
+        compressor: &mut zstd::bulk::Compressor<'_>,
+    ) -> crate::Result<Self> {
+        let plain = Self::encode(records)?;
+        let raw = &plain.frame[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + plain.payload_len as usize];
+        let Ok(compressed) = compressor.compress(raw) else { return Ok(plain) };
+        if RAW_LEN_BYTES + compressed.len() >= raw.len() {
+            return Ok(plain);
+        }
+        let payload_len = RAW_LEN_BYTES + compressed.len();
+        let mut frame = Vec::with_capacity(frame_len_for(payload_len));
+        frame.resize(FRAME_HEADER_BYTES, 0);
+        frame.extend_from_slice(&plain.payload_len.to_le_bytes());
+        frame.extend_from_slice(&compressed);
+        let payload_crc = crc32(&frame[FRAME_HEADER_BYTES..]);
+        frame.resize(frame_len_for(payload_len), 0);
+        let payload_len = u32::try_from(payload_len).expect("smaller than the plain payload");
+        Ok(Self { frame, kind: KIND_COMPRESSED_RECORDS, payload_len, record_count: plain.record_count, payload_crc })
     }
 
     /// Records in the batch.
@@ -123,7 +160,7 @@ impl EncodedBatch {
         let header = &mut self.frame[..FRAME_HEADER_BYTES];
         header[PAYLOAD_CRC_AT..PAYLOAD_LEN_AT].copy_from_slice(&self.payload_crc.to_le_bytes());
         header[PAYLOAD_LEN_AT..KIND_AT].copy_from_slice(&payload_len.to_le_bytes());
-        header[KIND_AT] = KIND_RECORDS;
+        header[KIND_AT] = self.kind;
         header[FLAGS_AT] = 0;
         header[RESERVED_16_AT..FIRST_LSN_AT].fill(0);
         header[FIRST_LSN_AT..RECORD_COUNT_AT].copy_from_slice(&first_lsn.to_le_bytes());
@@ -174,7 +211,8 @@ pub(crate) fn decode_header(bytes: &[u8], salt: u64) -> Result<FrameHeader, Fram
     if header.iter().all(|&b| b == 0) {
         return Err(FrameError::Zeroed);
     }
-    if header[KIND_AT] != KIND_RECORDS {
+    let kind = header[KIND_AT];
+    if kind != KIND_RECORDS && kind != KIND_COMPRESSED_RECORDS {
         return Err(FrameError::BadHeader("unknown batch kind"));
     }
     if header[FLAGS_AT] != 0 || header[RESERVED_16_AT..FIRST_LSN_AT] != [0, 0] {
@@ -184,6 +222,7 @@ pub(crate) fn decode_header(bytes: &[u8], salt: u64) -> Result<FrameHeader, Fram
         return Err(FrameError::BadHeader("header checksum mismatch"));
     }
     let parsed = FrameHeader {
+        kind,
         payload_len: read_u32_le(header, PAYLOAD_LEN_AT),
         first_lsn: read_u64_le(header, FIRST_LSN_AT),
         record_count: read_u32_le(header, RECORD_COUNT_AT),
@@ -196,8 +235,11 @@ pub(crate) fn decode_header(bytes: &[u8], salt: u64) -> Result<FrameHeader, Fram
     {
         return Err(FrameError::BadHeader("field out of bounds"));
     }
-    if u64::from(parsed.record_count) * 4 > u64::from(parsed.payload_len) {
+    if kind == KIND_RECORDS && u64::from(parsed.record_count) * 4 > u64::from(parsed.payload_len) {
         return Err(FrameError::BadHeader("more records than the payload can hold"));
+    }
+    if kind == KIND_COMPRESSED_RECORDS && parsed.payload_len as usize <= RAW_LEN_BYTES {
+        return Err(FrameError::BadHeader("a compressed payload without a zstd frame"));
     }
     if parsed.first_lsn.checked_add(u64::from(parsed.record_count)).is_none() {
         return Err(FrameError::BadHeader("LSN overflow"));
@@ -206,7 +248,8 @@ pub(crate) fn decode_header(bytes: &[u8], salt: u64) -> Result<FrameHeader, Fram
 }
 
 /// Decodes and verifies the whole frame at the start of `bytes`: header, payload checksum and
-/// record framing.
+/// record framing. A compressed frame's records are framed inside its zstd frame: for it the
+/// stated uncompressed length is checked here, the records by [`inflate`].
 pub(crate) fn decode_frame(bytes: &[u8], salt: u64) -> Result<Frame<'_>, FrameError> {
     let header = decode_header(bytes, salt)?;
     let Some(frame) = bytes.get(..header.frame_len()) else {
@@ -220,8 +263,29 @@ pub(crate) fn decode_frame(bytes: &[u8], salt: u64) -> Result<Frame<'_>, FrameEr
         return Err(FrameError::BadPayload("padding is not zero"));
     }
     let verified = Frame { header, payload };
-    check_records(&verified)?;
+    if header.is_compressed() {
+        let raw_len = read_u32_le(payload, 0);
+        if raw_len > limits::BATCH_BYTES_MAX || u64::from(header.record_count) * 4 > u64::from(raw_len) {
+            return Err(FrameError::BadPayload("compressed records' length out of bounds"));
+        }
+    } else {
+        check_records(&verified)?;
+    }
     Ok(verified)
+}
+
+/// The records payload of a verified compressed frame: decompressed into a buffer of exactly
+/// the length the frame states (at most `BATCH_BYTES_MAX`; zstd fails rather than write more),
+/// then checked as a plain frame's payload is.
+pub(crate) fn inflate(frame: &Frame<'_>) -> Result<Vec<u8>, FrameError> {
+    let raw_len = read_u32_le(frame.payload, 0) as usize;
+    let raw = zstd::bulk::decompress(&frame.payload[RAW_LEN_BYTES..], raw_len)
+        .map_err(|_| FrameError::BadPayload("compressed records do not decompress"))?;
+    if raw.len() != raw_len {
+        return Err(FrameError::BadPayload("compressed records decompress to another length"));
+    }
+    check_records(&Frame { header: frame.header, payload: &raw })?;
+    Ok(raw)
 }
 
 fn check_records(frame: &Frame<'_>) -> Result<(), FrameError> {

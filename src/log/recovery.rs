@@ -23,7 +23,7 @@ use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
 use crate::log::index::{SegmentBytes, SegmentIndex, SegmentMeta, SparseEntry};
-use crate::log::record::{self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_RECORDS};
+use crate::log::record::{self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_COMPRESSED_RECORDS, KIND_RECORDS};
 use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader, TEMP_SUFFIX};
 use crate::storage::{OpenMode, ReadView, Storage, StorageFile, WriteMap};
 use rayon::prelude::*;
@@ -154,6 +154,7 @@ fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> R
         segment_bytes: config.segment_bytes,
         store_id: segment::new_store_id(),
         end_lsn: 0,
+        compressed: false,
     };
     let created = segment::create(storage, dir, header)?;
     let active = ActiveState::new(header, created.path, created.file, SEGMENT_HEADER_BYTES as u64, 1);
@@ -174,6 +175,7 @@ pub(crate) fn active_meta(active: &ActiveState, sparse: Vec<SparseEntry>, skips:
     SegmentMeta {
         seq: active.header.seq,
         salt: active.header.salt(),
+        compressed: false,
         first_lsn: active.header.first_lsn,
         next_lsn: active.next_lsn,
         data_end: active.data_end,
@@ -247,6 +249,7 @@ fn sealed_meta(header: SegmentHeader, path: &Path, scan: SegmentScan, bytes: Seg
     SegmentMeta {
         seq: header.seq,
         salt: header.salt(),
+        compressed: header.compressed,
         first_lsn: header.first_lsn,
         next_lsn: scan.next_lsn,
         data_end: scan.data_end,
@@ -337,6 +340,10 @@ fn scan_segment(
     }
     loop {
         match valid_frame_at(bytes, at, salt) {
+            Some(frame) if frame.is_compressed() && !header.compressed => {
+                let reason = "a compressed frame in a segment of format version 1";
+                return Err(corruption(path, at as u64, CorruptionKind::BadBatch { reason }));
+            }
             Some(frame) if follows(header, scan.next_lsn, &frame) => {
                 if last_indexed.is_none_or(|i| (at - i) as u64 >= limits::SPARSE_INDEX_STRIDE_BYTES) {
                     scan.sparse.push(SparseEntry { lsn: frame.first_lsn, offset: at as u64 });
@@ -453,7 +460,8 @@ fn find_next_valid(bytes: &[u8], from: usize, salt: u64, next_lsn: u64) -> Optio
     let mut at = from.next_multiple_of(FRAME_ALIGN_BYTES);
     while at + FRAME_HEADER_BYTES <= bytes.len() {
         // Cheap filters before any checksum: the kind byte and the reserved bytes.
-        let plausible = bytes[at + 12] == KIND_RECORDS && bytes[at + 13] == 0 && bytes[at + 14..at + 16] == [0; 2];
+        let kind = bytes[at + 12];
+        let plausible = (kind == KIND_RECORDS || kind == KIND_COMPRESSED_RECORDS) && bytes[at + 13] == 0 && bytes[at + 14..at + 16] == [0; 2];
         if plausible && valid_frame_at(bytes, at, salt).is_some_and(|frame| frame.first_lsn >= next_lsn) {
             return Some(at);
         }

@@ -23,8 +23,12 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 pub(crate) const SEGMENT_HEADER_BYTES: usize = 64;
 /// First bytes of every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"CONTLOG\0";
-/// The on-disk format this code writes and reads.
+/// The format of a segment the writer creates (and of a plain compaction rewrite).
 pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The format of a segment compaction rewrote with compressed frames (`FORMAT.md` §5a): the
+/// same layout, and frames of kind 2 may appear. A reader that knows only version 1 refuses it
+/// rather than misread it.
+pub(crate) const FORMAT_VERSION_COMPRESSED: u32 = 2;
 /// Suffix of segment files.
 pub(crate) const SEGMENT_SUFFIX: &str = ".seg";
 /// Suffix of files being created; recovery deletes leftovers.
@@ -59,6 +63,8 @@ pub(crate) struct SegmentHeader {
     /// 0 for a segment the writer created. For a segment rewritten by compaction: the LSN after
     /// the last record of the segment it replaced; its frames may skip LSNs below it.
     pub end_lsn: u64,
+    /// Whether compaction rewrote the segment with compressed frames (format version 2).
+    pub compressed: bool,
 }
 
 impl SegmentHeader {
@@ -66,7 +72,8 @@ impl SegmentHeader {
     pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
         let mut bytes = [0u8; SEGMENT_HEADER_BYTES];
         bytes[MAGIC_AT..VERSION_AT].copy_from_slice(&SEGMENT_MAGIC);
-        bytes[VERSION_AT..HEADER_BYTES_AT].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let version = if self.compressed { FORMAT_VERSION_COMPRESSED } else { FORMAT_VERSION };
+        bytes[VERSION_AT..HEADER_BYTES_AT].copy_from_slice(&version.to_le_bytes());
         let header_bytes = SEGMENT_HEADER_BYTES as u32;
         bytes[HEADER_BYTES_AT..SEQ_AT].copy_from_slice(&header_bytes.to_le_bytes());
         bytes[SEQ_AT..FIRST_LSN_AT].copy_from_slice(&self.seq.to_le_bytes());
@@ -90,9 +97,11 @@ impl SegmentHeader {
         if read_u32_le(bytes, HEADER_CRC_AT) != crc32fast::hash(&bytes[..HEADER_CRC_AT]) {
             return Err("header checksum mismatch");
         }
-        if read_u32_le(bytes, VERSION_AT) != FORMAT_VERSION {
-            return Err("unsupported format version");
-        }
+        let compressed = match read_u32_le(bytes, VERSION_AT) {
+            FORMAT_VERSION => false,
+            FORMAT_VERSION_COMPRESSED => true,
+            _ => return Err("unsupported format version"),
+        };
         if read_u32_le(bytes, HEADER_BYTES_AT) as usize != SEGMENT_HEADER_BYTES {
             return Err("unsupported header size");
         }
@@ -105,12 +114,16 @@ impl SegmentHeader {
             segment_bytes: read_u64_le(bytes, SEGMENT_BYTES_AT),
             store_id: read_u64_le(bytes, STORE_ID_AT),
             end_lsn: read_u64_le(bytes, END_LSN_AT),
+            compressed,
         };
         if header.first_lsn == 0 || header.seq == 0 {
             return Err("sequence or first LSN is zero");
         }
         if header.end_lsn != 0 && header.end_lsn < header.first_lsn {
             return Err("end LSN is below the first LSN");
+        }
+        if header.compressed && header.end_lsn == 0 {
+            return Err("only a compaction rewrite may hold compressed frames");
         }
         if header.segment_bytes < crate::limits::SEGMENT_BYTES_MIN
             || header.segment_bytes > crate::limits::SEGMENT_BYTES_MAX
@@ -209,13 +222,13 @@ mod tests {
 
     #[test]
     fn header_round_trips() {
-        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 0 };
+        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 0, compressed: false };
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
     }
 
     #[test]
     fn compacted_header_round_trips() {
-        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 2000 };
+        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 2000, compressed: false };
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
         assert!(header.is_compacted());
         let backwards = SegmentHeader { end_lsn: 1000, ..header };
@@ -225,7 +238,7 @@ mod tests {
     #[test]
     fn every_flipped_header_byte_is_refused() {
         let bytes =
-            SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 0 }.encode();
+            SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 0, compressed: false }.encode();
         for at in 0..bytes.len() {
             let mut damaged = bytes;
             damaged[at] ^= 0x40;

@@ -470,6 +470,7 @@ impl Writer {
             segment_bytes: self.segment_bytes,
             store_id: leader.active.header.store_id,
             end_lsn: 0,
+            compressed: false,
         };
         let sealed_view =
             leader.active.file.view().map_err(|e| GroupError::poisoning(Error::io("map", &leader.active.path, e)))?;
