@@ -271,7 +271,7 @@ fn flips_in_a_compressed_segment_are_never_returned() {
         .map(|name| (dir.join(&name), sim.durable_bytes(&dir.join(name)).expect("durable")))
         .collect();
     let (mut refused, mut read_back) = (0, 0);
-    for at in 0..pristine.len() {
+    for (at, &byte) in pristine.iter().enumerate() {
         for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::SkipCorrupted] {
             let damaged = SimStorage::new(9);
             damaged.create_dir_all(dir).expect("mkdir");
@@ -281,7 +281,7 @@ fn flips_in_a_compressed_segment_are_never_returned() {
                 file.sync_data().expect("sync");
             }
             damaged.sync_dir(dir).expect("sync dir");
-            damaged.overwrite(&path, at as u64, &[pristine[at] ^ 0x01]);
+            damaged.overwrite(&path, at as u64, &[byte ^ 0x01]);
             let context = format!("flip at {at} in {mode:?}");
             let log = match continuum::Log::builder(common::DIR)
                 .storage(std::sync::Arc::new(damaged))

@@ -23,7 +23,9 @@ use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
 use crate::log::index::{SegmentBytes, SegmentIndex, SegmentMeta, SparseEntry};
-use crate::log::record::{self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_COMPRESSED_RECORDS, KIND_RECORDS};
+use crate::log::record::{
+    self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_COMPRESSED_RECORDS, KIND_RECORDS,
+};
 use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader, TEMP_SUFFIX};
 use crate::storage::{OpenMode, ReadView, Storage, StorageFile, WriteMap};
 use rayon::prelude::*;
@@ -461,7 +463,9 @@ fn find_next_valid(bytes: &[u8], from: usize, salt: u64, next_lsn: u64) -> Optio
     while at + FRAME_HEADER_BYTES <= bytes.len() {
         // Cheap filters before any checksum: the kind byte and the reserved bytes.
         let kind = bytes[at + 12];
-        let plausible = (kind == KIND_RECORDS || kind == KIND_COMPRESSED_RECORDS) && bytes[at + 13] == 0 && bytes[at + 14..at + 16] == [0; 2];
+        let plausible = (kind == KIND_RECORDS || kind == KIND_COMPRESSED_RECORDS)
+            && bytes[at + 13] == 0
+            && bytes[at + 14..at + 16] == [0; 2];
         if plausible && valid_frame_at(bytes, at, salt).is_some_and(|frame| frame.first_lsn >= next_lsn) {
             return Some(at);
         }

@@ -222,13 +222,27 @@ mod tests {
 
     #[test]
     fn header_round_trips() {
-        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 0, compressed: false };
+        let header = SegmentHeader {
+            seq: 7,
+            first_lsn: 1234,
+            segment_bytes: 1 << 20,
+            store_id: 99,
+            end_lsn: 0,
+            compressed: false,
+        };
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
     }
 
     #[test]
     fn compacted_header_round_trips() {
-        let header = SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 2000, compressed: false };
+        let header = SegmentHeader {
+            seq: 7,
+            first_lsn: 1234,
+            segment_bytes: 1 << 20,
+            store_id: 99,
+            end_lsn: 2000,
+            compressed: false,
+        };
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
         assert!(header.is_compacted());
         let backwards = SegmentHeader { end_lsn: 1000, ..header };
@@ -237,8 +251,15 @@ mod tests {
 
     #[test]
     fn every_flipped_header_byte_is_refused() {
-        let bytes =
-            SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn: 0, compressed: false }.encode();
+        let bytes = SegmentHeader {
+            seq: 7,
+            first_lsn: 1234,
+            segment_bytes: 1 << 20,
+            store_id: 99,
+            end_lsn: 0,
+            compressed: false,
+        }
+        .encode();
         for at in 0..bytes.len() {
             let mut damaged = bytes;
             damaged[at] ^= 0x40;
