@@ -27,7 +27,7 @@ fn open(dir: &Path) -> Store {
         .segment_bytes(SEGMENT_BYTES)
         .snapshot_policy(SnapshotPolicy { every_atoms: 50, every: Duration::from_secs(600) })
         .retention(RetentionPolicy { snapshots_per_agent: 5, finished_run_age: None })
-        .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None })
+        .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None, ..CompactionPolicy::default() })
         .open()
         .expect("open")
 }

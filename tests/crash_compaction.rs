@@ -5,7 +5,8 @@
 //! target), the dropped run is either wholly there or wholly gone, and once a round has
 //! returned, nothing it removed comes back. A second test runs a round that only strips deltas
 //! (no run is dropped) of a store with an index checkpoint, which the round deletes and then
-//! writes again patched, and crashes it after every I/O call in the same way.
+//! writes again patched, and crashes it after every I/O call in the same way. Both rounds also
+//! compress every sealed segment (cold compression, on by default).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -40,7 +41,7 @@ fn open_for(sim: &SimStorage, round: Round) -> continuum::Result<Store> {
         .segment_bytes(SEGMENT_BYTES)
         .snapshot_policy(SnapshotPolicy { every_atoms: 6, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: age })
-        .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None })
+        .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None, ..CompactionPolicy::default() })
         .index_checkpoint_after(u64::MAX)
         .background(false)
         .open()
@@ -145,6 +146,9 @@ fn a_crash_anywhere_in_compaction_loses_nothing_live_and_revives_nothing_dead() 
         let report = w.store.compact().expect("compact");
         assert_eq!(report.runs_dropped, 1);
         assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
+        // Cold compression (the default) rewrote every segment with compressed frames.
+        assert_eq!(report.segments_compressed, report.segments_rewritten, "{report:?}");
+        assert!(w.store.log().segments().iter().filter(|s| s.sealed && s.data_bytes > 64).all(|s| s.compressed));
         check(&w.store, &w, "without a crash");
         w.sim.op_count() - before
     };
@@ -190,6 +194,9 @@ fn a_crash_anywhere_in_a_round_that_patches_the_index_checkpoint_loses_nothing()
         let report = w.store.compact().expect("compact");
         assert_eq!(report.runs_dropped, 0);
         assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
+        // Cold compression (the default) rewrote every segment with compressed frames.
+        assert_eq!(report.segments_compressed, report.segments_rewritten, "{report:?}");
+        assert!(w.store.log().segments().iter().filter(|s| s.sealed && s.data_bytes > 64).all(|s| s.compressed));
         assert_eq!(w.store.index_checkpoint().covered, Some(covered), "the round patched the checkpoint");
         check(&w.store, &w, "without a crash");
         w.sim.op_count() - before

@@ -390,6 +390,25 @@ impl Codec {
         self.decompress(dictionary, envelope.body, uncompressed_len).map(std::borrow::Cow::Owned)
     }
 
+    /// The record `bytes` with its body stored plain (decompressed, the envelope otherwise
+    /// unchanged); `None` if it is stored plain already. Cold compression stores records so,
+    /// because a block of plain records compresses far better than records compressed one by
+    /// one.
+    ///
+    /// # Errors
+    /// A [`CodecError`] for a malformed envelope or body.
+    pub fn plain(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, CodecError> {
+        let envelope = checked_envelope(bytes)?;
+        if envelope.compression == Compression::None {
+            return Ok(None);
+        }
+        let body = self.body(&envelope)?;
+        let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body.len());
+        envelope::write_header(&mut out, envelope.kind, envelope.schema_version, envelope.subject, Compression::None);
+        out.extend_from_slice(&body);
+        Ok(Some(out))
+    }
+
     /// Decodes an envelope.
     ///
     /// # Errors

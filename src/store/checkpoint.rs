@@ -894,6 +894,7 @@ mod tests {
             .compaction(crate::CompactionPolicy {
                 live_fraction_min: 0.7,
                 interval: Some(std::time::Duration::from_millis(20)),
+                ..crate::CompactionPolicy::default()
             })
             .open()
             .expect("open");

@@ -30,7 +30,7 @@ use bytes::Bytes;
 
 use crate::codec::{CodecError, RecordKind, StoreRecord};
 use crate::error::{Error, Result};
-use crate::log::{Lsn, Rewrite};
+use crate::log::{Lsn, Rewrite, RewriteOptions};
 use crate::store::Store;
 use crate::store::index::EntryState;
 use crate::store::types::{AtomId, RunId, RunStatus};
@@ -52,8 +52,10 @@ pub struct CompactionReport {
     pub snapshots_deleted: usize,
     /// Atoms whose deltas were reclaimed (their completion records rewritten).
     pub deltas_reclaimed: u64,
-    /// Segments rewritten.
+    /// Segments rewritten (for their dead bytes, for cold compression, or both).
     pub segments_rewritten: usize,
+    /// Of those, segments rewritten with compressed frames (cold compression).
+    pub segments_compressed: usize,
     /// Empty leading segments deleted.
     pub segments_deleted: usize,
     /// Bytes of the rewritten segments before.
@@ -120,6 +122,17 @@ struct SegmentTally {
     data_bytes: u64,
     total: u64,
     live: u64,
+    /// Whether cold compression already rewrote the segment.
+    compressed: bool,
+}
+
+impl SegmentTally {
+    /// Whether a round rewrites the segment: it holds records, and too few of them are live,
+    /// or cold compression is on and has not compressed it yet.
+    fn due(&self, policy: &crate::store::CompactionPolicy) -> bool {
+        let sparse = (self.live as f64) < policy.live_fraction_min * self.total as f64;
+        self.total > 0 && (sparse || (policy.cold_compression.is_some() && !self.compressed))
+    }
 }
 
 impl Plan {
@@ -156,10 +169,12 @@ impl Store {
             *self.shared.last_compaction.lock() = Some(report.clone());
             return Ok(report);
         }
-        let threshold = self.shared.policies.compaction.live_fraction_min;
+        let policy = self.shared.policies.compaction;
+        let options = RewriteOptions { compression: policy.cold_compression };
+        let closing = || self.shared.closing.load(std::sync::atomic::Ordering::Acquire);
         let mut checkpoint = CheckpointPatch::default();
-        for tally in plan.segments.iter().filter(|t| t.total > 0 && (t.live as f64) < threshold * t.total as f64) {
-            if self.shared.closing.load(std::sync::atomic::Ordering::Acquire) {
+        for tally in plan.segments.iter().filter(|t| t.due(&policy)) {
+            if closing() {
                 report.aborted = true;
                 break;
             }
@@ -169,13 +184,37 @@ impl Store {
             }
             // IMPORTANT: no index checkpoint may outlive a change to the records it covers.
             self.shared.remove_index_checkpoint()?;
-            let rewrite = self.shared.log.rewrite_segment(Lsn::new(tally.first_lsn), |lsn, bytes| {
+            let mut stripped = 0;
+            let rewrite = self.shared.log.rewrite_segment_with(Lsn::new(tally.first_lsn), options, |lsn, bytes| {
+                // A long compressed rewrite gives way to a closing store (the original stays).
+                if closing() {
+                    return Err(Error::Closed);
+                }
                 let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
                 checkpoint.note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
-                Ok(decision)
-            })?;
+                stripped += u64::from(matches!(decision, Rewrite::Replace(_)));
+                match decision {
+                    // Cold compression stores records plain, to compress them together.
+                    Rewrite::Keep if options.compression.is_some() => {
+                        let plain =
+                            self.shared.codec.plain(bytes).map_err(|source| Error::Codec { lsn: lsn.get(), source })?;
+                        Ok(plain.map_or(Rewrite::Keep, Rewrite::Replace))
+                    }
+                    decision => Ok(decision),
+                }
+            });
+            let rewrite = match rewrite {
+                Err(Error::Closed) if closing() => {
+                    // Its notes describe a rewrite that did not happen.
+                    checkpoint.dropped = true;
+                    report.aborted = true;
+                    break;
+                }
+                rewrite => rewrite?,
+            };
             report.segments_rewritten += 1;
-            report.deltas_reclaimed += rewrite.replaced;
+            report.segments_compressed += usize::from(options.compression.is_some());
+            report.deltas_reclaimed += stripped;
             report.bytes_read += rewrite.bytes_before;
             report.bytes_written += rewrite.bytes_after;
             // Background work yields half of its time to the foreground.
@@ -413,6 +452,7 @@ impl Store {
                 data_bytes: s.data_bytes,
                 total: 0,
                 live: 0,
+                compressed: s.compressed,
             })
             .collect();
         let mut at = 0;

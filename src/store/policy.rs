@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::log::FrameCompression;
 
 /// When a full snapshot of an agent's context is written: after `every_atoms` completed atoms
 /// of the agent, or `every` of wall time since its last snapshot, whichever comes first
@@ -60,11 +61,27 @@ pub struct CompactionPolicy {
     /// How often the background thread runs compaction; `None` leaves it to
     /// [`Store::compact`](crate::Store::compact). Default: every 60 s.
     pub interval: Option<Duration>,
+    /// Cold compression: every sealed segment not yet compressed is rewritten with its records
+    /// stored plain and compressed together, in frames of `frame_bytes` at zstd `level`
+    /// (`docs/FORMAT.md` §5a; far smaller than records compressed one by one, at a CPU cost
+    /// paid once, on the background thread). `None` turns it off. Default:
+    /// [`CompactionPolicy::COLD_COMPRESSION`].
+    pub cold_compression: Option<FrameCompression>,
+}
+
+impl CompactionPolicy {
+    /// The default cold compression: zstd level 17 in frames of 256 KiB (`docs/BENCHMARKS.md`
+    /// §6 has the measurements behind the choice).
+    pub const COLD_COMPRESSION: FrameCompression = FrameCompression { level: 17, frame_bytes: 256 * 1024 };
 }
 
 impl Default for CompactionPolicy {
     fn default() -> Self {
-        Self { live_fraction_min: 0.7, interval: Some(Duration::from_secs(60)) }
+        Self {
+            live_fraction_min: 0.7,
+            interval: Some(Duration::from_secs(60)),
+            cold_compression: Some(Self::COLD_COMPRESSION),
+        }
     }
 }
 
@@ -104,6 +121,9 @@ impl Policies {
         }
         if self.compaction.interval.is_some_and(|interval| interval.is_zero()) {
             return Err(Error::InvalidConfig { reason: "the compaction interval must not be zero".into() });
+        }
+        if let Some(compression) = &self.compaction.cold_compression {
+            compression.validate()?;
         }
         Ok(())
     }
