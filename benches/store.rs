@@ -6,8 +6,9 @@
 //! - `atom_cpu/{raw_log,store}`: the same on tmpfs (`/dev/shm`), where `fdatasync` costs almost
 //!   nothing, so the difference is the store's CPU cost per atom (encoding, compression, index).
 //! - A summary block (stderr) prints the per-atom overhead, bytes on disk per atom after a
-//!   realistic run with its trained dictionary, index bytes per atom for 1,000,000 atoms, and
-//!   their store's open time with and without an index checkpoint.
+//!   realistic run with its trained dictionary (as appended, and at rest after a compaction
+//!   round with cold compression at several zstd levels and frame sizes), index bytes per atom
+//!   for 1,000,000 atoms, and their store's open time with and without an index checkpoint.
 //!
 //! `cargo bench --bench store` (set `CONTINUUM_BENCH_INDEX_ATOMS` to change the 1,000,000).
 
@@ -15,7 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use continuum::synthetic::Transcript;
-use continuum::{AtomOutput, Durability, Log, RunSpec, Store};
+use continuum::{AtomOutput, CompactionPolicy, Durability, FrameCompression, Log, RunSpec, Store};
 use criterion::{BenchmarkId, Criterion, Throughput};
 
 fn outputs(count: usize) -> Vec<AtomOutput> {
@@ -120,18 +121,40 @@ fn bench_atoms(c: &mut Criterion, group_name: &str, root: &Path, threads_list: &
     figures
 }
 
+/// Segment size of the space measurements: small, so that a 12,000-atom run seals segments
+/// for cold compression to rewrite (the default 64 MiB would hold all of it in the active one).
+const SPACE_SEGMENT_BYTES: u64 = 1 << 20;
+
 /// Bytes on disk per atom for a realistic run of `count` atoms, with the trained dictionary.
 /// Bytes on disk per atom: over all `count` atoms; from atom 2,100 on (the final dictionary
 /// trained); and over atoms 256–2,099 (the first, early dictionary); and the delta's size.
 fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64, f64) {
     let outputs = outputs(count);
     let dir = tempfile::tempdir_in(root).expect("dir");
-    let store = open_store(dir.path());
+    let (store, marks) = space_store(dir.path(), &outputs, None);
+    let (young_from, measured_from) = marks;
+    let total: u64 = store.log().segments().iter().map(|s| s.data_bytes).sum();
+    let delta_bytes: usize = outputs.iter().map(|o| prost::Message::encoded_len(&o.delta)).sum();
+    let steady = (total - measured_from) as f64 / (count - 2_100) as f64;
+    let young = (measured_from - young_from) as f64 / (2_100 - 256) as f64;
+    (total as f64 / count as f64, steady, young, delta_bytes as f64 / count as f64)
+}
+
+/// A store of `outputs.len()` realistic atoms in 1 MiB segments, with `cold` compression for
+/// its compaction rounds (none run here); returns it and its log's bytes before atoms 256 and
+/// 2,100.
+fn space_store(dir: &Path, outputs: &[AtomOutput], cold: Option<FrameCompression>) -> (Store, (u64, u64)) {
+    let store = Store::builder(dir)
+        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .segment_bytes(SPACE_SEGMENT_BYTES)
+        .compaction(CompactionPolicy { interval: None, cold_compression: cold, ..CompactionPolicy::default() })
+        .background(false)
+        .open()
+        .expect("open store");
     let run = store.create_run(RunSpec::new("space")).expect("run");
-    let mut measured_from = 0;
-    let mut young_from = 0;
+    let (mut young_from, mut measured_from) = (0, 0);
     let mut parents = Vec::new();
-    let log_bytes = |store: &continuum::Store| store.log().segments().iter().map(|s| s.data_bytes).sum::<u64>();
+    let log_bytes = |store: &Store| store.log().segments().iter().map(|s| s.data_bytes).sum::<u64>();
     for (i, output) in outputs.iter().enumerate() {
         if i == 256 {
             young_from = log_bytes(&store);
@@ -143,11 +166,41 @@ fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64, f64) {
         store.complete_atom(atom, output).expect("complete");
         parents = vec![atom];
     }
-    let total: u64 = store.log().segments().iter().map(|s| s.data_bytes).sum();
-    let delta_bytes: usize = outputs.iter().map(|o| prost::Message::encoded_len(&o.delta)).sum();
-    let steady = (total - measured_from) as f64 / (count - 2_100) as f64;
-    let young = (measured_from - young_from) as f64 / (2_100 - 256) as f64;
-    (total as f64 / count as f64, steady, young, delta_bytes as f64 / count as f64)
+    (store, (young_from, measured_from))
+}
+
+/// Bytes per atom at rest after one compaction round with cold compression `cold` (no
+/// snapshots, so nothing is reclaimed: every delta is kept): over the compressed segments
+/// that hold only atoms after the final dictionary, their bytes over the atoms whose start
+/// records they hold. Also the round's wall time per atom compressed (half of it is the
+/// round's yield to the foreground: it sleeps as long as each segment took).
+fn bytes_per_atom_at_rest(root: &Path, outputs: &[AtomOutput], cold: FrameCompression) -> (f64, f64) {
+    let dir = tempfile::tempdir_in(root).expect("dir");
+    let (store, _) = space_store(dir.path(), outputs, Some(cold));
+    let steady_from = continuum::Lsn::new(2 * 2_100 + 8);
+    let started = Instant::now();
+    let report = store.compact().expect("compact");
+    let elapsed = started.elapsed();
+    assert_eq!(report.deltas_reclaimed, 0, "no snapshots: nothing is reclaimable");
+    let (mut bytes, mut atoms, mut compressed_atoms) = (0u64, 0u64, 0u64);
+    for segment in store.log().segments().iter().filter(|s| s.compressed) {
+        let mut starts = 0u64;
+        for item in store.log().iter_from(segment.first_lsn).expect("iter") {
+            let (lsn, record) = item.expect("record");
+            if lsn >= segment.next_lsn {
+                break;
+            }
+            let kind = store.decode_record(&record).expect("decode").kind;
+            starts += u64::from(kind == continuum::codec::RecordKind::AtomStarted);
+        }
+        compressed_atoms += starts;
+        if segment.first_lsn >= steady_from {
+            bytes += segment.data_bytes;
+            atoms += starts;
+        }
+    }
+    assert!(atoms > 0, "the run sealed segments after the dictionary was trained");
+    (bytes as f64 / atoms as f64, elapsed.as_secs_f64() * 1e6 / compressed_atoms as f64)
 }
 
 /// Index heap bytes per atom for `count` atoms (tiny outputs: the index does not hold them),
@@ -190,7 +243,22 @@ fn main() {
     }
     let test_mode = std::env::args().any(|a| a == "--test");
     let atoms = if test_mode { 2_200 } else { 12_000 };
-    let (all, steady, young, delta) = bytes_per_atom(if shm.is_dir() { shm } else { &disk }, atoms);
+    let space_root = if shm.is_dir() { shm } else { &disk };
+    let (all, steady, young, delta) = bytes_per_atom(space_root, atoms);
+    let space_outputs = outputs(atoms);
+    let defaults = CompactionPolicy::COLD_COMPRESSION;
+    let levels: &[(i32, usize)] = if test_mode {
+        &[(defaults.level, defaults.frame_bytes)]
+    } else {
+        &[(9, 256 << 10), (15, 256 << 10), (17, 256 << 10), (17, 512 << 10), (19, 512 << 10), (17, 1024 << 10)]
+    };
+    let at_rest: Vec<(FrameCompression, (f64, f64))> = levels
+        .iter()
+        .map(|&(level, frame_bytes)| {
+            let cold = FrameCompression { level, frame_bytes };
+            (cold, bytes_per_atom_at_rest(space_root, &space_outputs, cold))
+        })
+        .collect();
     let index_atoms = std::env::var("CONTINUUM_BENCH_INDEX_ATOMS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -203,7 +271,15 @@ fn main() {
     eprintln!("  delta size (protobuf, before compression)               {delta:>9.1} bytes/atom");
     eprintln!("  on disk, {atoms} atoms, everything                     {all:>9.1} bytes/atom");
     eprintln!("  on disk, atoms 256-2,099 (first, early dictionary)      {young:>9.1} bytes/atom");
-    eprintln!("  on disk, after the dictionary is trained                {steady:>9.1} bytes/atom (goal <= 150)");
+    eprintln!("  on disk, after the dictionary is trained                {steady:>9.1} bytes/atom (as appended)");
+    for (cold, (bytes, micros)) in &at_rest {
+        let default = if *cold == defaults { ", the default" } else { "" };
+        eprintln!(
+            "  at rest, cold compression level {:>2}, {:>4} KiB frames   {bytes:>9.1} bytes/atom (goal <= 150; round {micros:.1} µs/atom{default})",
+            cold.level,
+            cold.frame_bytes >> 10
+        );
+    }
     eprintln!("  index for {index_atoms} atoms                           {index:>9.1} bytes/atom (goal <= 64)");
     eprintln!(
         "  open of {index_atoms} atoms, index checkpoint          {:>9.1} ms",
