@@ -173,14 +173,17 @@ fn space_store(dir: &Path, outputs: &[AtomOutput], cold: Option<FrameCompression
 /// snapshots, so nothing is reclaimed: every delta is kept): over the compressed segments
 /// that hold only atoms after the final dictionary, their bytes over the atoms whose start
 /// records they hold. Also the round's wall time per atom compressed (half of it is the
-/// round's yield to the foreground: it sleeps as long as each segment took).
-fn bytes_per_atom_at_rest(root: &Path, outputs: &[AtomOutput], cold: FrameCompression) -> (f64, f64) {
+/// round's yield to the foreground: it sleeps as long as each segment took), and the mean
+/// time of `Store::atom` before and after the round.
+fn bytes_per_atom_at_rest(root: &Path, outputs: &[AtomOutput], cold: FrameCompression) -> (f64, f64, f64, f64) {
     let dir = tempfile::tempdir_in(root).expect("dir");
     let (store, _) = space_store(dir.path(), outputs, Some(cold));
     let steady_from = continuum::Lsn::new(2 * 2_100 + 8);
+    let read_before = atom_read_micros(&store);
     let started = Instant::now();
     let report = store.compact().expect("compact");
     let elapsed = started.elapsed();
+    let read_after = atom_read_micros(&store);
     assert_eq!(report.deltas_reclaimed, 0, "no snapshots: nothing is reclaimable");
     let (mut bytes, mut atoms, mut compressed_atoms) = (0u64, 0u64, 0u64);
     for segment in store.log().segments().iter().filter(|s| s.compressed) {
@@ -200,7 +203,18 @@ fn bytes_per_atom_at_rest(root: &Path, outputs: &[AtomOutput], cold: FrameCompre
         }
     }
     assert!(atoms > 0, "the run sealed segments after the dictionary was trained");
-    (bytes as f64 / atoms as f64, elapsed.as_secs_f64() * 1e6 / compressed_atoms as f64)
+    let per_atom = elapsed.as_secs_f64() * 1e6 / compressed_atoms as f64;
+    (bytes as f64 / atoms as f64, per_atom, read_before, read_after)
+}
+
+/// Mean µs of `Store::atom` (start and end record read and decoded) over atoms 2,200–4,199 in
+/// order, as an agent re-executing its completed steps after a restart reads them.
+fn atom_read_micros(store: &Store) -> f64 {
+    let started = Instant::now();
+    for id in 2_200..4_200 {
+        store.atom(continuum::AtomId::from_raw(id)).expect("atom");
+    }
+    started.elapsed().as_secs_f64() * 1e6 / 2_000.0
 }
 
 /// Index heap bytes per atom for `count` atoms (tiny outputs: the index does not hold them),
@@ -252,7 +266,7 @@ fn main() {
     } else {
         &[(9, 256 << 10), (15, 256 << 10), (17, 256 << 10), (17, 512 << 10), (19, 512 << 10), (17, 1024 << 10)]
     };
-    let at_rest: Vec<(FrameCompression, (f64, f64))> = levels
+    let at_rest: Vec<(FrameCompression, (f64, f64, f64, f64))> = levels
         .iter()
         .map(|&(level, frame_bytes)| {
             let cold = FrameCompression { level, frame_bytes };
@@ -272,10 +286,10 @@ fn main() {
     eprintln!("  on disk, {atoms} atoms, everything                     {all:>9.1} bytes/atom");
     eprintln!("  on disk, atoms 256-2,099 (first, early dictionary)      {young:>9.1} bytes/atom");
     eprintln!("  on disk, after the dictionary is trained                {steady:>9.1} bytes/atom (as appended)");
-    for (cold, (bytes, micros)) in &at_rest {
+    for (cold, (bytes, micros, read_before, read_after)) in &at_rest {
         let default = if *cold == defaults { ", the default" } else { "" };
         eprintln!(
-            "  at rest, cold compression level {:>2}, {:>4} KiB frames   {bytes:>9.1} bytes/atom (goal <= 150; round {micros:.1} µs/atom{default})",
+            "  at rest, cold compression level {:>2}, {:>4} KiB frames   {bytes:>9.1} bytes/atom (goal <= 150; round {micros:.1} µs/atom; Store::atom {read_before:.1} → {read_after:.1} µs{default})",
             cold.level,
             cold.frame_bytes >> 10
         );

@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
+use crate::log::inflated;
 use crate::log::record::{self, FRAME_HEADER_BYTES};
 use crate::log::segment::SEGMENT_HEADER_BYTES;
 use crate::storage::{ReadView, StorageFile};
@@ -143,16 +144,26 @@ impl FrameCursor {
         if header.is_compressed() && !self.meta.compressed {
             return Err(self.meta.corruption(pos, "a compressed frame in a segment of format version 1"));
         }
+        // A compressed frame is verified on disk first, then inflated (or taken from the cache
+        // of inflated frames, under its verified checksum).
+        let key = (salt, pos, header.checksum);
         let frame = record::decode_frame(self.fetch(pos, header.frame_len())?, salt)
             .and_then(|frame| match frame.header.is_compressed() {
-                true => record::inflate(&frame).map(Some),
+                true => match inflated::get(key) {
+                    Some(records) => Ok(Some(records)),
+                    None => record::inflate(&frame).map(|records| {
+                        let records = Bytes::from(records);
+                        inflated::put(key, records.clone());
+                        Some(records)
+                    }),
+                },
                 false => Ok(None),
             })
             .map_err(|_| self.meta.corruption(pos, "frame does not verify"))?;
         let payload = match frame {
             Some(records) => {
                 let len = records.len();
-                self.inflated = Some(Bytes::from(records));
+                self.inflated = Some(records);
                 0..len
             }
             None => {

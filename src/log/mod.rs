@@ -5,6 +5,7 @@
 
 mod compact;
 mod index;
+mod inflated;
 mod iter;
 pub(crate) mod record;
 pub(crate) mod recovery;

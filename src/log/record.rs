@@ -66,6 +66,9 @@ pub(crate) struct FrameHeader {
     pub record_count: u32,
     /// Segment offset below which every byte was durable when this frame was written.
     pub synced_through: u32,
+    /// The header checksum: with the segment's salt and the frame's offset, it names the
+    /// frame's exact content (it covers the payload checksum).
+    pub checksum: u32,
 }
 
 impl FrameHeader {
@@ -227,6 +230,7 @@ pub(crate) fn decode_header(bytes: &[u8], salt: u64) -> Result<FrameHeader, Fram
         first_lsn: read_u64_le(header, FIRST_LSN_AT),
         record_count: read_u32_le(header, RECORD_COUNT_AT),
         synced_through: read_u32_le(header, SYNCED_THROUGH_AT),
+        checksum: read_u32_le(header, HEADER_CRC_AT),
     };
     if parsed.payload_len > limits::BATCH_BYTES_MAX
         || parsed.record_count == 0

@@ -70,9 +70,9 @@ pub struct CompactionPolicy {
 }
 
 impl CompactionPolicy {
-    /// The default cold compression: zstd level 17 in frames of 256 KiB (`docs/BENCHMARKS.md`
+    /// The default cold compression: zstd level 17 in frames of 512 KiB (`docs/BENCHMARKS.md`
     /// §6 has the measurements behind the choice).
-    pub const COLD_COMPRESSION: FrameCompression = FrameCompression { level: 17, frame_bytes: 256 * 1024 };
+    pub const COLD_COMPRESSION: FrameCompression = FrameCompression { level: 17, frame_bytes: 512 * 1024 };
 }
 
 impl Default for CompactionPolicy {
