@@ -10,7 +10,10 @@
 //!   1,000,000 atoms among fillers, interleaved) is loaded into each engine and synced; then
 //!   the engine is reopened (timed: workload 5) and each of the two agents is rebuilt (timed:
 //!   workload 4).
-//! - Bytes on disk per atom after each of them (workload 6).
+//! - Bytes on disk per atom after each of them (workload 6), and `at_rest`: a sample of the
+//!   data set's atoms in a continuum store with every delta kept (no policy snapshots), after
+//!   one compaction round with cold compression (the store's default), as a long-running
+//!   store holds its history.
 //!
 //! An atom is a ~510-byte protobuf delta from `continuum_peers::Deltas`. Criterion measures
 //! workloads 1–3 as usual; after each workload a separate fixed-size loop prints a
@@ -28,7 +31,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use continuum_peers::{AtomRef, AtomSink, Deltas, Encoded, Engine, FdatasyncProbe, Machine, Mode, disk_usage};
+use continuum_peers::{
+    AtRestStore, AtomRef, AtomSink, Deltas, Encoded, Engine, FdatasyncProbe, Machine, Mode, disk_usage,
+};
 use criterion::{BenchmarkId, Criterion, Throughput, black_box};
 
 /// Workload names, as criterion prints them.
@@ -37,6 +42,7 @@ const DURABLE_1: &str = "durable_append_1";
 const DURABLE_16: &str = "durable_append_16";
 const BUFFERED_1: &str = "buffered_append_1";
 const RESUME_OPEN: &str = "resume_open";
+const AT_REST: &str = "at_rest";
 /// Writers of workload 2.
 const WRITERS: u32 = 16;
 /// Distinct deltas the append workloads cycle through.
@@ -76,6 +82,9 @@ fn main() {
     }
     if options.runs(RESUME_OPEN) {
         resume_open(&options, &scale, root.path(), &mut report);
+    }
+    if options.runs(AT_REST) {
+        at_rest(&options, &scale, root.path(), &mut report);
     }
     report.space(&options);
     report.finish(&options);
@@ -168,6 +177,8 @@ struct Scale {
     data_set_bytes: u64,
     opens: usize,
     pool_deltas: usize,
+    /// Atoms of the at-rest sample.
+    at_rest_atoms: u64,
 }
 
 impl Scale {
@@ -186,6 +197,7 @@ impl Scale {
             data_set_bytes: 1 << 30,
             opens: 3,
             pool_deltas: POOL_DELTAS,
+            at_rest_atoms: 200_000,
         };
         if options.test {
             return Self {
@@ -202,6 +214,7 @@ impl Scale {
                 data_set_bytes: 1 << 20,
                 opens: 1,
                 pool_deltas: 512,
+                at_rest_atoms: 3_000,
             };
         }
         match std::env::var("PEERS_SCALE").as_deref() {
@@ -219,6 +232,7 @@ impl Scale {
                 data_set_bytes: 64 << 20,
                 opens: 2,
                 pool_deltas: 8192,
+                at_rest_atoms: 40_000,
             },
             Ok("default") | Ok("") | Err(_) => full,
             Ok(other) => panic!("PEERS_SCALE should be `small` or `default`, not {other:?}"),
@@ -542,6 +556,14 @@ impl Schedule {
         Self { total, targets: [scale.small_agent_atoms, scale.big_agent_atoms, fillers], written: [0; 3] }
     }
 
+    /// The data set's schedule shrunk to `total` atoms, each class keeping its share.
+    fn sample(scale: &Scale, total: u64) -> Self {
+        let full = Self::new(scale);
+        let share = |class: usize| full.targets[class] * total / full.total;
+        let (small, big) = (share(0), share(1));
+        Self { total, targets: [small, big, total - small - big], written: [0; 3] }
+    }
+
     fn next_agent(&mut self, at: u64) -> u32 {
         let deficit = |class: usize| {
             self.targets[class] as f64 * (at + 1) as f64 / self.total as f64 - self.written[class] as f64
@@ -570,7 +592,14 @@ struct Loaded {
 fn load_data_set(engine: Engine, dir: &Path, scale: &Scale) -> Loaded {
     let start = Instant::now();
     let sink = engine.open(dir, Mode::Load).unwrap_or_else(|error| panic!("{} should open: {error}", engine.name()));
-    let mut schedule = Schedule::new(scale);
+    let (atoms, delta_bytes) = load_into(sink.as_ref(), engine.name(), Schedule::new(scale));
+    sink.sync().unwrap_or_else(|error| panic!("{} should sync: {error}", engine.name()));
+    sink.close().unwrap_or_else(|error| panic!("{} should close: {error}", engine.name()));
+    Loaded { atoms, delta_bytes, load: start.elapsed() }
+}
+
+/// Appends the atoms of `schedule` to `sink` in batches; returns the atoms and delta bytes.
+fn load_into(sink: &dyn AtomSink, name: &str, mut schedule: Schedule) -> (u64, u64) {
     let mut deltas = Deltas::new(6);
     let mut next_ids = [0u64; (2 + FILLER_AGENTS) as usize];
     let mut delta_bytes = 0;
@@ -586,12 +615,43 @@ fn load_data_set(engine: Engine, dir: &Path, scale: &Scale) -> Loaded {
             .collect();
         delta_bytes += batch.iter().map(|(_, _, delta)| delta.bytes.len() as u64).sum::<u64>();
         let atoms: Vec<AtomRef<'_>> = batch.iter().map(|(agent, id, delta)| delta.atom(*agent, *id)).collect();
-        sink.append_batch(&atoms).unwrap_or_else(|error| panic!("{} should load: {error}", engine.name()));
+        sink.append_batch(&atoms).unwrap_or_else(|error| panic!("{name} should load: {error}"));
         at += count;
     }
-    sink.sync().unwrap_or_else(|error| panic!("{} should sync: {error}", engine.name()));
-    sink.close().unwrap_or_else(|error| panic!("{} should close: {error}", engine.name()));
-    Loaded { atoms: schedule.total, delta_bytes, load: start.elapsed() }
+    (schedule.total, delta_bytes)
+}
+
+/// Workload 6 at rest: a sample of the data set's atoms in a continuum store that keeps every
+/// delta, after one compaction round with cold compression.
+fn at_rest(options: &Options, scale: &Scale, root: &Path, report: &mut Report) {
+    let dir = root.join(AT_REST);
+    let store = AtRestStore::open(&dir).expect("the at-rest store should open");
+    let started = Instant::now();
+    let (atoms, delta_bytes) =
+        load_into(store.sink(), "the at-rest store", Schedule::sample(scale, scale.at_rest_atoms));
+    store.sink().sync().expect("the at-rest store should sync");
+    let load = started.elapsed();
+    let started = Instant::now();
+    let round = store.compact().expect("the at-rest round should run");
+    let compact = started.elapsed();
+    assert_eq!(round.deltas_reclaimed, 0, "no snapshots: the round reclaims nothing");
+    report.record_space(AT_REST, Engine::ContinuumStore, &dir, store.sink(), atoms, Some(delta_bytes));
+    store.close().expect("the at-rest store should close");
+    let lines = vec![
+        format!("sample: {atoms} atoms of the data set's deltas and agents, loaded in {:.1} s", load.as_secs_f64()),
+        format!(
+            "compaction round: {} sealed segments compressed in {:.1} s ({:.1} µs per atom; half of it the round's yield to the foreground)",
+            round.segments_compressed,
+            compact.as_secs_f64(),
+            compact.as_secs_f64() * 1e6 / atoms as f64
+        ),
+        format!(
+            "log bytes: {} → {} in the compressed segments; the active segment stays as appended",
+            round.bytes_read, round.bytes_written
+        ),
+    ];
+    report.section(options, AT_REST, lines);
+    std::fs::remove_dir_all(&dir).expect("the sample should be removable");
 }
 
 /// Workload 4 and 5 figures of one engine.
@@ -1045,8 +1105,12 @@ impl Report {
             .map(|s| s.used as f64 / s.atoms.max(1) as f64)
             .reduce(f64::min)?;
         let (log, store) = (per_atom(Engine::ContinuumLog)?, per_atom(Engine::ContinuumStore)?);
+        let at_rest = self.space.iter().find(|s| s.workload == AT_REST).map_or_else(String::new, |s| {
+            let ratio = s.used as f64 / s.atoms.max(1) as f64 / peers_min;
+            format!("; store at rest (cold compression, sample) {} ({})", times(ratio), met(ratio <= 0.3))
+        });
         Some(format!(
-            "W6 (data set) used bytes per atom ÷ smallest peer: log {} ({}), store {} ({}) (goal ≤ 0.30×)",
+            "W6 (data set) used bytes per atom ÷ smallest peer: log {} ({}), store {} ({}){at_rest} (goal ≤ 0.30×)",
             times(log / peers_min),
             met(log / peers_min <= 0.3),
             times(store / peers_min),

@@ -112,6 +112,31 @@ impl StoreSink {
         Ok(Self { store, dir: dir.to_path_buf(), runs, last })
     }
 
+    /// The store of workload 6's at-rest sample: loaded without `fdatasync` as the data set
+    /// is, with no policy snapshots (so that compaction reclaims no delta: every atom keeps
+    /// all of its data, as in the peers), in 8 MiB segments so that the sample seals several,
+    /// and no background thread (the sample's round is run by [`StoreSink::compact`]).
+    pub(crate) fn open_at_rest(dir: &Path) -> Result<Self> {
+        let store = Store::builder(dir)
+            .storage(Arc::new(LoadStorage))
+            .segment_bytes(8 << 20)
+            .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+            .background(false)
+            .open()?;
+        let runs =
+            (0..AGENTS_MAX).map(|agent| store.create_run(RunSpec::new(run_name(agent)))).collect::<Result<_, _>>()?;
+        let last = (0..AGENTS_MAX).map(|_| Mutex::new(Last::Unknown)).collect();
+        Ok(Self { store, dir: dir.to_path_buf(), runs, last })
+    }
+
+    /// One compaction round with the store's default cold compression, then an index
+    /// checkpoint (what the background thread writes after a round).
+    pub(crate) fn compact(&self) -> Result<continuum::CompactionReport> {
+        let report = self.store.compact()?;
+        self.store.checkpoint_index()?;
+        Ok(report)
+    }
+
     fn run(&self, agent: u32) -> Result<RunId> {
         let index = usize::try_from(agent).ok().filter(|index| *index < self.runs.len());
         index

@@ -148,6 +148,44 @@ impl Engine {
     }
 }
 
+/// The continuum store of workload 6's at-rest sample: every delta kept (no policy
+/// snapshots, so nothing is reclaimable), sealed segments rewritten by a compaction round with
+/// cold compression (the store's default), as a long-running store holds its history.
+pub struct AtRestStore(continuum_sinks::StoreSink);
+
+impl AtRestStore {
+    /// Opens (creating) the sample's store in `dir`.
+    ///
+    /// # Errors
+    /// continuum's errors.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Self(continuum_sinks::StoreSink::open_at_rest(dir)?))
+    }
+
+    /// The store as a sink, to load the sample.
+    pub fn sink(&self) -> &dyn AtomSink {
+        &self.0
+    }
+
+    /// Runs one compaction round (cold compression of every sealed segment) and writes the
+    /// index checkpoint.
+    ///
+    /// # Errors
+    /// continuum's errors.
+    pub fn compact(&self) -> Result<continuum::CompactionReport> {
+        self.0.compact()
+    }
+
+    /// Closes the store, syncing its files.
+    ///
+    /// # Errors
+    /// continuum's errors, and the file system's.
+    pub fn close(self) -> Result<()> {
+        Box::new(self.0).close()
+    }
+}
+
 /// What rebuilding one agent found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resumed {
