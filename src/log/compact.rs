@@ -338,3 +338,57 @@ fn compressor(level: i32) -> std::io::Result<zstd::bulk::Compressor<'static>> {
     compressor.include_dictid(false)?;
     Ok(compressor)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::log::record::{self, FRAME_HEADER_BYTES, RAW_LEN_BYTES};
+    use crate::storage::sim::SimStorage;
+    use crate::{Durability, Error};
+
+    /// A compressed frame whose checksums verify but whose zstd frame does not decompress
+    /// (forged by a writer who knew the salt, or a bug): the open accepts it (recovery checks
+    /// checksums only), a read of its records is `Corruption` naming the frame, and
+    /// `dump verify` reports it.
+    #[test]
+    fn a_resealed_undecompressable_frame_is_corruption_for_readers_and_verify() {
+        let sim = SimStorage::new(1);
+        let dir = Path::new("/db");
+        let open = || Log::builder(dir).storage(Arc::new(sim.clone())).segment_bytes(4096).open().expect("open");
+        let log = open();
+        for i in 0..40u8 {
+            log.append_with(&[b'a' + i % 7; 200], Durability::Sync).expect("append");
+        }
+        let first = log.segments()[0].first_lsn;
+        let compression = Some(FrameCompression { level: 3, frame_bytes: 4096 });
+        log.rewrite_segment_with(first, RewriteOptions { compression }, |_, _| Ok(Rewrite::Keep)).expect("rewrite");
+        let path = log.segments()[0].path.clone();
+        drop(log);
+
+        let mut bytes = sim.file_bytes(&path).expect("segment");
+        let salt = SegmentHeader::decode(&bytes).expect("header").salt();
+        let at = SEGMENT_HEADER_BYTES;
+        let frame = record::decode_frame(&bytes[at..], salt).expect("a valid frame");
+        assert!(frame.header.is_compressed(), "the rewrite compressed the frame");
+        // The zstd frame's magic number, damaged: nothing decompresses it.
+        let magic = at + FRAME_HEADER_BYTES + RAW_LEN_BYTES;
+        bytes[magic] ^= 0xFF;
+        record::reseal(&mut bytes[at..], salt);
+        sim.overwrite(&path, 0, &bytes);
+
+        let log = open();
+        match log.read(first) {
+            Err(Error::Corruption { segment, offset, .. }) => {
+                assert_eq!((segment, offset), (path.clone(), at as u64), "the error names the frame");
+            }
+            other => panic!("a read of the forged frame's record returned {other:?}"),
+        }
+        drop(log);
+        let report = crate::inspect::verify_with(Arc::new(sim.clone()), dir, &mut |_, _| {}).expect("verify");
+        let found =
+            report.problems.iter().any(|p| p.file == path && p.offset == at as u64 && p.what.contains("compressed"));
+        assert!(found, "verify reports the frame: {:?}", report.problems);
+    }
+}

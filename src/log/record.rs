@@ -362,6 +362,18 @@ fn header_checksum(salt: u64, header: &[u8]) -> u32 {
     hasher.finalize()
 }
 
+/// Recomputes both checksums of the frame at the start of `frame` (payload first, then header),
+/// as a writer who knew the salt would: lets tests forge frames whose damage the checksums do
+/// not catch, to reach the checks behind them.
+#[cfg(test)]
+pub(crate) fn reseal(frame: &mut [u8], salt: u64) {
+    let payload_len = read_u32_le(frame, PAYLOAD_LEN_AT) as usize;
+    let payload_crc = crc32(&frame[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + payload_len]);
+    frame[PAYLOAD_CRC_AT..PAYLOAD_LEN_AT].copy_from_slice(&payload_crc.to_le_bytes());
+    let header_crc = header_checksum(salt, &frame[..FRAME_HEADER_BYTES]);
+    frame[HEADER_CRC_AT..PAYLOAD_CRC_AT].copy_from_slice(&header_crc.to_le_bytes());
+}
+
 pub(crate) fn read_u32_le(bytes: &[u8], at: usize) -> u32 {
     let mut word = [0u8; 4];
     word.copy_from_slice(&bytes[at..at + 4]);
