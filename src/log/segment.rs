@@ -220,29 +220,20 @@ fn write_temp(storage: &dyn Storage, temp: &Path, header: SegmentHeader) -> Resu
 mod tests {
     use super::*;
 
+    /// The header the tests vary.
+    fn header(end_lsn: u64) -> SegmentHeader {
+        SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn, compressed: false }
+    }
+
     #[test]
     fn header_round_trips() {
-        let header = SegmentHeader {
-            seq: 7,
-            first_lsn: 1234,
-            segment_bytes: 1 << 20,
-            store_id: 99,
-            end_lsn: 0,
-            compressed: false,
-        };
+        let header = header(0);
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
     }
 
     #[test]
     fn compacted_header_round_trips() {
-        let header = SegmentHeader {
-            seq: 7,
-            first_lsn: 1234,
-            segment_bytes: 1 << 20,
-            store_id: 99,
-            end_lsn: 2000,
-            compressed: false,
-        };
+        let header = header(2000);
         assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
         assert!(header.is_compacted());
         let backwards = SegmentHeader { end_lsn: 1000, ..header };
@@ -250,16 +241,18 @@ mod tests {
     }
 
     #[test]
+    fn compressed_header_is_format_version_2_and_only_for_a_rewrite() {
+        let compressed = SegmentHeader { compressed: true, ..header(2000) };
+        let bytes = compressed.encode();
+        assert_eq!(read_u32_le(&bytes, VERSION_AT), FORMAT_VERSION_COMPRESSED);
+        assert_eq!(SegmentHeader::decode(&bytes), Ok(compressed));
+        let written_by_the_writer = SegmentHeader { compressed: true, ..header(0) };
+        assert!(SegmentHeader::decode(&written_by_the_writer.encode()).is_err());
+    }
+
+    #[test]
     fn every_flipped_header_byte_is_refused() {
-        let bytes = SegmentHeader {
-            seq: 7,
-            first_lsn: 1234,
-            segment_bytes: 1 << 20,
-            store_id: 99,
-            end_lsn: 0,
-            compressed: false,
-        }
-        .encode();
+        let bytes = header(0).encode();
         for at in 0..bytes.len() {
             let mut damaged = bytes;
             damaged[at] ^= 0x40;
