@@ -14,13 +14,15 @@
 //! Every offset is flipped with `^ 0x01`; every third one also with `^ 0xFF`. Of the zero-filled
 //! rest past a segment's data, only the first 64 bytes and every 7th byte after them are flipped.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::DurableFiles;
 use continuum::storage::sim::{CrashDamage, SimStorage};
-use continuum::storage::{OpenMode, Storage};
 use continuum::{Durability, Error, Log, Lsn, RecoveryMode};
 
 const DIR: &str = "/db";
@@ -92,41 +94,6 @@ fn build(sim: &SimStorage, unsynced: u64) -> (Log, Vec<Segment>) {
     let segments = layout(&log);
     assert!(segments.len() >= 3, "two sealed segments and an active one");
     (log, segments)
-}
-
-/// The files of a closed log, every byte durable.
-struct Snapshot {
-    files: Vec<(PathBuf, Vec<u8>)>,
-}
-
-impl Snapshot {
-    fn take(sim: &SimStorage) -> Self {
-        let files = sim.file_names(Path::new(DIR)).into_iter().map(|name| {
-            let path = Path::new(DIR).join(name);
-            let durable = sim.durable_bytes(&path).expect("a durable file");
-            assert_eq!(sim.file_bytes(&path).as_ref(), Some(&durable), "everything is synced");
-            (path, durable)
-        });
-        Self { files: files.collect() }
-    }
-
-    /// A fresh simulated disk holding exactly these files, durably.
-    fn restore(&self) -> SimStorage {
-        let sim = SimStorage::new(0);
-        sim.create_dir_all(Path::new(DIR)).expect("mkdir");
-        for (path, bytes) in &self.files {
-            let file = sim.open(path, OpenMode::CreateNew).expect("create");
-            file.write_all_at(bytes, 0).expect("write");
-            file.sync_data().expect("sync");
-        }
-        sim.sync_dir(Path::new(DIR)).expect("sync dir");
-        sim
-    }
-
-    fn byte(&self, path: &Path, offset: u64) -> u8 {
-        let (_, bytes) = self.files.iter().find(|(at, _)| at == path).expect("the file is in the snapshot");
-        bytes[offset as usize]
-    }
 }
 
 /// What recovery must make of one flipped byte in a synced segment.
@@ -301,7 +268,7 @@ fn campaign_on_synced_segment(region: &'static str, pick: impl Fn(&[Segment]) ->
     let sim = SimStorage::new(1);
     let (log, segments) = build(&sim, 0);
     log.close().expect("close");
-    let snapshot = Snapshot::take(&sim);
+    let snapshot = DurableFiles::take(&sim, Path::new(DIR));
     let target = pick(&segments);
     let mut tally = Tally::default();
     // Every byte of the header and the frames; of the zero-filled rest, where every offset takes

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use common::{open, payload};
 use continuum::log::{FrameCompression, Rewrite, RewriteOptions, RewriteReport};
 use continuum::storage::sim::{CrashDamage, SimStorage};
-use continuum::storage::{OpenMode, Storage};
 use continuum::{Error, Log, Lsn, RecoveryMode};
 
 const SEGMENT_BYTES: u64 = 4096;
@@ -264,23 +263,11 @@ fn flips_in_a_compressed_segment_are_never_returned() {
     };
     let pristine = sim.file_bytes(&path).expect("segment bytes");
     assert_eq!(pristine.len() as u64, len, "a rewritten segment is exactly as long as its frames");
-    let dir = std::path::Path::new(common::DIR);
-    let files: Vec<(std::path::PathBuf, Vec<u8>)> = sim
-        .file_names(dir)
-        .into_iter()
-        .map(|name| (dir.join(&name), sim.durable_bytes(&dir.join(name)).expect("durable")))
-        .collect();
+    let files = common::DurableFiles::take(&sim, std::path::Path::new(common::DIR));
     let (mut refused, mut read_back) = (0, 0);
     for (at, &byte) in pristine.iter().enumerate() {
         for mode in [RecoveryMode::TolerateTornTail, RecoveryMode::Strict, RecoveryMode::SkipCorrupted] {
-            let damaged = SimStorage::new(9);
-            damaged.create_dir_all(dir).expect("mkdir");
-            for (file_path, bytes) in &files {
-                let file = damaged.open(file_path, OpenMode::CreateNew).expect("create");
-                file.write_all_at(bytes, 0).expect("write");
-                file.sync_data().expect("sync");
-            }
-            damaged.sync_dir(dir).expect("sync dir");
+            let damaged = files.restore();
             damaged.overwrite(&path, at as u64, &[byte ^ 0x01]);
             let context = format!("flip at {at} in {mode:?}");
             let log = match continuum::Log::builder(common::DIR)

@@ -121,3 +121,43 @@ pub fn run_child_until_killed(child_test: &str, env_key: &str, dir: &Path, delay
     let _ = child.wait();
     reader.join().expect("reader thread")
 }
+
+/// The files of a closed store directory, every byte durable, to restore on a fresh simulated
+/// disk as often as a campaign needs (one damaged copy per case).
+pub struct DurableFiles {
+    dir: std::path::PathBuf,
+    files: Vec<(std::path::PathBuf, Vec<u8>)>,
+}
+
+impl DurableFiles {
+    /// Takes the files of `dir` on `sim`, checking that everything in them is synced.
+    pub fn take(sim: &SimStorage, dir: &Path) -> Self {
+        let files = sim.file_names(dir).into_iter().map(|name| {
+            let path = dir.join(name);
+            let durable = sim.durable_bytes(&path).expect("a durable file");
+            assert_eq!(sim.file_bytes(&path).as_ref(), Some(&durable), "everything is synced");
+            (path, durable)
+        });
+        Self { dir: dir.to_path_buf(), files: files.collect() }
+    }
+
+    /// A fresh simulated disk holding exactly these files, durably.
+    pub fn restore(&self) -> SimStorage {
+        use continuum::storage::{OpenMode, Storage};
+        let sim = SimStorage::new(0);
+        sim.create_dir_all(&self.dir).expect("mkdir");
+        for (path, bytes) in &self.files {
+            let file = sim.open(path, OpenMode::CreateNew).expect("create");
+            file.write_all_at(bytes, 0).expect("write");
+            file.sync_data().expect("sync");
+        }
+        sim.sync_dir(&self.dir).expect("sync dir");
+        sim
+    }
+
+    /// The byte at `offset` of the file at `path`.
+    pub fn byte(&self, path: &Path, offset: u64) -> u8 {
+        let (_, bytes) = self.files.iter().find(|(at, _)| at == path).expect("the file is in the snapshot");
+        bytes[offset as usize]
+    }
+}
