@@ -114,6 +114,72 @@ fn index_checkpoints_change_nothing_across_crashes() {
     eprintln!("store crash points with checkpoints: {states} crash states, {from_checkpoint} reopened from one");
 }
 
+/// A checkpointer's agent: runs each step, then records it finished with `record_atom`
+/// (start and completion in one batch). On resume, a step the store holds is never run again.
+fn run_checkpointed_agent(store: &Store, world: &RefCell<World>) -> continuum::Result<()> {
+    let run = store.create_run(RunSpec::new("checkpointed"))?;
+    let mut parents = Vec::new();
+    for step in 0..STEPS {
+        let key = format!("step-{step}");
+        if let Some(atom) = store.atom_by_key(run, "worker", &key)? {
+            let found = store.atom(atom)?;
+            assert_eq!(found.status, continuum::AtomStatus::Completed, "{key}: a recorded atom is complete");
+            assert_eq!(found.output.map(|o| o.result), Some(key.clone().into_bytes()));
+            parents = vec![atom];
+            continue;
+        }
+        *world.borrow_mut().runs.entry(key.clone()).or_default() += 1;
+        let output = AtomOutput { delta: Transcript::new(step).next_delta(300), result: key.clone().into_bytes() };
+        let atom = store.record_atom(run, "worker", &key, &parents, "", &output)?;
+        world.borrow_mut().acknowledged.insert(key);
+        parents = vec![atom];
+    }
+    Ok(())
+}
+
+#[test]
+fn a_recorded_atom_is_all_or_nothing_across_crashes() {
+    let sim = SimStorage::new(0);
+    let store = open(&sim, Checkpoints::Default).expect("open");
+    let before = sim.op_count();
+    run_checkpointed_agent(&store, &RefCell::new(World::default())).expect("clean run");
+    drop(store);
+    let total = sim.op_count() - before;
+    let mut states = 0;
+    for crash_at in 0..=total {
+        for damage in [CrashDamage::ALL[0], CrashDamage::ALL[4], CrashDamage::ALL[8]] {
+            let world = RefCell::new(World::default());
+            let sim = SimStorage::new(crash_at);
+            let store = open(&sim, Checkpoints::Default).expect("open");
+            sim.halt_after(crash_at);
+            let _ = run_checkpointed_agent(&store, &world);
+            drop(store);
+            sim.crash(damage);
+            let acknowledged_before = world.borrow().acknowledged.clone();
+            let store = open(&sim, Checkpoints::Default)
+                .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): reopen: {e}"));
+            if let Some(run) = store.run_id("checkpointed") {
+                // A start without its completion would be a torn batch.
+                assert!(store.incomplete_atoms(run).is_empty(), "crash at {crash_at} ({damage:?}): a half atom");
+            }
+            run_checkpointed_agent(&store, &world)
+                .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));
+            let world = world.borrow();
+            for key in &acknowledged_before {
+                assert_eq!(
+                    world.runs[key], 1,
+                    "crash at {crash_at} ({damage:?}): {key} ran again after it was acknowledged"
+                );
+            }
+            let run = store.run_id("checkpointed").expect("run");
+            assert_eq!(store.run_atoms(run).len() as u64, STEPS);
+            assert!(store.incomplete_atoms(run).is_empty());
+            states += 1;
+        }
+    }
+    eprintln!("record_atom crash points: {states} crash states checked");
+}
+
 /// Crashes the agent's run after every I/O call (the store's drop included) with three kinds
 /// of damage, resumes it, and checks invariant 8; returns the crash states checked and how
 /// many of the reopens started from an index checkpoint.

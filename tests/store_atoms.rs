@@ -82,6 +82,47 @@ fn invalid_transitions_are_typed_errors_and_leave_the_log_untouched() {
 }
 
 #[test]
+fn record_atom_writes_a_finished_atom_in_one_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (run, a, b) = {
+        let store = Store::open(dir.path()).expect("open");
+        let run = store.create_run(RunSpec::new("checkpoints")).expect("run");
+        let before = store.log().next_lsn().get();
+        let a = store.record_atom(run, "graph", "node-1", &[], "idem-a", &output(1)).expect("a");
+        assert_eq!(store.log().next_lsn().get(), before + 2, "a start and a completion");
+        let b = store.record_atom(run, "graph", "node-2", &[a], "", &output(2)).expect("b");
+        let found = store.atom(b).expect("b");
+        assert_eq!(found.status, AtomStatus::Completed);
+        assert_eq!(found.parents, vec![a]);
+        assert_eq!(found.output, Some(output(2)));
+        // Refused atoms write nothing, as with begin_atom.
+        let before = store.log().next_lsn();
+        assert!(matches!(
+            store.record_atom(run, "graph", "node-1", &[], "", &output(3)),
+            Err(Error::AtomExists { .. })
+        ));
+        assert!(matches!(
+            store.record_atom(run, "graph", "node-3", &[continuum::AtomId::from_raw(99)], "", &output(3)),
+            Err(Error::InvalidParent { .. })
+        ));
+        assert_eq!(store.log().next_lsn(), before);
+        (run, a, b)
+    };
+    let store = Store::open(dir.path()).expect("reopen");
+    let found = store.atom(a).expect("a");
+    assert_eq!((found.status, found.idempotency_key.as_str()), (AtomStatus::Completed, "idem-a"));
+    assert_eq!(found.output, Some(output(1)));
+    assert_eq!(store.run_atoms(run), vec![a, b]);
+    assert!(store.incomplete_atoms(run).is_empty());
+    // execute() sees a recorded atom as done and hands back its output.
+    let executed = store.execute(run, "graph", "node-2", &[a], |_| panic!("must not run again")).expect("execute");
+    assert!(executed.replayed);
+    assert_eq!(executed.output, output(2));
+    let resumed = store.resume(run).expect("resume");
+    assert_eq!(resumed.agents[0].last_completed, Some(b));
+}
+
+#[test]
 fn execute_never_runs_a_completed_atom_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let calls = Cell::new(0);

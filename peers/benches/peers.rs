@@ -819,6 +819,7 @@ impl Report {
             format!("bench directory file system (df -T): {}", machine.file_system),
             format!("scale: {}", scale.name),
             format!("load average at the start (/proc/loadavg): {}", load_average()),
+            format!("continuum store protocol: {}", continuum_peers::store_protocol()),
         ];
         assert!(!machine.on_tmpfs(), "the bench directory is on tmpfs: the figures would be meaningless");
         self.lines.push("==== machine ====".to_owned());

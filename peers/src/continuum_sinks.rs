@@ -1,5 +1,8 @@
-//! continuum itself: the raw [`Log`] (one record per atom) and the atom [`Store`]
-//! (`begin_atom` + `complete_atom` per atom, each agent its own run, atoms chained as a DAG).
+//! continuum itself: the raw [`Log`] (one record per atom) and the atom [`Store`] (each agent
+//! its own run, atoms chained as a DAG). The store records each atom finished, with
+//! `record_atom` (its start and completion in one durable batch), as the peers write one row or
+//! entry per finished atom; `CONTINUUM_PEERS_STORE=begin_complete` makes it call `begin_atom`
+//! and then `complete_atom` instead, as an agent that must survive a crash mid-step does.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -145,6 +148,12 @@ impl StoreSink {
     }
 }
 
+/// Whether `CONTINUUM_PEERS_STORE=begin_complete` asks for the two-call protocol.
+pub(crate) fn begin_complete() -> bool {
+    static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| std::env::var("CONTINUUM_PEERS_STORE").is_ok_and(|v| v == "begin_complete"))
+}
+
 impl AtomSink for StoreSink {
     fn append(&self, atom: &AtomRef<'_>) -> Result<()> {
         let run = self.run(atom.agent)?;
@@ -157,8 +166,14 @@ impl AtomSink for StoreSink {
             Last::Known(parent) => parent.into_iter().collect(),
             Last::Unknown => Vec::new(),
         };
-        let id = self.store.begin_atom(run, &name, &atom.atom_id.to_string(), &parents, "")?;
-        self.store.complete_atom(id, atom.output)?;
+        let key = atom.atom_id.to_string();
+        let id = if begin_complete() {
+            let id = self.store.begin_atom(run, &name, &key, &parents, "")?;
+            self.store.complete_atom(id, atom.output)?;
+            id
+        } else {
+            self.store.record_atom(run, &name, &key, &parents, "", atom.output)?
+        };
         *last = Last::Known(Some(id));
         Ok(())
     }

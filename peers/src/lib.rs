@@ -23,6 +23,12 @@ use std::path::Path;
 pub use disk::{DiskUsage, FdatasyncProbe, Machine, disk_usage};
 pub use workload::{AtomRef, Deltas, Encoded};
 
+/// How the continuum store sink writes an atom: `record_atom` (the default) or
+/// `begin_atom + complete_atom` (`CONTINUUM_PEERS_STORE=begin_complete`).
+pub fn store_protocol() -> &'static str {
+    if continuum_sinks::begin_complete() { "begin_atom + complete_atom" } else { "record_atom" }
+}
+
 /// What can go wrong in a sink: each engine's own error, kept as it is.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -88,7 +94,8 @@ pub enum Engine {
     Okaywal,
     /// continuum's raw log: one record per atom.
     ContinuumLog,
-    /// continuum's atom store: `begin_atom` + `complete_atom` per atom.
+    /// continuum's atom store: `record_atom` per atom (`begin_atom` + `complete_atom` with
+    /// `CONTINUUM_PEERS_STORE=begin_complete`).
     ContinuumStore,
 }
 

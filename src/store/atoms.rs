@@ -95,10 +95,79 @@ impl Store {
                 Ok(atom)
             }
             Err(error) => {
-                let agent_id = index.agent_id(run32, agent).unwrap_or(0);
-                let hash = index.identity.atom_key(run32, agent_id, key);
-                index.atom_keys.remove(&hash);
-                index.atom_slot(atom).state = EntryState::Vacant;
+                release_reservation(&mut index, atom, run32, agent, key);
+                Err(error)
+            }
+        }
+    }
+
+    /// Records an atom that has already run: its start and its completion with `output`, in
+    /// one batch that is durable on return. This is what a framework's checkpointer does when
+    /// it persists a step after running it; an agent that must survive a crash *during* the
+    /// step uses [`Store::begin_atom`] before it and [`Store::complete_atom`] after it (or
+    /// [`Store::execute`]).
+    ///
+    /// Either both records are in the log or neither is: a crash before this returns leaves no
+    /// trace of the atom, so its step runs again on resume, and a step whose output was used
+    /// after this returned never does. One `fdatasync` (shared with concurrent writers)
+    /// instead of the two records' separate appends.
+    ///
+    /// # Errors
+    /// As [`Store::begin_atom`]. A refused atom leaves the log untouched.
+    ///
+    /// # Example
+    /// ```
+    /// # fn main() -> continuum::Result<()> {
+    /// use continuum::{AtomOutput, Delta, RunSpec, Store};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::open(dir.path())?;
+    /// let run = store.create_run(RunSpec::new("pipeline"))?;
+    /// let output = AtomOutput { delta: Delta::default(), result: b"done".to_vec() };
+    /// let step = store.record_atom(run, "planner", "step-1", &[], "", &output)?;
+    /// assert_eq!(store.atom(step)?.output, Some(output));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn record_atom(
+        &self,
+        run: RunId,
+        agent: &str,
+        key: &str,
+        parents: &[AtomId],
+        idempotency_key: &str,
+        output: &AtomOutput,
+    ) -> Result<AtomId> {
+        let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
+        let now = now_us();
+        let started = self.shared.codec.encode(&StoreRecord::AtomStarted(proto::AtomStarted {
+            atom: atom.0,
+            run: run.0,
+            agent: agent.to_owned(),
+            key: key.to_owned(),
+            parents: parents.iter().map(|p| p.0).collect(),
+            idempotency_key: idempotency_key.to_owned(),
+            started_at_unix_us: now,
+        }));
+        // Sampled before encoding, as `complete_atom` does: a dictionary trained here is
+        // appended before the records it compresses.
+        self.sample_for_dictionary(&output.delta);
+        let completed = self.shared.codec.encode_completion(atom.0, &output.delta, &output.result, now);
+        let appended = self.shared.log.append_batch_with(&[&started, &completed], Durability::Sync);
+        let mut index = self.shared.index.write();
+        match appended {
+            Ok(lsns) => {
+                let entry = index.atom_slot(atom);
+                entry.started_lsn = lsns.first().get();
+                entry.ended_lsn = lsns.first().get() + 1;
+                entry.state = EntryState::Completed;
+                let agent = entry.agent;
+                let own = index.run(run).and_then(|run| run.snapshot_policy);
+                drop(index);
+                self.after_completion(atom, agent, own.unwrap_or(self.shared.policies.snapshot));
+                Ok(atom)
+            }
+            Err(error) => {
+                release_reservation(&mut index, atom, run32, agent, key);
                 Err(error)
             }
         }
@@ -494,6 +563,14 @@ impl Store {
         }
         self.begin_atom(run, agent, key, &[from], "")
     }
+}
+
+/// Frees the id and key [`Store::reserve_atom`] took for an atom whose start was not written.
+fn release_reservation(index: &mut StoreIndex, atom: AtomId, run: u32, agent: &str, key: &str) {
+    let agent_id = index.agent_id(run, agent).unwrap_or(0);
+    let hash = index.identity.atom_key(run, agent_id, key);
+    index.atom_keys.remove(&hash);
+    index.atom_slot(atom).state = EntryState::Vacant;
 }
 
 fn check_parent(index: &StoreIndex, run: u32, parent: AtomId) -> Result<()> {
