@@ -329,27 +329,38 @@ impl Codec {
     }
 
     fn wrap_uncounted(&self, kind: u8, subject: u64, body: &[u8], compressible: bool) -> Vec<u8> {
-        let dictionary = self.current_dictionary();
-        let compressed = if compressible && body.len() >= limits::COMPRESSION_MIN_BYTES {
-            self.compress(dictionary, body).filter(|compressed| compressed.len() + 6 < body.len())
-        } else {
-            None
-        };
-        let Some(compressed) = compressed else {
-            let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body.len());
-            envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, Compression::None);
-            out.extend_from_slice(body);
+        if compressible
+            && body.len() >= limits::COMPRESSION_MIN_BYTES
+            && let Some(out) = self.wrap_compressed(kind, subject, body)
+        {
             return out;
-        };
-        let uncompressed_len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+        }
+        let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body.len());
+        envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, Compression::None);
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// The envelope with `body` compressed (with the current dictionary, if any) straight after
+    /// its header; `None` if zstd fails or saves too little to pay for the longer header.
+    fn wrap_compressed(&self, kind: u8, subject: u64, body: &[u8]) -> Option<Vec<u8>> {
+        let dictionary = self.current_dictionary();
+        let uncompressed_len = u32::try_from(body.len()).ok()?;
         let compression = match dictionary {
             Some(dictionary_id) => Compression::ZstdDictionary { dictionary_id, uncompressed_len },
             None => Compression::Zstd { uncompressed_len },
         };
-        let mut out = Vec::with_capacity(24 + compressed.len());
+        let bound = zstd::zstd_safe::compress_bound(body.len());
+        let mut out = Vec::with_capacity(24 + bound);
         envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, compression);
-        out.extend_from_slice(&compressed);
-        out
+        let header = out.len();
+        out.resize(header + bound, 0);
+        let mut compressor = self.take_compressor(dictionary)?;
+        let written = compressor.compress_to_buffer(body, &mut out[header..]).ok();
+        self.compressors.lock().push((dictionary, compressor));
+        let written = written.filter(|written| written + 6 < body.len())?;
+        out.truncate(header + written);
+        Some(out)
     }
 
     /// Reads only the envelope: the record's kind and subject, without touching the body.
@@ -422,26 +433,24 @@ impl Codec {
         Ok(record)
     }
 
-    fn compress(&self, dictionary: Option<u32>, body: &[u8]) -> Option<Vec<u8>> {
-        let mut compressor = self.take_compressor(dictionary)?;
-        let compressed = compressor.compress(body).ok();
-        self.compressors.lock().push((dictionary, compressor));
-        compressed
-    }
-
+    /// A compressor for `dictionary` from the pool, or a new one. Its frames carry neither the
+    /// dictionary id nor the content size: the envelope holds both (5 bytes less per record).
     fn take_compressor(&self, dictionary: Option<u32>) -> Option<zstd::bulk::Compressor<'static>> {
         let mut pool = self.compressors.lock();
         if let Some(at) = pool.iter().position(|(id, _)| *id == dictionary) {
             return Some(pool.swap_remove(at).1);
         }
         drop(pool);
-        match dictionary {
-            None => zstd::bulk::Compressor::new(limits::COMPRESSION_LEVEL).ok(),
+        let mut compressor = match dictionary {
+            None => zstd::bulk::Compressor::new(limits::COMPRESSION_LEVEL).ok()?,
             Some(id) => {
                 let bytes = self.dictionaries.read().get(&id).cloned()?;
-                zstd::bulk::Compressor::with_dictionary(limits::COMPRESSION_LEVEL, &bytes).ok()
+                zstd::bulk::Compressor::with_dictionary(limits::COMPRESSION_LEVEL, &bytes).ok()?
             }
-        }
+        };
+        compressor.set_parameter(zstd::zstd_safe::CParameter::DictIdFlag(false)).ok()?;
+        compressor.set_parameter(zstd::zstd_safe::CParameter::ContentSizeFlag(false)).ok()?;
+        Some(compressor)
     }
 
     fn decompress(&self, dictionary: Option<u32>, body: &[u8], uncompressed_len: u32) -> Result<Vec<u8>, CodecError> {

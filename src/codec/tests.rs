@@ -207,3 +207,31 @@ fn the_borrowed_completion_encoding_equals_the_owned_one() {
         assert_eq!(codec.decode(&borrowed), Ok(owned));
     }
 }
+
+#[test]
+fn frames_with_or_without_their_own_dictionary_id_and_length_decode() {
+    let codec = Codec::default();
+    let mut transcript = Transcript::new(5);
+    let samples: Vec<Vec<u8>> = (0..500).map(|_| transcript.next_delta(500).encode_to_vec()).collect();
+    let dictionary = train_dictionary(&samples, limits::DICTIONARY_BYTES).expect("train");
+    codec.add_dictionary(3, &dictionary);
+    let record = StoreRecord::AtomCompleted(AtomCompleted {
+        atom: 9,
+        delta: Some(transcript.next_delta(500)),
+        ..Default::default()
+    });
+    let body = record.encode_body();
+    // As stores wrote records before the frames dropped these fields (zstd's defaults).
+    let mut older = zstd::bulk::Compressor::with_dictionary(limits::COMPRESSION_LEVEL, &dictionary).expect("zstd");
+    let frame = older.compress(&body).expect("compress");
+    let mut old_bytes = Vec::new();
+    let uncompressed_len = u32::try_from(body.len()).expect("small");
+    let compression = Compression::ZstdDictionary { dictionary_id: 3, uncompressed_len };
+    envelope::write_header(&mut old_bytes, record.kind(), SCHEMA_VERSION, record.subject(), compression);
+    old_bytes.extend_from_slice(&frame);
+    assert_eq!(codec.decode(&old_bytes), Ok(record.clone()));
+    let new_bytes = codec.encode(&record);
+    assert_eq!(codec.decode(&new_bytes), Ok(record));
+    // The new frame omits the 4-byte dictionary id and the content size.
+    assert!(new_bytes.len() + 4 <= old_bytes.len(), "{} against {}", new_bytes.len(), old_bytes.len());
+}
