@@ -6,6 +6,7 @@
 //! contexts. Decoding any bytes returns a record or a [`CodecError`], never panics, and never
 //! allocates more than [`limits::RECORD_DECOMPRESSED_BYTES_MAX`].
 
+mod compressors;
 pub(crate) mod delta_view;
 pub(crate) mod envelope;
 pub(crate) mod wire;
@@ -252,7 +253,7 @@ pub(crate) struct Codec {
     dictionaries: RwLock<HashMap<u32, Arc<[u8]>>>,
     /// The dictionary new records are compressed with.
     current: RwLock<Option<u32>>,
-    compressors: Mutex<Vec<(Option<u32>, zstd::bulk::Compressor<'static>)>>,
+    compressors: compressors::Compressors,
     decompressors: Mutex<Vec<(Option<u32>, zstd::bulk::Decompressor<'static>)>>,
     /// Bytes of protobuf bodies encoded, and of the envelopes written for them (metrics).
     encoded_raw_bytes: AtomicU64,
@@ -272,6 +273,7 @@ impl Codec {
         let mut current = self.current.write();
         if current.is_none_or(|now| now < id) {
             *current = Some(id);
+            self.compressors.keep_only(id);
         }
     }
 
@@ -355,9 +357,8 @@ impl Codec {
         envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, compression);
         let header = out.len();
         out.resize(header + bound, 0);
-        let mut compressor = self.take_compressor(dictionary)?;
-        let written = compressor.compress_to_buffer(body, &mut out[header..]).ok();
-        self.compressors.lock().push((dictionary, compressor));
+        let dictionaries = |id: u32| self.dictionaries.read().get(&id).cloned();
+        let written = self.compressors.compress(dictionary, dictionaries, body, &mut out[header..]);
         let written = written.filter(|written| written + 6 < body.len())?;
         out.truncate(header + written);
         Some(out)
@@ -431,26 +432,6 @@ impl Codec {
             return Err(CodecError::Malformed("the envelope's subject differs from the body's"));
         }
         Ok(record)
-    }
-
-    /// A compressor for `dictionary` from the pool, or a new one. Its frames carry neither the
-    /// dictionary id nor the content size: the envelope holds both (5 bytes less per record).
-    fn take_compressor(&self, dictionary: Option<u32>) -> Option<zstd::bulk::Compressor<'static>> {
-        let mut pool = self.compressors.lock();
-        if let Some(at) = pool.iter().position(|(id, _)| *id == dictionary) {
-            return Some(pool.swap_remove(at).1);
-        }
-        drop(pool);
-        let mut compressor = match dictionary {
-            None => zstd::bulk::Compressor::new(limits::COMPRESSION_LEVEL).ok()?,
-            Some(id) => {
-                let bytes = self.dictionaries.read().get(&id).cloned()?;
-                zstd::bulk::Compressor::with_dictionary(limits::COMPRESSION_LEVEL, &bytes).ok()?
-            }
-        };
-        compressor.set_parameter(zstd::zstd_safe::CParameter::DictIdFlag(false)).ok()?;
-        compressor.set_parameter(zstd::zstd_safe::CParameter::ContentSizeFlag(false)).ok()?;
-        Some(compressor)
     }
 
     fn decompress(&self, dictionary: Option<u32>, body: &[u8], uncompressed_len: u32) -> Result<Vec<u8>, CodecError> {
