@@ -33,12 +33,27 @@ fn outputs(count: usize) -> Vec<AtomOutput> {
 /// The store as these benchmarks measure it: no policy snapshots, no background thread (the
 /// atom path alone).
 fn open_store(dir: &Path) -> Store {
-    Store::builder(dir).snapshot_policy(continuum::SnapshotPolicy::NEVER).background(false).open().expect("open store")
+    open_store_compressing(dir, continuum::limits::COMPRESSION_MIN_BYTES)
 }
 
+/// [`open_store`] compressing record bodies of `compress_from` bytes or more as they are
+/// appended (the default 2 KiB leaves the benchmark's ~570-byte completions plain; 64 is the
+/// setting before session 7, every completion compressed with the trained dictionary).
+fn open_store_compressing(dir: &Path, compress_from: usize) -> Store {
+    Store::builder(dir)
+        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .compress_records_from(compress_from)
+        .background(false)
+        .open()
+        .expect("open store")
+}
+
+/// The earlier default: every completion compressed as it is appended.
+const COMPRESS_ALL: usize = 64;
+
 /// A store on `dir` with a run, warmed up past dictionary training.
-fn warm_store(dir: &Path, outputs: &[AtomOutput]) -> (Store, continuum::RunId) {
-    let store = open_store(dir);
+fn warm_store(dir: &Path, outputs: &[AtomOutput], compress_from: usize) -> (Store, continuum::RunId) {
+    let store = open_store_compressing(dir, compress_from);
     let run = store.create_run(RunSpec::new("bench")).expect("run");
     for (i, output) in outputs.iter().enumerate().take(2_100) {
         let atom = store.begin_atom(run, "warmup", &format!("w{i}"), &[], "").expect("begin");
@@ -48,8 +63,8 @@ fn warm_store(dir: &Path, outputs: &[AtomOutput]) -> (Store, continuum::RunId) {
 }
 
 /// The bytes the store writes for one atom, for the raw-log baseline.
-fn sample_records(dir: &Path, outputs: &[AtomOutput]) -> (Vec<u8>, Vec<u8>) {
-    let (store, run) = warm_store(dir, outputs);
+fn sample_records(dir: &Path, outputs: &[AtomOutput], compress_from: usize) -> (Vec<u8>, Vec<u8>) {
+    let (store, run) = warm_store(dir, outputs, compress_from);
     let atom = store.begin_atom(run, "agent", "sample", &[], "").expect("begin");
     store.complete_atom(atom, &outputs[7]).expect("complete");
     let next = store.log().next_lsn().get();
@@ -86,11 +101,12 @@ fn parallel(threads: usize, per_thread: u64, work: impl Fn(usize, u64) + Sync) -
 fn bench_atoms(c: &mut Criterion, group_name: &str, root: &Path, threads_list: &[usize]) -> Vec<(String, f64)> {
     let outputs = outputs(4_096);
     let sample_dir = tempfile::tempdir_in(root).expect("dir");
-    let (start, end) = sample_records(sample_dir.path(), &outputs);
+    let default = continuum::limits::COMPRESSION_MIN_BYTES;
+    let (start, end) = sample_records(sample_dir.path(), &outputs, default);
     let log_dir = tempfile::tempdir_in(root).expect("dir");
     let log = Log::open(log_dir.path()).expect("log");
     let store_dir = tempfile::tempdir_in(root).expect("dir");
-    let (store, run) = warm_store(store_dir.path(), &outputs);
+    let (store, run) = warm_store(store_dir.path(), &outputs, default);
     let counter = std::sync::atomic::AtomicU64::new(0);
     let mut group = c.benchmark_group(group_name);
     group.sample_size(10).measurement_time(Duration::from_secs(4)).throughput(Throughput::Elements(1));
@@ -133,18 +149,19 @@ fn thread_cpu() -> Duration {
 }
 
 /// The store's CPU cost per atom over the raw log's, measured on `root` (tmpfs) in alternating
-/// blocks of `block` atoms (raw log, store with begin + complete, store with `record_atom`), each
-/// timed by the thread's CPU clock. Returns the medians (µs per atom) of the raw log, the two
-/// store protocols, and the per-round differences store − raw (25th, 50th, 75th percentile) and
-/// record_atom − raw (50th).
-fn cpu_overhead(root: &Path, rounds: usize, block: u64) -> [f64; 7] {
+/// blocks of `block` atoms (raw log appending the store's own two records, store with begin +
+/// complete, store with `record_atom`), each timed by the thread's CPU clock, for a store
+/// compressing bodies of `compress_from` bytes or more. Returns the medians (µs per atom) of
+/// the raw log, the two store protocols, and the per-round differences store − raw (25th,
+/// 50th, 75th percentile) and record_atom − raw (50th).
+fn cpu_overhead(root: &Path, rounds: usize, block: u64, compress_from: usize) -> [f64; 7] {
     let outputs = outputs(4_096);
     let sample_dir = tempfile::tempdir_in(root).expect("dir");
-    let (start, end) = sample_records(sample_dir.path(), &outputs);
+    let (start, end) = sample_records(sample_dir.path(), &outputs, compress_from);
     let log_dir = tempfile::tempdir_in(root).expect("dir");
     let log = Log::open(log_dir.path()).expect("log");
     let store_dir = tempfile::tempdir_in(root).expect("dir");
-    let (store, run) = warm_store(store_dir.path(), &outputs);
+    let (store, run) = warm_store(store_dir.path(), &outputs, compress_from);
     let micros = |work: &mut dyn FnMut()| {
         let started = thread_cpu();
         work();
@@ -188,14 +205,14 @@ fn process_cpu() -> Duration {
 /// work, wake-ups included, none of the time spent waiting for the disk). Returns the medians
 /// (µs of CPU per atom) of the raw log and the store, and the per-round differences (25th,
 /// 50th, 75th percentile).
-fn cpu_overhead_threads(root: &Path, threads: usize, rounds: usize, per_thread: u64) -> [f64; 5] {
+fn cpu_overhead_threads(root: &Path, threads: usize, rounds: usize, per_thread: u64, compress_from: usize) -> [f64; 5] {
     let outputs = outputs(4_096);
     let sample_dir = tempfile::tempdir_in(root).expect("dir");
-    let (start, end) = sample_records(sample_dir.path(), &outputs);
+    let (start, end) = sample_records(sample_dir.path(), &outputs, compress_from);
     let log_dir = tempfile::tempdir_in(root).expect("dir");
     let log = Log::open(log_dir.path()).expect("log");
     let store_dir = tempfile::tempdir_in(root).expect("dir");
-    let (store, run) = warm_store(store_dir.path(), &outputs);
+    let (store, run) = warm_store(store_dir.path(), &outputs, compress_from);
     let atoms = (threads as u64 * per_thread) as f64;
     let micros = |work: &dyn Fn()| {
         let started = process_cpu();
@@ -239,10 +256,10 @@ const SPACE_SEGMENT_BYTES: u64 = 1 << 20;
 /// Bytes on disk per atom for a realistic run of `count` atoms, with the trained dictionary.
 /// Bytes on disk per atom: over all `count` atoms; from atom 2,100 on (the final dictionary
 /// trained); and over atoms 256–2,099 (the first, early dictionary); and the delta's size.
-fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64, f64) {
+fn bytes_per_atom(root: &Path, count: usize, compress_from: usize) -> (f64, f64, f64, f64) {
     let outputs = outputs(count);
     let dir = tempfile::tempdir_in(root).expect("dir");
-    let (store, marks) = space_store(dir.path(), &outputs, None);
+    let (store, marks) = space_store(dir.path(), &outputs, None, compress_from);
     let (young_from, measured_from) = marks;
     let total: u64 = store.log().segments().iter().map(|s| s.data_bytes).sum();
     let delta_bytes: usize = outputs.iter().map(|o| prost::Message::encoded_len(&o.delta)).sum();
@@ -254,9 +271,15 @@ fn bytes_per_atom(root: &Path, count: usize) -> (f64, f64, f64, f64) {
 /// A store of `outputs.len()` realistic atoms in 1 MiB segments, with `cold` compression for
 /// its compaction rounds (none run here); returns it and its log's bytes before atoms 256 and
 /// 2,100.
-fn space_store(dir: &Path, outputs: &[AtomOutput], cold: Option<FrameCompression>) -> (Store, (u64, u64)) {
+fn space_store(
+    dir: &Path,
+    outputs: &[AtomOutput],
+    cold: Option<FrameCompression>,
+    compress_from: usize,
+) -> (Store, (u64, u64)) {
     let store = Store::builder(dir)
         .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .compress_records_from(compress_from)
         .segment_bytes(SPACE_SEGMENT_BYTES)
         .compaction(CompactionPolicy { interval: None, cold_compression: cold, ..CompactionPolicy::default() })
         .background(false)
@@ -288,7 +311,7 @@ fn space_store(dir: &Path, outputs: &[AtomOutput], cold: Option<FrameCompression
 /// time of `Store::atom` before and after the round.
 fn bytes_per_atom_at_rest(root: &Path, outputs: &[AtomOutput], cold: FrameCompression) -> (f64, f64, f64, f64) {
     let dir = tempfile::tempdir_in(root).expect("dir");
-    let (store, _) = space_store(dir.path(), outputs, Some(cold));
+    let (store, _) = space_store(dir.path(), outputs, Some(cold), continuum::limits::COMPRESSION_MIN_BYTES);
     let steady_from = continuum::Lsn::new(2 * 2_100 + 8);
     let read_before = atom_read_micros(&store, outputs.len() as u64);
     let started = Instant::now();
@@ -370,19 +393,23 @@ fn main() {
         figures.extend(bench_atoms(&mut criterion, "atom_cpu", shm, &[1]));
     }
     let test_mode = std::env::args().any(|a| a == "--test");
-    let cpu = if shm.is_dir() {
+    let default = continuum::limits::COMPRESSION_MIN_BYTES;
+    let settings =
+        [(default, "default: records under 2 KiB appended plain"), (COMPRESS_ALL, "compress_records_from(64)")];
+    let cpu: Vec<[f64; 7]> = if shm.is_dir() {
         let (rounds, block) = if test_mode { (3, 50) } else { (61, 2_000) };
-        Some(cpu_overhead(shm, rounds, block))
+        settings.iter().map(|(from, _)| cpu_overhead(shm, rounds, block, *from)).collect()
     } else {
-        None
+        Vec::new()
     };
-    let cpu_16 = {
+    let cpu_16: Vec<[f64; 5]> = {
         let (rounds, per_thread) = if test_mode { (3, 10) } else { (21, 250) };
-        cpu_overhead_threads(&disk, 16, rounds, per_thread)
+        settings.iter().map(|(from, _)| cpu_overhead_threads(&disk, 16, rounds, per_thread, *from)).collect()
     };
     let atoms = if test_mode { 10_000 } else { 12_000 };
     let space_root = if shm.is_dir() { shm } else { &disk };
-    let (all, steady, young, delta) = bytes_per_atom(space_root, atoms);
+    let (all, steady, young, delta) = bytes_per_atom(space_root, atoms, COMPRESS_ALL);
+    let (all_plain, steady_plain, _, _) = bytes_per_atom(space_root, atoms, default);
     let space_outputs = outputs(atoms);
     let defaults = CompactionPolicy::COLD_COMPRESSION;
     let levels: &[(i32, usize)] = if test_mode {
@@ -406,8 +433,8 @@ fn main() {
     for (name, value) in figures {
         eprintln!("  {name:<55} {value:>9.2}");
     }
-    if let Some([raw, store, record, low, overhead, high, record_overhead]) = cpu {
-        eprintln!("  thread CPU time, tmpfs, alternating blocks (medians):");
+    for ([raw, store, record, low, overhead, high, record_overhead], (_, setting)) in cpu.iter().zip(&settings) {
+        eprintln!("  thread CPU time, tmpfs, alternating blocks (medians), {setting}:");
         eprintln!("    raw log (the store's two records)                     {raw:>9.2} µs/atom");
         eprintln!("    store, begin_atom + complete_atom                     {store:>9.2} µs/atom");
         eprintln!("    store, record_atom                                    {record:>9.2} µs/atom");
@@ -416,17 +443,22 @@ fn main() {
         );
         eprintln!("    store − raw log, record_atom                          {record_overhead:>9.2} µs/atom");
     }
-    let [raw, store, low, overhead, high] = cpu_16;
-    eprintln!("  process CPU time, 16 threads, Sync on the disk, alternating blocks (medians):");
-    eprintln!("    raw log (the store's two records)                     {raw:>9.2} µs/atom");
-    eprintln!("    store, begin_atom + complete_atom                     {store:>9.2} µs/atom");
-    eprintln!(
-        "    store − raw log                                       {overhead:>9.2} µs/atom (quartiles {low:.2}–{high:.2}; goal <= 5)"
-    );
+    for ([raw, store, low, overhead, high], (_, setting)) in cpu_16.iter().zip(&settings) {
+        eprintln!("  process CPU time, 16 threads, Sync on the disk, alternating blocks (medians), {setting}:");
+        eprintln!("    raw log (the store's two records)                     {raw:>9.2} µs/atom");
+        eprintln!("    store, begin_atom + complete_atom                     {store:>9.2} µs/atom");
+        eprintln!(
+            "    store − raw log                                       {overhead:>9.2} µs/atom (quartiles {low:.2}–{high:.2}; goal <= 5)"
+        );
+    }
     eprintln!("  delta size (protobuf, before compression)               {delta:>9.1} bytes/atom");
-    eprintln!("  on disk, {atoms} atoms, everything                     {all:>9.1} bytes/atom");
-    eprintln!("  on disk, atoms 256-2,099 (first, early dictionary)      {young:>9.1} bytes/atom");
-    eprintln!("  on disk, after the dictionary is trained                {steady:>9.1} bytes/atom (as appended)");
+    eprintln!("  as appended, default (records under 2 KiB plain), {atoms} atoms {all_plain:>9.1} bytes/atom");
+    eprintln!("  as appended, default, from atom 2,100                   {steady_plain:>9.1} bytes/atom");
+    eprintln!("  as appended, compress_records_from(64), {atoms} atoms {all:>9.1} bytes/atom");
+    eprintln!(
+        "  as appended, compress_records_from(64), atoms 256-2,099 (first, early dictionary) {young:>9.1} bytes/atom"
+    );
+    eprintln!("  as appended, compress_records_from(64), from atom 2,100 (final dictionary) {steady:>9.1} bytes/atom");
     for (cold, (bytes, micros, read_before, read_after)) in &at_rest {
         let default = if *cold == defaults { ", the default" } else { "" };
         eprintln!(

@@ -178,9 +178,10 @@ pub fn live_bytes(store: &Store) -> Result<u64> {
     Ok(store.space_report()?.live_bytes)
 }
 
-/// The bytes the store writes for `record` (no dictionary): lets tests build a log record by
-/// record, with fixed timestamps.
+/// The bytes a store built with `compress_records_from(64)` writes for `record` (no
+/// dictionary; every body of 64 bytes or more compressed): lets tests build a log record by
+/// record, with fixed timestamps, that shows both plain and compressed records.
 #[doc(hidden)]
 pub fn encode_record(record: &StoreRecord) -> Vec<u8> {
-    Codec::default().encode(record)
+    Codec::compressing_from(64).encode(record)
 }

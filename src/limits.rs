@@ -19,8 +19,12 @@ pub const REPLAY_THREADS_MAX: usize = 16;
 /// Deltas a rebuild decodes in parallel before applying them (bounds replay memory).
 pub const REPLAY_CHUNK_ATOMS: usize = 2048;
 
-/// Store records shorter than this are stored uncompressed (zstd's frame overhead wins).
-pub const COMPRESSION_MIN_BYTES: usize = 64;
+/// Default for the smallest record body the store compresses as it appends it
+/// (`StoreBuilder::compress_records_from`). Below about 2 KiB, zstd's fixed cost per frame
+/// (2.3 µs hot, 5–6 µs with 16 threads taking turns on two cores) dominates what a record
+/// saves, and cold compression stores those records far smaller once their segment is sealed
+/// (`FORMAT.md` §8).
+pub const COMPRESSION_MIN_BYTES: usize = 2048;
 
 /// zstd compression level of store records.
 pub const COMPRESSION_LEVEL: i32 = 3;

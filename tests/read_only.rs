@@ -114,7 +114,7 @@ fn a_read_only_open_of_a_directory_without_a_store_fails_and_creates_nothing() {
 fn store_metrics_count_what_happened() {
     let dir = tempfile::tempdir().expect("temporary directory");
     // No background thread: it would compact (and count) on its own schedule.
-    let store = Store::builder(dir.path()).background(false).open().expect("open");
+    let store = Store::builder(dir.path()).compress_records_from(64).background(false).open().expect("open");
     let run = store.create_run(RunSpec::new("metrics")).expect("run");
     let mut parents = Vec::new();
     for step in 0..10 {
@@ -148,7 +148,7 @@ fn store_metrics_count_what_happened() {
     assert_eq!(metrics.compaction_bytes_read, round.bytes_read);
     assert_eq!(metrics.compaction_bytes_reclaimed, round.bytes_reclaimed);
     drop(store);
-    let store = Store::builder(dir.path()).background(false).open().expect("reopen");
+    let store = Store::builder(dir.path()).compress_records_from(64).background(false).open().expect("reopen");
     let metrics = store.metrics();
     assert_eq!((metrics.index_rebuilds, metrics.index_rebuild_atoms), (1, 10));
     assert!(metrics.time_to_resume_ns > 0);

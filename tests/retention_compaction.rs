@@ -24,6 +24,8 @@ fn open_with(sim: &SimStorage, snapshot: SnapshotPolicy, retention: RetentionPol
     Store::builder(Path::new("/store"))
         .storage(Arc::new(sim.clone()))
         .segment_bytes(SEGMENT_BYTES)
+        // Small records compressed as appended: the segment layout these tests were sized for.
+        .compress_records_from(64)
         .snapshot_policy(snapshot)
         .retention(retention)
         .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None, ..CompactionPolicy::default() })

@@ -213,7 +213,7 @@ fn a_dictionary_is_trained_and_used_across_reopen() {
     let outputs: Vec<AtomOutput> =
         (0..2_100).map(|i| AtomOutput { delta: transcript.next_delta(500), result: vec![i as u8] }).collect();
     {
-        let store = Store::builder(dir.path()).open().expect("open");
+        let store = Store::builder(dir.path()).compress_records_from(64).open().expect("open");
         let run = store.create_run(RunSpec::new("r")).expect("run");
         for (i, out) in outputs.iter().enumerate() {
             let atom = store.begin_atom(run, "agent", &format!("step-{i}"), &[], "").expect("begin");
@@ -250,7 +250,7 @@ fn a_small_dictionary_comes_early_and_the_final_one_later_across_reopens() {
     let mut transcript = Transcript::new(8);
     let mut outputs = Vec::new();
     let mut write = |count: usize, outputs: &mut Vec<AtomOutput>| {
-        let store = Store::builder(dir.path()).open().expect("open");
+        let store = Store::builder(dir.path()).compress_records_from(64).open().expect("open");
         let run = store.create_run(RunSpec::new("r")).expect("run");
         for _ in 0..count {
             let out = AtomOutput { delta: transcript.next_delta(500), result: Vec::new() };
@@ -303,7 +303,8 @@ fn small_segments_still_get_both_dictionaries() {
     let mut transcript = Transcript::new(9);
     let mut outputs = Vec::new();
     {
-        let store = Store::builder(dir.path()).segment_bytes(segment_bytes).open().expect("open");
+        let store =
+            Store::builder(dir.path()).segment_bytes(segment_bytes).compress_records_from(64).open().expect("open");
         let run = store.create_run(RunSpec::new("r")).expect("run");
         for i in 0..2_400 {
             let out = AtomOutput { delta: transcript.next_delta(500), result: Vec::new() };
@@ -312,7 +313,8 @@ fn small_segments_still_get_both_dictionaries() {
             outputs.push(out);
         }
     }
-    let store = Store::builder(dir.path()).segment_bytes(segment_bytes).open().expect("reopen");
+    let store =
+        Store::builder(dir.path()).segment_bytes(segment_bytes).compress_records_from(64).open().expect("reopen");
     let (dictionaries, completions) = dictionaries_and_completions(&store);
     assert_eq!(dictionaries.len(), 2, "{dictionaries:?}");
     assert!(dictionaries[0].1 <= 16 * 1024 && dictionaries[1].1 > dictionaries[0].1, "{dictionaries:?}");
@@ -322,4 +324,20 @@ fn small_segments_still_get_both_dictionaries() {
     for (atom, out) in store.run_atoms(run).into_iter().zip(&outputs) {
         assert_eq!(store.atom(atom).expect("atom").output.as_ref(), Some(out));
     }
+}
+
+#[test]
+fn by_default_only_large_records_are_compressed_as_they_are_appended() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut transcript = Transcript::new(12);
+    let small = AtomOutput { delta: transcript.next_delta(500), result: Vec::new() };
+    let large = AtomOutput { delta: transcript.next_delta(8_000), result: Vec::new() };
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let a = store.record_atom(run, "agent", "small", &[], "", &small).expect("small");
+    let b = store.record_atom(run, "agent", "large", &[a], "", &large).expect("large");
+    let (_, completions) = dictionaries_and_completions(&store);
+    assert_eq!(completions, vec!["none".to_owned(), "zstd".to_owned()]);
+    assert_eq!(store.atom(b).expect("b").output, Some(large));
+    assert_eq!(store.atom(a).expect("a").output, Some(small));
 }

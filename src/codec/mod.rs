@@ -255,6 +255,8 @@ pub(crate) struct Codec {
     current: RwLock<Option<u32>>,
     compressors: compressors::Compressors,
     decompressors: Mutex<Vec<(Option<u32>, zstd::bulk::Decompressor<'static>)>>,
+    /// The smallest body compressed when encoded.
+    compress_from: CompressFrom,
     /// Bytes of protobuf bodies encoded, and of the envelopes written for them (metrics).
     encoded_raw_bytes: AtomicU64,
     encoded_stored_bytes: AtomicU64,
@@ -266,7 +268,23 @@ impl std::fmt::Debug for Codec {
     }
 }
 
+/// The smallest record body a codec compresses (default `COMPRESSION_MIN_BYTES`).
+#[derive(Clone, Copy, Debug)]
+struct CompressFrom(usize);
+
+impl Default for CompressFrom {
+    fn default() -> Self {
+        Self(limits::COMPRESSION_MIN_BYTES)
+    }
+}
+
 impl Codec {
+    /// A codec that compresses record bodies of at least `bytes` bytes (those zstd shrinks);
+    /// smaller ones are stored plain. Decoding is the same for every codec.
+    pub fn compressing_from(bytes: usize) -> Self {
+        Self { compress_from: CompressFrom(bytes), ..Self::default() }
+    }
+
     /// Adds a dictionary (read back from the log, or just trained) and makes it current.
     pub fn add_dictionary(&self, id: u32, dictionary: &[u8]) {
         self.dictionaries.write().insert(id, Arc::from(dictionary));
@@ -332,7 +350,7 @@ impl Codec {
 
     fn wrap_uncounted(&self, kind: u8, subject: u64, body: &[u8], compressible: bool) -> Vec<u8> {
         if compressible
-            && body.len() >= limits::COMPRESSION_MIN_BYTES
+            && body.len() >= self.compress_from.0
             && let Some(out) = self.wrap_compressed(kind, subject, body)
         {
             return out;

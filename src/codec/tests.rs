@@ -64,7 +64,7 @@ fn sample_records(seed: u64) -> Vec<StoreRecord> {
 
 #[test]
 fn every_kind_round_trips_with_and_without_a_dictionary() {
-    let codec = Codec::default();
+    let codec = Codec::compressing_from(64);
     for record in sample_records(1) {
         assert_eq!(codec.decode(&codec.encode(&record)).as_ref(), Ok(&record));
     }
@@ -80,7 +80,7 @@ fn every_kind_round_trips_with_and_without_a_dictionary() {
 
 #[test]
 fn a_record_needing_an_unknown_dictionary_is_a_typed_error() {
-    let trained = Codec::default();
+    let trained = Codec::compressing_from(64);
     let mut transcript = Transcript::new(3);
     let samples: Vec<Vec<u8>> = (0..500).map(|_| transcript.next_delta(500).encode_to_vec()).collect();
     trained.add_dictionary(7, &train_dictionary(&samples, limits::DICTIONARY_BYTES).expect("train"));
@@ -95,7 +95,7 @@ fn a_record_needing_an_unknown_dictionary_is_a_typed_error() {
 
 #[test]
 fn malformed_envelopes_are_typed_errors() {
-    let codec = Codec::default();
+    let codec = Codec::compressing_from(64);
     assert_eq!(codec.decode(&[]), Err(CodecError::Truncated));
     assert_eq!(codec.decode(&[99, 1, 0, 0, 0]), Err(CodecError::UnknownKind(99)));
     assert!(matches!(codec.decode(&[2, 9, 0, 0, 0]), Err(CodecError::UnsupportedVersion { version: 9, .. })));
@@ -116,7 +116,7 @@ fn malformed_envelopes_are_typed_errors() {
 
 #[test]
 fn every_truncation_and_bit_flip_decodes_or_errs_without_panicking() {
-    let codec = Codec::default();
+    let codec = Codec::compressing_from(64);
     for record in sample_records(5) {
         let bytes = codec.encode(&record);
         for cut in 0..bytes.len() {
@@ -179,7 +179,7 @@ pub(crate) fn arb_delta() -> impl Strategy<Value = Delta> {
 proptest! {
     #[test]
     fn random_deltas_round_trip(delta in arb_delta(), result in proptest::collection::vec(any::<u8>(), 0..100), atom in 1u64..u64::MAX) {
-        let codec = Codec::default();
+        let codec = Codec::compressing_from(64);
         let record = StoreRecord::AtomCompleted(AtomCompleted { atom, delta: Some(delta), result, ended_at_unix_us: atom / 3 });
         prop_assert_eq!(codec.decode(&codec.encode(&record)), Ok(record));
     }
@@ -192,7 +192,7 @@ proptest! {
 
 #[test]
 fn the_borrowed_completion_encoding_equals_the_owned_one() {
-    let codec = Codec::default();
+    let codec = Codec::compressing_from(64);
     let mut transcript = Transcript::new(11);
     for (atom, result, ended) in [(1u64, b"ok".to_vec(), 5u64), (0, Vec::new(), 0), (u64::MAX, vec![0; 300], 1)] {
         let delta = transcript.next_delta(500);
@@ -210,7 +210,7 @@ fn the_borrowed_completion_encoding_equals_the_owned_one() {
 
 #[test]
 fn frames_with_or_without_their_own_dictionary_id_and_length_decode() {
-    let codec = Codec::default();
+    let codec = Codec::compressing_from(64);
     let mut transcript = Transcript::new(5);
     let samples: Vec<Vec<u8>> = (0..500).map(|_| transcript.next_delta(500).encode_to_vec()).collect();
     let dictionary = train_dictionary(&samples, limits::DICTIONARY_BYTES).expect("train");
@@ -234,4 +234,28 @@ fn frames_with_or_without_their_own_dictionary_id_and_length_decode() {
     assert_eq!(codec.decode(&new_bytes), Ok(record));
     // The new frame omits the 4-byte dictionary id and the content size.
     assert!(new_bytes.len() + 4 <= old_bytes.len(), "{} against {}", new_bytes.len(), old_bytes.len());
+}
+
+#[test]
+fn the_default_codec_compresses_only_bodies_of_two_kib_and_more() {
+    let codec = Codec::default();
+    let mut transcript = Transcript::new(21);
+    let small = StoreRecord::AtomCompleted(AtomCompleted {
+        atom: 1,
+        delta: Some(transcript.next_delta(500)),
+        ..Default::default()
+    });
+    let large = StoreRecord::AtomCompleted(AtomCompleted {
+        atom: 2,
+        delta: Some(transcript.next_delta(8000)),
+        ..Default::default()
+    });
+    assert!(small.encode_body().len() < limits::COMPRESSION_MIN_BYTES);
+    assert!(large.encode_body().len() >= limits::COMPRESSION_MIN_BYTES);
+    let (small_bytes, large_bytes) = (codec.encode(&small), codec.encode(&large));
+    assert_eq!(small_bytes[2], 0, "a 500-byte delta is stored plain");
+    assert_eq!(large_bytes[2], 1, "a delta of several KiB is compressed");
+    assert!(large_bytes.len() < large.encode_body().len() / 2);
+    assert_eq!(codec.decode(&small_bytes), Ok(small));
+    assert_eq!(codec.decode(&large_bytes), Ok(large));
 }

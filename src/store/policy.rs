@@ -94,6 +94,8 @@ pub(crate) struct Policies {
     /// Records a fold must cover beyond the newest index checkpoint before the store writes
     /// another on its own (at open, at close, on the background thread).
     pub index_checkpoint_after: u64,
+    /// The smallest record body compressed as it is appended.
+    pub compress_records_from: usize,
 }
 
 impl Default for Policies {
@@ -103,6 +105,7 @@ impl Default for Policies {
             retention: RetentionPolicy::default(),
             compaction: CompactionPolicy::default(),
             index_checkpoint_after: crate::store::checkpoint::MIN_NEW_RECORDS,
+            compress_records_from: crate::limits::COMPRESSION_MIN_BYTES,
         }
     }
 }
