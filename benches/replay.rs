@@ -6,6 +6,12 @@
 //! bounded window (it drops its oldest message once it holds 40), a few thousand state keys,
 //! and 1,000 slots each of tool outputs and intermediate results.
 //!
+//! The targets are measured on records compressed one by one as they were appended
+//! (`compress_records_from(64)`, every store's layout before session 7): what the parallel
+//! replayer decompresses on several cores. The summary also prints the same rebuilds of the
+//! default layout, whose ~570-byte records are appended plain: faster, with nothing to
+//! decompress, so the replayer's sequential part weighs more against its bound.
+//!
 //! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000).
 
 use std::path::Path;
@@ -15,12 +21,17 @@ use continuum::synthetic::Transcript;
 use continuum::{AtomId, AtomOutput, RunSpec, Store};
 use criterion::Criterion;
 
+/// Records compressed one by one as they are appended: the layout the targets are set on.
+const COMPRESSED: usize = 64;
+
 /// The store as these benchmarks use it: explicit snapshots only, all kept (time travel to
-/// any atom needs every one of them), no background thread.
-fn open(dir: &Path) -> Store {
+/// any atom needs every one of them), no background thread; record bodies of `compress_from`
+/// bytes or more compressed as they are appended.
+fn open(dir: &Path, compress_from: usize) -> Store {
     let keep_all = continuum::RetentionPolicy { snapshots_per_agent: usize::MAX, finished_run_age: None };
     Store::builder(dir)
         .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .compress_records_from(compress_from)
         .retention(keep_all)
         .background(false)
         .open()
@@ -28,9 +39,14 @@ fn open(dir: &Path) -> Store {
 }
 
 /// Builds a one-agent linear history of `count` atoms; snapshots every `snapshot_every`.
-fn build(root: &Path, count: u64, snapshot_every: Option<u64>) -> (tempfile::TempDir, Vec<AtomId>) {
+fn build(
+    root: &Path,
+    count: u64,
+    snapshot_every: Option<u64>,
+    compress_from: usize,
+) -> (tempfile::TempDir, Vec<AtomId>) {
     let dir = tempfile::tempdir_in(root).expect("dir");
-    let store = open(dir.path());
+    let store = open(dir.path(), compress_from);
     let run = store.create_run(RunSpec::new("replay")).expect("run");
     let mut transcript = Transcript::new(1);
     let mut ids: Vec<AtomId> = Vec::with_capacity(count as usize);
@@ -92,8 +108,8 @@ fn main() {
     let small = 10_000u64.min(big);
     let mut lines = Vec::new();
 
-    let (small_dir, small_ids) = build(&root, small, None);
-    let store = open(small_dir.path());
+    let (small_dir, small_ids) = build(&root, small, None, COMPRESSED);
+    let store = open(small_dir.path(), COMPRESSED);
     let head = *small_ids.last().expect("atoms");
     let mut group = criterion.benchmark_group("replay");
     group.sample_size(20);
@@ -113,9 +129,9 @@ fn main() {
     drop(store);
 
     let started = Instant::now();
-    let (big_dir, big_ids) = build(&root, big, None);
+    let (big_dir, big_ids) = build(&root, big, None, COMPRESSED);
     lines.push(format!("{big} atoms built in {:.1} s", started.elapsed().as_secs_f64()));
-    let store = open(big_dir.path());
+    let store = open(big_dir.path(), COMPRESSED);
     let head = *big_ids.last().expect("atoms");
     let repeats = if test_mode { 1 } else { 3 };
     let parallel = time(repeats, || drop(store.rebuild_context(head).expect("rebuild")));
@@ -137,15 +153,37 @@ fn main() {
     drop(store);
     drop(big_dir);
 
+    // The default layout: records under 2 KiB appended plain (left to cold compression).
+    let default = continuum::limits::COMPRESSION_MIN_BYTES;
+    for count in [small, big] {
+        let (dir, ids) = build(&root, count, None, default);
+        let store = open(dir.path(), default);
+        let head = *ids.last().expect("atoms");
+        let repeats = if count == small { 9 } else { repeats };
+        let parallel = time(repeats, || drop(store.rebuild_context(head).expect("rebuild")));
+        let one = time(repeats, || drop(store.rebuild_context_with_threads(head, 1).expect("rebuild")));
+        let bound = time(repeats, || {
+            let _ = store.read_and_decompress_run(head).expect("read");
+        });
+        lines.push(format!(
+            "default layout (records plain), {count} atoms: full replay {:.2} ms, one thread {:.2} ms (speedup {:.2}x), read only {:.2} ms (replay / bound {:.2})",
+            parallel.as_secs_f64() * 1e3,
+            one.as_secs_f64() * 1e3,
+            one.as_secs_f64() / parallel.as_secs_f64(),
+            bound.as_secs_f64() * 1e3,
+            parallel.as_secs_f64() / bound.as_secs_f64()
+        ));
+    }
+
     // The figure: any atom of the 1,000,000-atom history, with a snapshot every 50.
     let travel_atoms = if test_mode { 2_000 } else { big };
     let started = Instant::now();
-    let (travel_dir, travel_ids) = build(&root, travel_atoms, Some(50));
+    let (travel_dir, travel_ids) = build(&root, travel_atoms, Some(50), COMPRESSED);
     lines.push(format!(
         "{travel_atoms} atoms with a snapshot every 50 built in {:.1} s",
         started.elapsed().as_secs_f64()
     ));
-    let store = open(travel_dir.path());
+    let store = open(travel_dir.path(), COMPRESSED);
     let mut worst = Duration::ZERO;
     let mut total = Duration::ZERO;
     let picks = 200;

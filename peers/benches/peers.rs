@@ -197,7 +197,7 @@ impl Scale {
             data_set_bytes: 1 << 30,
             opens: 3,
             pool_deltas: POOL_DELTAS,
-            at_rest_atoms: 200_000,
+            at_rest_atoms: 600_000,
         };
         if options.test {
             return Self {
@@ -636,6 +636,7 @@ fn at_rest(options: &Options, scale: &Scale, root: &Path, report: &mut Report) {
     let compact = started.elapsed();
     assert_eq!(round.deltas_reclaimed, 0, "no snapshots: the round reclaims nothing");
     report.record_space(AT_REST, Engine::ContinuumStore, &dir, store.sink(), atoms, Some(delta_bytes));
+    let (compressed, appended, checkpoint) = store.breakdown();
     store.close().expect("the at-rest store should close");
     let lines = vec![
         format!("sample: {atoms} atoms of the data set's deltas and agents, loaded in {:.1} s", load.as_secs_f64()),
@@ -648,6 +649,12 @@ fn at_rest(options: &Options, scale: &Scale, root: &Path, report: &mut Report) {
         format!(
             "log bytes: {} → {} in the compressed segments; the active segment stays as appended",
             round.bytes_read, round.bytes_written
+        ),
+        format!(
+            "where the bytes are, per atom of the sample: compressed segments {:.1}, segments as appended (the active one) {:.1}, index checkpoint {:.1}",
+            compressed as f64 / atoms as f64,
+            appended as f64 / atoms as f64,
+            checkpoint as f64 / atoms as f64
         ),
     ];
     report.section(options, AT_REST, lines);

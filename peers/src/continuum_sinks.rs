@@ -140,6 +140,16 @@ impl StoreSink {
         Ok(report)
     }
 
+    /// Bytes of the compressed segments, of the other (as appended) segments, and of the index
+    /// checkpoint file.
+    pub(crate) fn breakdown(&self) -> (u64, u64, u64) {
+        let segments = self.store.log().segments();
+        let compressed = segments.iter().filter(|s| s.compressed).map(|s| s.data_bytes).sum();
+        let appended = segments.iter().filter(|s| !s.compressed).map(|s| s.data_bytes).sum();
+        let checkpoint = std::fs::metadata(self.dir.join("index.ckpt")).map_or(0, |m| m.len());
+        (compressed, appended, checkpoint)
+    }
+
     fn run(&self, agent: u32) -> Result<RunId> {
         let index = usize::try_from(agent).ok().filter(|index| *index < self.runs.len());
         index

@@ -184,6 +184,12 @@ impl AtRestStore {
         self.0.compact()
     }
 
+    /// Bytes of the log's compressed (sealed) segments, of its active segment, and of the
+    /// index checkpoint file: where the directory's bytes are.
+    pub fn breakdown(&self) -> (u64, u64, u64) {
+        self.0.breakdown()
+    }
+
     /// Closes the store, syncing its files.
     ///
     /// # Errors
