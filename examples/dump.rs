@@ -369,7 +369,7 @@ fn summary_json(summary: &Summary, log: &Log, dir: &Path) -> Value {
         })),
         "records": {"total": totals.count, "by_kind": totals.by_kind},
         "bytes_on_disk": {"total": disk_bytes, "segment_files": segment_file_bytes, "snapshots": snapshot_bytes,
-            "other": disk_bytes - segment_file_bytes - snapshot_bytes},
+            "other": other_bytes(summary)},
         "log_data_bytes": log_data_bytes,
         "compression": {"record_bytes_stored": totals.stored_bytes, "record_bytes_raw": totals.body_bytes,
             "ratio": ratio(totals.stored_bytes, totals.body_bytes)},
@@ -377,6 +377,13 @@ fn summary_json(summary: &Summary, log: &Log, dir: &Path) -> Value {
             "space_amplification": ratio(*log_data_bytes, f.live_bytes),
             "disk_amplification": ratio(*disk_bytes, f.live_bytes)})),
     })
+}
+
+/// Bytes on disk that are neither segment files nor snapshots. The snapshots and the directory
+/// are listed one after the other, so with a live writer (which writes and deletes policy
+/// snapshots) the parts may not add up: never below zero.
+fn other_bytes(summary: &Summary) -> u64 {
+    summary.disk_bytes.saturating_sub(summary.segment_file_bytes).saturating_sub(summary.snapshot_bytes)
 }
 
 fn summary_text(summary: &Summary, log: &Log, dir: &Path, out: &mut dyn Write) -> Result<(), Failure> {
@@ -405,7 +412,7 @@ fn summary_text(summary: &Summary, log: &Log, dir: &Path, out: &mut dyn Write) -
     }
     let kinds: Vec<String> = totals.by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
     writeln!(out, "records: {} ({})", totals.count, kinds.join(", "))?;
-    let other = disk_bytes - segment_file_bytes - snapshot_bytes;
+    let other = other_bytes(summary);
     writeln!(
         out,
         "bytes on disk: {disk_bytes} (segment files {segment_file_bytes}, preallocated; snapshots {snapshot_bytes}; other {other})"
