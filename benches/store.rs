@@ -73,6 +73,29 @@ fn sample_records(dir: &Path, outputs: &[AtomOutput], compress_from: usize) -> (
     (start, end)
 }
 
+/// What the store-against-log measurements share: outputs, the store's two records for the
+/// raw log, a raw log and a warmed store on `root` (the directories live as long as it).
+struct Fixture {
+    outputs: Vec<AtomOutput>,
+    start: Vec<u8>,
+    end: Vec<u8>,
+    log: Log,
+    store: Store,
+    run: continuum::RunId,
+    _dirs: [tempfile::TempDir; 3],
+}
+
+impl Fixture {
+    fn new(root: &Path, compress_from: usize) -> Self {
+        let outputs = outputs(4_096);
+        let dirs = [(); 3].map(|()| tempfile::tempdir_in(root).expect("dir"));
+        let (start, end) = sample_records(dirs[0].path(), &outputs, compress_from);
+        let log = Log::open(dirs[1].path()).expect("log");
+        let (store, run) = warm_store(dirs[2].path(), &outputs, compress_from);
+        Self { outputs, start, end, log, store, run, _dirs: dirs }
+    }
+}
+
 fn raw_atoms(log: &Log, start: &[u8], end: &[u8], count: u64) {
     for _ in 0..count {
         log.append_with(start, Durability::None).expect("append");
@@ -99,14 +122,8 @@ fn parallel(threads: usize, per_thread: u64, work: impl Fn(usize, u64) + Sync) -
 }
 
 fn bench_atoms(c: &mut Criterion, group_name: &str, root: &Path, threads_list: &[usize]) -> Vec<(String, f64)> {
-    let outputs = outputs(4_096);
-    let sample_dir = tempfile::tempdir_in(root).expect("dir");
-    let default = continuum::limits::COMPRESSION_MIN_BYTES;
-    let (start, end) = sample_records(sample_dir.path(), &outputs, default);
-    let log_dir = tempfile::tempdir_in(root).expect("dir");
-    let log = Log::open(log_dir.path()).expect("log");
-    let store_dir = tempfile::tempdir_in(root).expect("dir");
-    let (store, run) = warm_store(store_dir.path(), &outputs, default);
+    let Fixture { _dirs, outputs, start, end, log, store, run } =
+        Fixture::new(root, continuum::limits::COMPRESSION_MIN_BYTES);
     let counter = std::sync::atomic::AtomicU64::new(0);
     let mut group = c.benchmark_group(group_name);
     group.sample_size(10).measurement_time(Duration::from_secs(4)).throughput(Throughput::Elements(1));
@@ -155,13 +172,7 @@ fn thread_cpu() -> Duration {
 /// the raw log, the two store protocols, and the per-round differences store − raw (25th,
 /// 50th, 75th percentile) and record_atom − raw (50th).
 fn cpu_overhead(root: &Path, rounds: usize, block: u64, compress_from: usize) -> [f64; 7] {
-    let outputs = outputs(4_096);
-    let sample_dir = tempfile::tempdir_in(root).expect("dir");
-    let (start, end) = sample_records(sample_dir.path(), &outputs, compress_from);
-    let log_dir = tempfile::tempdir_in(root).expect("dir");
-    let log = Log::open(log_dir.path()).expect("log");
-    let store_dir = tempfile::tempdir_in(root).expect("dir");
-    let (store, run) = warm_store(store_dir.path(), &outputs, compress_from);
+    let Fixture { _dirs, outputs, start, end, log, store, run } = Fixture::new(root, compress_from);
     let micros = |work: &mut dyn FnMut()| {
         let started = thread_cpu();
         work();
@@ -206,13 +217,7 @@ fn process_cpu() -> Duration {
 /// (µs of CPU per atom) of the raw log and the store, and the per-round differences (25th,
 /// 50th, 75th percentile).
 fn cpu_overhead_threads(root: &Path, threads: usize, rounds: usize, per_thread: u64, compress_from: usize) -> [f64; 5] {
-    let outputs = outputs(4_096);
-    let sample_dir = tempfile::tempdir_in(root).expect("dir");
-    let (start, end) = sample_records(sample_dir.path(), &outputs, compress_from);
-    let log_dir = tempfile::tempdir_in(root).expect("dir");
-    let log = Log::open(log_dir.path()).expect("log");
-    let store_dir = tempfile::tempdir_in(root).expect("dir");
-    let (store, run) = warm_store(store_dir.path(), &outputs, compress_from);
+    let Fixture { _dirs, outputs, start, end, log, store, run } = Fixture::new(root, compress_from);
     let atoms = (threads as u64 * per_thread) as f64;
     let micros = |work: &dyn Fn()| {
         let started = process_cpu();

@@ -114,6 +114,18 @@ fn index_checkpoints_change_nothing_across_crashes() {
     eprintln!("store crash points with checkpoints: {states} crash states, {from_checkpoint} reopened from one");
 }
 
+/// Runs `work` on a fresh simulated store that halts after `crash_at` I/O calls, crashes it
+/// with `damage`, and returns the store reopened from what survived.
+fn crashed(crash_at: u64, damage: CrashDamage, checkpoints: Checkpoints, work: impl FnOnce(&Store)) -> Store {
+    let sim = SimStorage::new(crash_at);
+    let store = open(&sim, checkpoints).expect("open");
+    sim.halt_after(crash_at);
+    work(&store);
+    drop(store);
+    sim.crash(damage);
+    open(&sim, checkpoints).unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): reopen: {e}"))
+}
+
 /// A checkpointer's agent: runs each step, then records it finished with `record_atom`
 /// (start and completion in one batch). On resume, a step the store holds is never run again.
 fn run_checkpointed_agent(store: &Store, world: &RefCell<World>) -> continuum::Result<()> {
@@ -149,15 +161,10 @@ fn a_recorded_atom_is_all_or_nothing_across_crashes() {
     for crash_at in 0..=total {
         for damage in [CrashDamage::ALL[0], CrashDamage::ALL[4], CrashDamage::ALL[8]] {
             let world = RefCell::new(World::default());
-            let sim = SimStorage::new(crash_at);
-            let store = open(&sim, Checkpoints::Default).expect("open");
-            sim.halt_after(crash_at);
-            let _ = run_checkpointed_agent(&store, &world);
-            drop(store);
-            sim.crash(damage);
+            let store = crashed(crash_at, damage, Checkpoints::Default, |store| {
+                let _ = run_checkpointed_agent(store, &world);
+            });
             let acknowledged_before = world.borrow().acknowledged.clone();
-            let store = open(&sim, Checkpoints::Default)
-                .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): reopen: {e}"));
             if let Some(run) = store.run_id("checkpointed") {
                 // A start without its completion would be a torn batch.
                 assert!(store.incomplete_atoms(run).is_empty(), "crash at {crash_at} ({damage:?}): a half atom");
@@ -189,15 +196,10 @@ fn crash_everywhere(checkpoints: Checkpoints) -> (u64, u64) {
     for crash_at in 0..=total {
         for damage in [CrashDamage::ALL[0], CrashDamage::ALL[4], CrashDamage::ALL[8]] {
             let world = RefCell::new(World::default());
-            let sim = SimStorage::new(crash_at);
-            let store = open(&sim, checkpoints).expect("open");
-            sim.halt_after(crash_at);
-            let _ = run_agent(&store, &world, checkpoints);
-            drop(store);
-            sim.crash(damage);
+            let store = crashed(crash_at, damage, checkpoints, |store| {
+                let _ = run_agent(store, &world, checkpoints);
+            });
             let acknowledged_before = world.borrow().acknowledged.clone();
-            let store =
-                open(&sim, checkpoints).unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): reopen: {e}"));
             from_checkpoint += u64::from(store.index_checkpoint().opened_from.is_some());
             run_agent(&store, &world, checkpoints)
                 .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));

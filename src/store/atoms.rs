@@ -76,15 +76,7 @@ impl Store {
         idempotency_key: &str,
     ) -> Result<AtomId> {
         let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
-        let record = StoreRecord::AtomStarted(proto::AtomStarted {
-            atom: atom.0,
-            run: run.0,
-            agent: agent.to_owned(),
-            key: key.to_owned(),
-            parents: parents.iter().map(|p| p.0).collect(),
-            idempotency_key: idempotency_key.to_owned(),
-            started_at_unix_us: now_us(),
-        });
+        let record = start_record(atom, run, agent, key, parents, idempotency_key, now_us());
         let appended = self.append(&record, Durability::None);
         let mut index = self.shared.index.write();
         match appended {
@@ -139,15 +131,7 @@ impl Store {
     ) -> Result<AtomId> {
         let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
         let now = now_us();
-        let started = self.shared.codec.encode(&StoreRecord::AtomStarted(proto::AtomStarted {
-            atom: atom.0,
-            run: run.0,
-            agent: agent.to_owned(),
-            key: key.to_owned(),
-            parents: parents.iter().map(|p| p.0).collect(),
-            idempotency_key: idempotency_key.to_owned(),
-            started_at_unix_us: now,
-        }));
+        let started = self.shared.codec.encode(&start_record(atom, run, agent, key, parents, idempotency_key, now));
         // Sampled before encoding, as `complete_atom` does: a dictionary trained here is
         // appended before the records it compresses.
         self.sample_for_dictionary(&output.delta);
@@ -563,6 +547,27 @@ impl Store {
         }
         self.begin_atom(run, agent, key, &[from], "")
     }
+}
+
+/// The `AtomStarted` record of `atom`.
+fn start_record(
+    atom: AtomId,
+    run: RunId,
+    agent: &str,
+    key: &str,
+    parents: &[AtomId],
+    idempotency_key: &str,
+    started_at_unix_us: u64,
+) -> StoreRecord {
+    StoreRecord::AtomStarted(proto::AtomStarted {
+        atom: atom.0,
+        run: run.0,
+        agent: agent.to_owned(),
+        key: key.to_owned(),
+        parents: parents.iter().map(|p| p.0).collect(),
+        idempotency_key: idempotency_key.to_owned(),
+        started_at_unix_us,
+    })
 }
 
 /// Frees the id and key [`Store::reserve_atom`] took for an atom whose start was not written.
