@@ -587,3 +587,107 @@ impl CheckpointPatch {
 struct Graph {
     parents: std::collections::BTreeMap<u64, Vec<u64>>,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, OnceLock, Weak};
+
+    use crate::storage::{DirLock, FileStorage, OpenMode, Storage, StorageFile};
+    use crate::synthetic::Transcript;
+    use crate::{AtomOutput, CompactionPolicy, RunSpec, SnapshotPolicy, Store};
+
+    use crate::store::Shared;
+
+    /// The real file system, except that the store is marked closing the moment a compaction
+    /// rewrite creates its new segment: the rewrite then meets the flag at its first record.
+    #[derive(Debug)]
+    struct CloseOnRewrite {
+        shared: Arc<OnceLock<Weak<Shared>>>,
+    }
+
+    impl Storage for CloseOnRewrite {
+        fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+            FileStorage::new().create_dir_all(dir)
+        }
+        fn list_dir(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+            FileStorage::new().list_dir(dir)
+        }
+        fn open(&self, path: &Path, mode: OpenMode) -> std::io::Result<Arc<dyn StorageFile>> {
+            let rewrite = path.file_name().is_some_and(|name| name.to_string_lossy().contains(".compact"));
+            if let Some(shared) = self.shared.get().and_then(Weak::upgrade).filter(|_| rewrite) {
+                shared.closing.store(true, Ordering::Release);
+            }
+            FileStorage::new().open(path, mode)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            FileStorage::new().rename(from, to)
+        }
+        fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+            FileStorage::new().remove_file(path)
+        }
+        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+            FileStorage::new().sync_dir(dir)
+        }
+        fn lock_dir(&self, dir: &Path) -> std::io::Result<DirLock> {
+            FileStorage::new().lock_dir(dir)
+        }
+    }
+
+    #[test]
+    fn a_compressed_rewrite_gives_way_to_a_closing_store_and_loses_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let slot = Arc::new(OnceLock::new());
+        let policy = CompactionPolicy { interval: None, ..CompactionPolicy::default() };
+        let builder = |storage: Arc<dyn Storage>| {
+            Store::builder(dir.path())
+                .storage(storage)
+                .segment_bytes(64 * 1024)
+                .snapshot_policy(SnapshotPolicy::NEVER)
+                .compaction(policy)
+                .background(false)
+        };
+        let store = builder(Arc::new(CloseOnRewrite { shared: Arc::clone(&slot) })).open().expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let mut transcript = Transcript::new(3);
+        let outputs: Vec<AtomOutput> =
+            (0..300).map(|i| AtomOutput { delta: transcript.next_delta(500), result: vec![i as u8] }).collect();
+        let mut atoms = Vec::new();
+        for (i, output) in outputs.iter().enumerate() {
+            let parents: Vec<_> = atoms.last().copied().into_iter().collect();
+            atoms.push(store.record_atom(run, "agent", &i.to_string(), &parents, "", output).expect("atom"));
+        }
+        let before: Vec<_> = store.log().segments().iter().map(|s| (s.first_lsn, s.data_bytes, s.compressed)).collect();
+        assert!(before.len() > 3, "sealed segments to compress: {before:?}");
+        slot.set(Arc::downgrade(&store.shared)).expect("set once");
+
+        let report = store.compact().expect("a round that gives way is not an error");
+        assert!(report.aborted, "{report:?}");
+        assert_eq!((report.segments_rewritten, report.segments_compressed), (0, 0), "{report:?}");
+        let after: Vec<_> = store.log().segments().iter().map(|s| (s.first_lsn, s.data_bytes, s.compressed)).collect();
+        assert_eq!(after, before, "the segment it was rewriting stays as it was");
+        let leftovers: Vec<String> = FileStorage::new()
+            .list_dir(dir.path())
+            .expect("list")
+            .into_iter()
+            .filter(|name| name.contains(".compact"))
+            .collect();
+        assert!(leftovers.is_empty(), "no half-written rewrite is left: {leftovers:?}");
+        for (atom, output) in atoms.iter().zip(&outputs) {
+            assert_eq!(store.atom(*atom).expect("atom").output.as_ref(), Some(output));
+        }
+        drop(store);
+
+        // Reopened on the plain file system: everything reads back, and a round compresses it all.
+        let store = builder(Arc::new(FileStorage::new())).open().expect("reopen");
+        for (atom, output) in atoms.iter().zip(&outputs) {
+            assert_eq!(store.atom(*atom).expect("atom").output.as_ref(), Some(output));
+        }
+        let report = store.compact().expect("round");
+        assert!(!report.aborted && report.segments_compressed == before.len() - 1, "{report:?}");
+        for (atom, output) in atoms.iter().zip(&outputs) {
+            assert_eq!(store.atom(*atom).expect("atom").output.as_ref(), Some(output));
+        }
+    }
+}
