@@ -10,7 +10,8 @@
 //! (`compress_records_from(64)`, every store's layout before session 7): what the parallel
 //! replayer decompresses on several cores. The summary also prints the same rebuilds of the
 //! default layout, whose ~570-byte records are appended plain: faster, with nothing to
-//! decompress, so the replayer's sequential part weighs more against its bound.
+//! decompress, so the replayer's sequential part weighs more against its bound. And a full
+//! replay of 200,000 default-layout atoms before and after cold compression rewrote them.
 //!
 //! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000).
 
@@ -47,6 +48,12 @@ fn build(
 ) -> (tempfile::TempDir, Vec<AtomId>) {
     let dir = tempfile::tempdir_in(root).expect("dir");
     let store = open(dir.path(), compress_from);
+    let ids = write_history(&store, count, snapshot_every);
+    (dir, ids)
+}
+
+/// Writes the history [`build`] describes into `store`.
+fn write_history(store: &Store, count: u64, snapshot_every: Option<u64>) -> Vec<AtomId> {
     let run = store.create_run(RunSpec::new("replay")).expect("run");
     let mut transcript = Transcript::new(1);
     let mut ids: Vec<AtomId> = Vec::with_capacity(count as usize);
@@ -75,7 +82,37 @@ fn build(
         }
         ids.push(atom);
     }
-    (dir, ids)
+    ids
+}
+
+/// Full replay and the read-only pass over a default-layout history of `count` atoms, as
+/// appended and after one compaction round has cold-compressed its sealed segments (8 MiB, so
+/// that most of the history is sealed): (replay, read only) before, the round's time, and
+/// (replay, read only) after.
+fn cold_replay(root: &Path, count: u64, repeats: usize) -> [Duration; 5] {
+    let dir = tempfile::tempdir_in(root).expect("dir");
+    let store = Store::builder(dir.path())
+        .snapshot_policy(continuum::SnapshotPolicy::NEVER)
+        .segment_bytes(8 << 20)
+        .compaction(continuum::CompactionPolicy { interval: None, ..continuum::CompactionPolicy::default() })
+        .background(false)
+        .open()
+        .expect("open");
+    let head = *write_history(&store, count, None).last().expect("atoms");
+    let measure = |store: &Store| {
+        let replay = time(repeats, || drop(store.rebuild_context(head).expect("rebuild")));
+        let read = time(repeats, || {
+            let _ = store.read_and_decompress_run(head).expect("read");
+        });
+        (replay, read)
+    };
+    let (replay_before, read_before) = measure(&store);
+    let started = Instant::now();
+    let round = store.compact().expect("compact");
+    let compaction = started.elapsed();
+    assert!(round.segments_compressed > 0, "{round:?}");
+    let (replay_after, read_after) = measure(&store);
+    [replay_before, read_before, compaction, replay_after, read_after]
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -174,6 +211,18 @@ fn main() {
             parallel.as_secs_f64() / bound.as_secs_f64()
         ));
     }
+
+    // History at rest: the same rebuild after cold compression rewrote the sealed segments.
+    let cold_atoms = if test_mode { 20_000 } else { 200_000 };
+    let [replay_before, read_before, compaction, replay_after, read_after] = cold_replay(&root, cold_atoms, repeats);
+    lines.push(format!(
+        "default layout, {cold_atoms} atoms in 8 MiB segments: full replay {:.1} ms as appended, {:.1} ms after cold compression (read only {:.1} → {:.1} ms; the round took {:.1} s)",
+        replay_before.as_secs_f64() * 1e3,
+        replay_after.as_secs_f64() * 1e3,
+        read_before.as_secs_f64() * 1e3,
+        read_after.as_secs_f64() * 1e3,
+        compaction.as_secs_f64()
+    ));
 
     // The figure: any atom of the 1,000,000-atom history, with a snapshot every 50.
     let travel_atoms = if test_mode { 2_000 } else { big };
