@@ -114,6 +114,13 @@ fn index_checkpoints_change_nothing_across_crashes() {
     eprintln!("store crash points with checkpoints: {states} crash states, {from_checkpoint} reopened from one");
 }
 
+/// Checks that no step acknowledged before the crash ran again after it.
+fn assert_none_reran(world: &World, acknowledged_before: &BTreeSet<String>, context: &str) {
+    for key in acknowledged_before {
+        assert_eq!(world.runs[key], 1, "{context}: {key} ran again after it was acknowledged");
+    }
+}
+
 /// Runs `work` on a fresh simulated store that halts after `crash_at` I/O calls, crashes it
 /// with `damage`, and returns the store reopened from what survived.
 fn crashed(crash_at: u64, damage: CrashDamage, checkpoints: Checkpoints, work: impl FnOnce(&Store)) -> Store {
@@ -172,12 +179,7 @@ fn a_recorded_atom_is_all_or_nothing_across_crashes() {
             run_checkpointed_agent(&store, &world)
                 .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));
             let world = world.borrow();
-            for key in &acknowledged_before {
-                assert_eq!(
-                    world.runs[key], 1,
-                    "crash at {crash_at} ({damage:?}): {key} ran again after it was acknowledged"
-                );
-            }
+            assert_none_reran(&world, &acknowledged_before, &format!("crash at {crash_at} ({damage:?})"));
             let run = store.run_id("checkpointed").expect("run");
             assert_eq!(store.run_atoms(run).len() as u64, STEPS);
             assert!(store.incomplete_atoms(run).is_empty());
@@ -204,12 +206,7 @@ fn crash_everywhere(checkpoints: Checkpoints) -> (u64, u64) {
             run_agent(&store, &world, checkpoints)
                 .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));
             let world = world.borrow();
-            for key in &acknowledged_before {
-                assert_eq!(
-                    world.runs[key], 1,
-                    "crash at {crash_at} ({damage:?}): {key} ran again after it was acknowledged"
-                );
-            }
+            assert_none_reran(&world, &acknowledged_before, &format!("crash at {crash_at} ({damage:?})"));
             for (key, count) in &world.effects {
                 assert_eq!(*count, 1, "crash at {crash_at} ({damage:?}): effect {key} happened {count} times");
             }
