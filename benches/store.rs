@@ -158,11 +158,22 @@ fn bench_atoms(c: &mut Criterion, group_name: &str, root: &Path, threads_list: &
     figures
 }
 
-/// CPU time of the calling thread (user and system), so that time the thread spends preempted
-/// by other processes is not counted.
-fn thread_cpu() -> Duration {
-    let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(u64::try_from(now.tv_sec).unwrap_or(0), u32::try_from(now.tv_nsec).unwrap_or(0))
+/// µs of CPU per atom that `work` (on `atoms` atoms) takes by `clock`: the calling thread's
+/// (`ThreadCPUTime`: time preempted by other processes is not counted) or the whole process's
+/// (`ProcessCPUTime`: every thread, wake-ups included, no time spent waiting for the disk).
+fn cpu_micros(clock: rustix::time::ClockId, atoms: f64, work: impl FnOnce()) -> f64 {
+    let now = || {
+        let now = rustix::time::clock_gettime(clock);
+        Duration::new(u64::try_from(now.tv_sec).unwrap_or(0), u32::try_from(now.tv_nsec).unwrap_or(0))
+    };
+    let started = now();
+    work();
+    (now() - started).as_secs_f64() * 1e6 / atoms
+}
+
+/// Per-round differences `a − b`.
+fn differences(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(a, b)| a - b).collect()
 }
 
 /// The store's CPU cost per atom over the raw log's, measured on `root` (tmpfs) in alternating
@@ -173,11 +184,7 @@ fn thread_cpu() -> Duration {
 /// 50th, 75th percentile) and record_atom − raw (50th).
 fn cpu_overhead(root: &Path, rounds: usize, block: u64, compress_from: usize) -> [f64; 7] {
     let Fixture { _dirs, outputs, start, end, log, store, run } = Fixture::new(root, compress_from);
-    let micros = |work: &mut dyn FnMut()| {
-        let started = thread_cpu();
-        work();
-        (thread_cpu() - started).as_secs_f64() * 1e6 / block as f64
-    };
+    let micros = |work: &mut dyn FnMut()| cpu_micros(rustix::time::ClockId::ThreadCPUTime, block as f64, work);
     let (mut raw, mut begin_complete, mut record) = (Vec::new(), Vec::new(), Vec::new());
     let mut next = 0u64;
     for round in 0..rounds {
@@ -191,8 +198,7 @@ fn cpu_overhead(root: &Path, rounds: usize, block: u64, compress_from: usize) ->
             }
         }));
     }
-    let differences: Vec<f64> = begin_complete.iter().zip(&raw).map(|(s, r)| s - r).collect();
-    let record_differences: Vec<f64> = record.iter().zip(&raw).map(|(s, r)| s - r).collect();
+    let (differences, record_differences) = (differences(&begin_complete, &raw), differences(&record, &raw));
     [
         quantile(&raw, 0.5),
         quantile(&begin_complete, 0.5),
@@ -204,12 +210,6 @@ fn cpu_overhead(root: &Path, rounds: usize, block: u64, compress_from: usize) ->
     ]
 }
 
-/// CPU time of the whole process (every thread, user and system).
-fn process_cpu() -> Duration {
-    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    Duration::new(u64::try_from(now.tv_sec).unwrap_or(0), u32::try_from(now.tv_nsec).unwrap_or(0))
-}
-
 /// The same comparison with `threads` agent threads sharing group commit on the real disk
 /// (`Sync`, so the 16 threads' appends share each `fdatasync`): alternating blocks of raw-log
 /// and store atoms (begin + complete), each timed by the process's CPU clock (every thread's
@@ -219,11 +219,7 @@ fn process_cpu() -> Duration {
 fn cpu_overhead_threads(root: &Path, threads: usize, rounds: usize, per_thread: u64, compress_from: usize) -> [f64; 5] {
     let Fixture { _dirs, outputs, start, end, log, store, run } = Fixture::new(root, compress_from);
     let atoms = (threads as u64 * per_thread) as f64;
-    let micros = |work: &dyn Fn()| {
-        let started = process_cpu();
-        work();
-        (process_cpu() - started).as_secs_f64() * 1e6 / atoms
-    };
+    let micros = |work: &dyn Fn()| cpu_micros(rustix::time::ClockId::ProcessCPUTime, atoms, work);
     let counter = std::sync::atomic::AtomicU64::new(0);
     let (mut raw, mut atoms_cpu) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
@@ -237,7 +233,7 @@ fn cpu_overhead_threads(root: &Path, threads: usize, rounds: usize, per_thread: 
             });
         }));
     }
-    let differences: Vec<f64> = atoms_cpu.iter().zip(&raw).map(|(s, r)| s - r).collect();
+    let differences = differences(&atoms_cpu, &raw);
     [
         quantile(&raw, 0.5),
         quantile(&atoms_cpu, 0.5),
