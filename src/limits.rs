@@ -64,6 +64,14 @@ pub const COMMIT_QUEUE_DEPTH_MAX: usize = 4096;
 /// Most frame bytes one group-commit leader writes in one `write` call.
 pub const COMMIT_GROUP_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// Zeros the writer writes ahead of the data in the active segment at a time, before a sync
+/// (see `docs/ARCHITECTURE.md`, "Zeroing ahead").
+pub const ZERO_AHEAD_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// How close a syncing group may come to the end of the zeroed space before the next chunk is
+/// zeroed.
+pub const ZERO_AHEAD_MARGIN_BYTES: u64 = 256 * 1024;
+
 /// Default interval of the background flusher under [`Durability::Buffered`](crate::Durability::Buffered), in milliseconds.
 pub const FLUSH_INTERVAL_MS_DEFAULT: u64 = 100;
 

@@ -79,3 +79,55 @@ fn close_syncs_what_is_left() {
     sim.crash(POWER_LOSS);
     assert_eq!(open(&sim).next_lsn(), Lsn::new(2));
 }
+
+/// Before a sync, the writer zeroes the segment ahead of its data a chunk at a time, so that
+/// the sync does not also convert preallocated extents (docs/ARCHITECTURE.md, "Zeroing ahead").
+/// Appends that do not sync write only their frames, and the zeros never cost a record.
+#[test]
+fn syncing_appends_zero_the_segment_ahead_a_chunk_at_a_time() {
+    use continuum::limits::{ZERO_AHEAD_CHUNK_BYTES, ZERO_AHEAD_MARGIN_BYTES};
+    let chunk = ZERO_AHEAD_CHUNK_BYTES as u64;
+    let sim = SimStorage::new(5);
+    let log = Log::builder(Path::new(common::DIR))
+        .storage(Arc::new(sim.clone()))
+        .segment_bytes(4 * chunk)
+        .open()
+        .expect("open");
+    let record = [7u8; 500];
+    let written = |append: &dyn Fn()| {
+        let before = sim.bytes_written();
+        append();
+        sim.bytes_written() - before
+    };
+    let frame = written(&|| {
+        log.append_with(&record, Durability::None).expect("append");
+    });
+    assert!(frame < 600, "an append that does not sync writes its frame only: {frame} bytes");
+    assert_eq!(
+        written(&|| {
+            log.append(&record).expect("append");
+        }),
+        frame + chunk,
+        "the first sync zeroes a chunk"
+    );
+    // The next chunk is zeroed, from where the zeros end, when the data comes within the
+    // margin of that end. The segment header is 64 bytes.
+    let mut data_end = 64 + 2 * frame;
+    let mut zeroed_end = data_end + chunk;
+    let mut zeroings = 1;
+    while zeroings < 3 {
+        let bytes = written(&|| {
+            log.append(&record).expect("append");
+        });
+        data_end += frame;
+        if zeroed_end - data_end < ZERO_AHEAD_MARGIN_BYTES {
+            assert_eq!(bytes, frame + chunk, "zeroing {} at data end {data_end}", zeroings + 1);
+            zeroed_end += chunk;
+            zeroings += 1;
+        } else {
+            assert_eq!(bytes, frame, "no zeroing at data end {data_end}");
+        }
+    }
+    let acknowledged = log.next_lsn().get() - 1;
+    assert_eq!(records_after_power_loss(&sim, log), acknowledged);
+}

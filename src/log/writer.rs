@@ -133,6 +133,10 @@ struct LeaderState {
     last_sync: Option<Duration>,
     /// Whether the last group synced (decides between the map and a positioned write).
     last_group_synced: bool,
+    /// Offset below which every byte of the active segment has been written, with data or with
+    /// zeros ahead of it ("Zeroing ahead" in docs/ARCHITECTURE.md). Never below `data_end`'s
+    /// value when zeros were last written, so zeros never land on data.
+    zeroed_end: u64,
 }
 
 /// The group-commit writer.
@@ -180,6 +184,8 @@ impl Writer {
                 // before its flusher ran): frames claim only the header durable until the
                 // first sync after open, which makes the recovered bytes durable too.
                 synced_end: segment::SEGMENT_HEADER_BYTES as u64,
+                // What lies past the recovered data may be only preallocated: zero from there.
+                zeroed_end: active.data_end,
                 active,
                 dirty: true,
                 last_indexed,
@@ -400,6 +406,7 @@ impl Writer {
         leader.active.data_end = write_start + leader.buf.len() as u64;
         leader.active.next_lsn = next_lsn;
         if need_sync {
+            Self::zero_ahead(leader).map_err(GroupError::poisoning)?;
             leader.last_sync = self.sync_active(leader).map_err(GroupError::poisoning)?;
         }
         self.publish(leader, new_sparse);
@@ -429,6 +436,31 @@ impl Writer {
             return Ok(());
         }
         active.file.write_all_at(buf, write_start).map_err(|e| Error::io("write", &active.path, e))
+    }
+
+    /// Before a sync, writes the next chunk of zeros past the data if the data has come within
+    /// [`limits::ZERO_AHEAD_MARGIN_BYTES`] of the zeroed space. A segment is preallocated with
+    /// `fallocate`, whose extents ext4 (and XFS) mark unwritten: an `fdatasync` covering the first
+    /// write into such an extent must also commit the file system's journal to convert it, which
+    /// took a 16-append group's sync from about 95 to 155 µs here. Zeroing a chunk at a time
+    /// pays that conversion once per chunk instead of once per sync.
+    ///
+    /// A failed zero write fails the group like a failed data write: it poisons the log.
+    fn zero_ahead(leader: &mut LeaderState) -> Result<()> {
+        static ZEROS: [u8; limits::ZERO_AHEAD_CHUNK_BYTES] = [0; limits::ZERO_AHEAD_CHUNK_BYTES];
+        let data_end = leader.active.data_end;
+        let segment_end = leader.active.header.segment_bytes;
+        // IMPORTANT: zeros start at or past the end of the data, never on a written frame.
+        let start = leader.zeroed_end.max(data_end);
+        if start >= segment_end || data_end + limits::ZERO_AHEAD_MARGIN_BYTES <= leader.zeroed_end {
+            return Ok(());
+        }
+        let len = (segment_end - start).min(ZEROS.len() as u64);
+        let zeros = &ZEROS[..usize::try_from(len).expect("at most one chunk")];
+        let active = &leader.active;
+        active.file.write_all_at(zeros, start).map_err(|e| Error::io("write", &active.path, e))?;
+        leader.zeroed_end = start + len;
+        Ok(())
     }
 
     /// `fdatasync`s the active segment if it holds unsynced bytes; returns how long that took
@@ -488,6 +520,7 @@ impl Writer {
         );
         leader.last_indexed = None;
         leader.synced_end = segment::SEGMENT_HEADER_BYTES as u64;
+        leader.zeroed_end = leader.synced_end;
         let mut index = self.index.write();
         let sealed = index.segments.last_mut().expect("the index always holds the active segment");
         sealed.bytes = SegmentBytes::mapped(sealed_view);

@@ -178,6 +178,11 @@ impl SimStorage {
         self.state.lock().ops
     }
 
+    /// Bytes passed to successful [`StorageFile::write_all_at`] calls so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.state.lock().bytes_written
+    }
+
     /// Caps the total length of all files (linked or still open) at `bytes`; a write, `set_len`
     /// or `allocate` that would pass it fails with [`io::ErrorKind::StorageFull`] and changes
     /// nothing. `None`, the default, is unlimited.
@@ -606,6 +611,8 @@ struct State {
     /// Bumped by every crash; handles and lock guards of older epochs are dead.
     epoch: u64,
     ops: u64,
+    /// Bytes of every successful `write_all_at`.
+    bytes_written: u64,
     /// Calls numbered above this fail with `EIO`.
     halt_at: Option<u64>,
     faults: Vec<Armed>,
@@ -626,6 +633,7 @@ impl State {
             rng: Rng::new(seed),
             epoch: 0,
             ops: 0,
+            bytes_written: 0,
             halt_at: None,
             faults: Vec::new(),
             capacity: None,
@@ -798,6 +806,7 @@ impl State {
         let end = offset.checked_add(bytes.len()).ok_or(io::ErrorKind::InvalidInput)?;
         self.reserve(id, end)?;
         self.inode_mut(id)?.write(offset, bytes);
+        self.bytes_written += bytes.len() as u64;
         Ok(())
     }
 
