@@ -8,8 +8,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use continuum::log::Rewrite;
 use continuum::storage::{DirLock, FileStorage, OpenMode, ReadView, Storage, StorageFile, WriteMap};
-use continuum::{AtomId, Durability, Log, Lsn, RunId, RunSpec, Store};
+use continuum::{AtomId, CompactionPolicy, Durability, Log, Lsn, RewriteOptions, RunId, RunSpec, Store};
 
 use crate::workload::{decode_framed, framed, framed_agent};
 use crate::{AGENTS_MAX, AtomRef, AtomSink, Error, Mode, Result, Resumed, agent_name, run_name};
@@ -32,6 +33,27 @@ impl LogSink {
             Mode::Load => Durability::None,
         };
         Ok(Self { log: Log::builder(dir).durability(durability).open()? })
+    }
+
+    /// The log of workload 6's at-rest sample: loaded without waiting for the disk, as the
+    /// data set is, in 8 MiB segments so that the sample seals several (as the store's does).
+    pub(crate) fn open_at_rest(dir: &Path) -> Result<Self> {
+        Ok(Self { log: Log::builder(dir).segment_bytes(8 << 20).durability(Durability::None).open()? })
+    }
+
+    /// Rewrites every sealed segment with compressed frames, with the store's cold-compression
+    /// settings: what a user of the raw log does with [`Log::rewrite_segment_with`]. Returns
+    /// the segments rewritten and the frame bytes before and after.
+    pub(crate) fn compress_sealed(&self) -> Result<(u64, u64, u64)> {
+        let options = RewriteOptions { compression: Some(CompactionPolicy::COLD_COMPRESSION) };
+        let (mut segments, mut before, mut after) = (0, 0, 0);
+        for segment in self.log.segments().into_iter().filter(|segment| segment.sealed && !segment.compressed) {
+            let report = self.log.rewrite_segment_with(segment.first_lsn, options, |_, _| Ok(Rewrite::Keep))?;
+            segments += 1;
+            before += report.bytes_before;
+            after += report.bytes_after;
+        }
+        Ok((segments, before, after))
     }
 }
 

@@ -199,6 +199,44 @@ impl AtRestStore {
     }
 }
 
+/// The raw continuum log of workload 6's at-rest sample: one record per atom, every sealed
+/// segment rewritten with compressed frames (the store's cold-compression settings), as a user
+/// of the raw log compresses its history with `Log::rewrite_segment_with`.
+pub struct AtRestLog(continuum_sinks::LogSink);
+
+impl AtRestLog {
+    /// Opens (creating) the sample's log in `dir`.
+    ///
+    /// # Errors
+    /// continuum's errors.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Self(continuum_sinks::LogSink::open_at_rest(dir)?))
+    }
+
+    /// The log as a sink, to load the sample.
+    pub fn sink(&self) -> &dyn AtomSink {
+        &self.0
+    }
+
+    /// Rewrites every sealed segment compressed; returns the segments rewritten and their
+    /// frame bytes before and after.
+    ///
+    /// # Errors
+    /// continuum's errors.
+    pub fn compress_sealed(&self) -> Result<(u64, u64, u64)> {
+        self.0.compress_sealed()
+    }
+
+    /// Closes the log, syncing it.
+    ///
+    /// # Errors
+    /// continuum's errors.
+    pub fn close(self) -> Result<()> {
+        Box::new(self.0).close()
+    }
+}
+
 /// What rebuilding one agent found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resumed {
