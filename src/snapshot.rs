@@ -124,9 +124,25 @@ pub(crate) fn path(store_dir: &Path, atom: u64) -> PathBuf {
     store_dir.join(SNAPSHOT_DIR).join(format!("{atom:020}{SUFFIX}"))
 }
 
+/// When [`publish`] makes a snapshot's name durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NameDurability {
+    /// Sync the snapshot directory before returning.
+    Now,
+    /// Leave the directory to the caller's next [`sync_dir`]: until then a power loss may lose
+    /// the snapshot (never leave part of one), which costs only rebuild time.
+    Deferred,
+}
+
 /// Publishes a snapshot so that it exists after a crash only complete: write under a temporary
-/// name, sync it, rename it into place, sync the directory.
-pub(crate) fn publish(storage: &dyn Storage, store_dir: &Path, atom: u64, bytes: &[u8]) -> Result<()> {
+/// name, sync it, rename it into place, and (for [`NameDurability::Now`]) sync the directory.
+pub(crate) fn publish(
+    storage: &dyn Storage,
+    store_dir: &Path,
+    atom: u64,
+    bytes: &[u8],
+    name: NameDurability,
+) -> Result<()> {
     let dir = store_dir.join(SNAPSHOT_DIR);
     storage.create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
     let target = path(store_dir, atom);
@@ -137,10 +153,19 @@ pub(crate) fn publish(storage: &dyn Storage, store_dir: &Path, atom: u64, bytes:
     // IMPORTANT: the snapshot's bytes are durable before its name is.
     file.sync_data().map_err(|e| Error::io("fdatasync", &temp, e))?;
     storage.rename(&temp, &target).map_err(|e| Error::io("rename", &temp, e))?;
-    // IMPORTANT: the rename is durable only once the directory is synced.
-    storage.sync_dir(&dir).map_err(|e| Error::io("sync directory", &dir, e))?;
+    if name == NameDurability::Now {
+        // IMPORTANT: the rename is durable only once the directory is synced.
+        sync_dir(storage, store_dir)?;
+    }
     tracing::debug!(atom, bytes = bytes.len(), path = %target.display(), "snapshot published");
     Ok(())
+}
+
+/// Syncs the snapshot directory: every snapshot renamed into it or deleted from it before the
+/// call is durably there or gone.
+pub(crate) fn sync_dir(storage: &dyn Storage, store_dir: &Path) -> Result<()> {
+    let dir = store_dir.join(SNAPSHOT_DIR);
+    storage.sync_dir(&dir).map_err(|e| Error::io("sync directory", &dir, e))
 }
 
 /// Reads a snapshot file's bytes (bounded by the limit, so a huge file is refused).

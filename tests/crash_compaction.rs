@@ -223,3 +223,90 @@ fn a_crash_anywhere_in_a_round_that_patches_the_index_checkpoint_loses_nothing()
     eprintln!("patching compaction crash points: {states} crash states, {patched} reopened from a checkpoint");
     assert!(patched > 0 && patched < states, "{patched} of {states} reopens used a checkpoint");
 }
+
+/// Policy snapshots defer the sync of the snapshot directory, so a policy snapshot's name is
+/// durable only at the next sync of that directory. A compaction round reclaims the history
+/// its kept snapshots cover, so it syncs the directory first: a power loss right after the
+/// round must leave every atom from the snapshot on rebuildable, to the same context.
+#[test]
+fn a_round_makes_the_snapshots_it_relies_on_durable_first() {
+    let sim = SimStorage::new(7);
+    let open = || {
+        Store::builder(Path::new("/store"))
+            .storage(Arc::new(sim.clone()))
+            .segment_bytes(SEGMENT_BYTES)
+            .snapshot_policy(SnapshotPolicy { every_atoms: 20, every: Duration::ZERO })
+            .retention(RetentionPolicy { snapshots_per_agent: 100, finished_run_age: None })
+            .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None, ..CompactionPolicy::default() })
+            .index_checkpoint_after(u64::MAX)
+            .background(false)
+            .open()
+    };
+    let store = open().expect("open");
+    let ids = chain(&store, "live", 30, 3);
+    let snapshots = store.snapshots();
+    assert_eq!(snapshots, vec![ids[19]], "one policy snapshot, of the 20th atom");
+    let expected: Vec<Context> = ids.iter().map(|id| store.rebuild_context(*id).expect("rebuild").context).collect();
+    let report = store.compact().expect("round");
+    assert!(report.deltas_reclaimed > 0, "the round reclaims the history before the snapshot: {report:?}");
+    // Power loss right after the round: no clean close (which would sync the directory too).
+    std::mem::forget(store);
+    sim.crash(CrashDamage {
+        data: continuum::storage::sim::DataDamage::DropUnsynced,
+        dir: continuum::storage::sim::DirDamage::ForgetUnsynced,
+    });
+    let store = open().expect("reopen");
+    assert_eq!(store.snapshots(), snapshots, "the snapshot the round relied on survived");
+    for (id, want) in ids.iter().zip(&expected).skip(19) {
+        let rebuilt = store.rebuild_context(*id).unwrap_or_else(|e| panic!("rebuild of {id}: {e}"));
+        assert_eq!(&rebuilt.context, want, "context of {id}");
+    }
+}
+
+/// What deferring costs, and what does not defer: a power loss before any directory sync loses
+/// a policy snapshot (never part of one) and nothing else, as every atom still rebuilds from the
+/// log; an explicit `snapshot_now` syncs the directory before it returns (which makes the
+/// earlier policy snapshot durable too); a clean close syncs it.
+#[test]
+fn policy_snapshot_names_become_durable_at_the_next_directory_sync() {
+    let power_loss = CrashDamage {
+        data: continuum::storage::sim::DataDamage::DropUnsynced,
+        dir: continuum::storage::sim::DirDamage::ForgetUnsynced,
+    };
+    for case in ["power loss", "explicit snapshot", "clean close"] {
+        let sim = SimStorage::new(11);
+        let open = || {
+            Store::builder(Path::new("/store"))
+                .storage(Arc::new(sim.clone()))
+                .snapshot_policy(SnapshotPolicy { every_atoms: 20, every: Duration::ZERO })
+                .index_checkpoint_after(u64::MAX)
+                .background(false)
+                .open()
+        };
+        let store = open().expect("open");
+        let ids = chain(&store, "live", 25, 4);
+        let expected = store.rebuild_context(ids[24]).expect("rebuild").context;
+        assert_eq!(store.snapshots(), vec![ids[19]], "{case}: the policy snapshot");
+        let survivors = match case {
+            "power loss" => {
+                std::mem::forget(store);
+                sim.crash(power_loss);
+                vec![]
+            }
+            "explicit snapshot" => {
+                store.snapshot_now(ids[22]).expect("snapshot");
+                std::mem::forget(store);
+                sim.crash(power_loss);
+                vec![ids[19], ids[22]]
+            }
+            _ => {
+                drop(store);
+                sim.crash(power_loss);
+                vec![ids[19]]
+            }
+        };
+        let store = open().expect("reopen");
+        assert_eq!(store.snapshots(), survivors, "{case}");
+        assert_eq!(store.rebuild_context(ids[24]).expect("rebuild").context, expected, "{case}");
+    }
+}

@@ -160,6 +160,9 @@ impl Store {
     /// every segment either as it was or rewritten; nothing needed is lost.
     pub fn compact(&self) -> Result<CompactionReport> {
         let _one_at_a_time = self.shared.compacting.lock();
+        // IMPORTANT: the round reclaims history that the kept snapshots cover, so their names
+        // must be durable first (policy snapshots defer their directory sync).
+        self.shared.sync_snapshot_dir(false)?;
         let mut report = CompactionReport { runs_dropped: self.drop_expired_runs()?.len(), ..Default::default() };
         report.snapshots_deleted = self.prune_all_snapshots()?;
         let plan = self.plan()?;

@@ -198,11 +198,31 @@ impl Shared {
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
             index_checkpoint,
+            snapshot_dir_unsynced: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
 
 impl Shared {
+    /// Syncs the snapshot directory if a policy snapshot's name is not durable yet, or always
+    /// (`always`: after deleting snapshots). Anything that relies on a snapshot surviving a
+    /// crash calls it first: a compaction round (which reclaims history its snapshots cover),
+    /// retention's deletions, and a clean close.
+    ///
+    /// # Errors
+    /// The directory sync's; the snapshots stay marked unsynced then.
+    pub(crate) fn sync_snapshot_dir(&self, always: bool) -> Result<()> {
+        let unsynced = self.snapshot_dir_unsynced.swap(false, std::sync::atomic::Ordering::AcqRel);
+        if !(unsynced || always) {
+            return Ok(());
+        }
+        crate::snapshot::sync_dir(self.log.storage().as_ref(), self.log.dir()).inspect_err(|_| {
+            if unsynced {
+                self.snapshot_dir_unsynced.store(true, std::sync::atomic::Ordering::Release);
+            }
+        })
+    }
+
     /// Starts a thread that publishes the checkpoint of the open's fold, if the open left one
     /// (`None` if not, or if the thread cannot start: the checkpoint is then dropped, which
     /// costs only the next open's time).
@@ -353,6 +373,9 @@ impl Drop for Store {
     fn drop(&mut self) {
         drop(self.worker.take());
         self.wait_for_checkpoint_writer();
+        if let Err(error) = self.shared.sync_snapshot_dir(false) {
+            tracing::warn!(%error, "snapshot directory not synced at close");
+        }
         if self.owner
             && self.records_after_checkpoint() >= self.shared.policies.index_checkpoint_after
             && let Err(error) = self.checkpoint_index()
@@ -385,6 +408,9 @@ pub(crate) struct Shared {
     last_compaction: Mutex<Option<CompactionReport>>,
     /// The index checkpoint on disk.
     index_checkpoint: IndexCheckpoint,
+    /// Whether a policy snapshot was renamed into place since the snapshot directory was last
+    /// synced (its name is not durable yet).
+    snapshot_dir_unsynced: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -542,10 +568,12 @@ impl Store {
     pub fn close(mut self) -> Result<()> {
         drop(self.worker.take());
         self.wait_for_checkpoint_writer();
+        let snapshots = self.shared.sync_snapshot_dir(false);
         let due = self.owner && self.records_after_checkpoint() >= self.shared.policies.index_checkpoint_after;
         // Dropping `self` afterwards must not try again.
         self.owner = false;
-        if due { self.checkpoint_index().map(|_| ()) } else { Ok(()) }
+        let checkpoint = if due { self.checkpoint_index().map(|_| ()) } else { Ok(()) };
+        snapshots.and(checkpoint)
     }
 
     /// Waits until the checkpoint of the open's fold, if one is being written, is published.

@@ -20,7 +20,7 @@ use crate::context::{Context, Rotation};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::{HeldRange, HeldSources, Lsn};
-use crate::snapshot;
+use crate::snapshot::{self, NameDurability};
 use crate::store::Store;
 use crate::store::index::EntryState;
 use crate::store::types::{AtomId, AtomStatus};
@@ -375,6 +375,12 @@ impl Store {
     /// [`Error::UnknownAtom`], [`Error::InvalidTransition`] if the atom has not completed, and
     /// the file system's errors.
     pub fn snapshot_now(&self, atom: AtomId) -> Result<()> {
+        self.write_snapshot(atom, NameDurability::Now)
+    }
+
+    /// Writes a snapshot of `atom`'s context, its name durable now or at the next sync of the
+    /// snapshot directory (policy snapshots: see `docs/ARCHITECTURE.md`, "Snapshot policy").
+    pub(crate) fn write_snapshot(&self, atom: AtomId, name: NameDurability) -> Result<()> {
         let status = self.shared.index.read().atom(atom).and_then(|entry| entry.state.status());
         match status {
             Some(AtomStatus::Completed) => {}
@@ -384,7 +390,11 @@ impl Store {
         let rebuilt = self.rebuild_context(atom)?;
         let started = std::time::Instant::now();
         let bytes = snapshot::encode(atom.0, &rebuilt.context)?;
-        snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes)?;
+        if name == NameDurability::Deferred {
+            // Set before the rename: a directory sync that starts after it covers the rename.
+            self.shared.snapshot_dir_unsynced.store(true, std::sync::atomic::Ordering::Release);
+        }
+        snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes, name)?;
         self.shared.log.metrics_handle().record_snapshot_write(bytes.len() as u64, started.elapsed());
         self.shared.snapshots.lock().insert(atom.0);
         self.prune_snapshots_of(atom)?;

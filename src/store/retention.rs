@@ -6,7 +6,7 @@ use crate::codec::StoreRecord;
 use crate::codec::proto;
 use crate::config::Durability;
 use crate::error::{Error, Result};
-use crate::snapshot;
+use crate::snapshot::{self, NameDurability};
 use crate::store::background::Job;
 use crate::store::policy::{SnapshotClock, SnapshotPolicy};
 use crate::store::types::{AtomId, RunId, RunStatus};
@@ -55,7 +55,7 @@ impl Store {
     /// the atom is gone) and applies retention to its agent's snapshots.
     pub(crate) fn policy_snapshot(&self, atom: AtomId) -> Result<()> {
         let usable = self.shared.index.read().atom(atom).is_some_and(|entry| !entry.abandoned);
-        if usable { self.snapshot_now(atom) } else { Ok(()) }
+        if usable { self.write_snapshot(atom, NameDurability::Deferred) } else { Ok(()) }
     }
 
     /// Deletes the snapshots of `atom`'s agent beyond the newest `snapshots_per_agent`.
@@ -98,8 +98,7 @@ impl Store {
                 Err(e) => return Err(Error::io("remove", path, e)),
             }
         }
-        let dir = self.shared.log.dir().join(snapshot::SNAPSHOT_DIR);
-        storage.sync_dir(&dir).map_err(|e| Error::io("sync directory", dir, e))
+        self.shared.sync_snapshot_dir(true)
     }
 
     /// Pins `atom` (or unpins it): while pinned, retention and compaction keep everything its
