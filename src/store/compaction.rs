@@ -316,12 +316,14 @@ impl Store {
     /// From the index: the highest atom id, the dropped runs, the kept snapshots, and per
     /// agent the first target atom (its oldest kept snapshot; 0 if it has none).
     fn plan_inputs(&self) -> (u64, HashSet<u32>, BTreeSet<u64>, HashMap<u32, u64>) {
+        // IMPORTANT: only snapshots whose names are durable bound what the round reclaims.
+        // Taken before the index lock: it may wait for a snapshot directory sync.
+        let snapshots: BTreeSet<u64> = self.shared.durable_snapshots();
         let index = self.shared.index.read();
         let dropped = (1..=index.runs.len() as u64)
             .filter(|run| index.run(RunId(*run)).is_some_and(|entry| entry.status == RunStatus::Dropped))
             .filter_map(|run| u32::try_from(run).ok())
             .collect();
-        let snapshots: BTreeSet<u64> = self.shared.snapshots.lock().clone();
         let mut oldest = HashMap::new();
         for atom in snapshots.iter().rev() {
             if let Some(entry) = index.atom(AtomId(*atom)) {
@@ -485,8 +487,9 @@ impl Store {
     /// Marks the atoms about to lose their deltas. Returns `false` (and marks nothing) if an
     /// atom begun since the plan was made branches from one of them.
     fn mark_reclaimed(&self, plan: &Plan) -> Result<bool> {
+        // Taken before the index lock: it may wait for a snapshot directory sync.
+        let snapshots = self.shared.durable_snapshots();
         let mut index = self.shared.index.write();
-        let snapshots = self.shared.snapshots.lock().clone();
         for id in plan.atoms_known + 1..=index.atoms.len() as u64 {
             let Some(entry) = index.atom(AtomId(id)).copied() else { continue };
             if entry.started_lsn == 0 {
@@ -636,6 +639,35 @@ mod tests {
         fn lock_dir(&self, dir: &Path) -> std::io::Result<DirLock> {
             FileStorage::new().lock_dir(dir)
         }
+    }
+
+    /// A policy snapshot's name is durable only after the snapshot directory's next sync, so a
+    /// round must not plan with one published after its own sync (another thread may publish
+    /// one between the sync and the plan): the plan sees only the durable ones.
+    #[test]
+    fn a_round_plans_only_with_snapshots_whose_names_are_durable() {
+        let sim = crate::storage::sim::SimStorage::new(3);
+        let store = Store::builder(Path::new("/store"))
+            .storage(Arc::new(sim))
+            .snapshot_policy(SnapshotPolicy { every_atoms: 5, every: std::time::Duration::ZERO })
+            .background(false)
+            .open()
+            .expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let mut transcript = Transcript::new(5);
+        let mut atoms = Vec::new();
+        for i in 0..6 {
+            let parents: Vec<_> = atoms.last().copied().into_iter().collect();
+            let output = AtomOutput { delta: transcript.next_delta(300), result: Vec::new() };
+            atoms.push(store.record_atom(run, "agent", &i.to_string(), &parents, "", &output).expect("atom"));
+        }
+        let snapshot = atoms[4].get();
+        assert_eq!(store.snapshots(), vec![atoms[4]], "the policy snapshot is usable for rebuilds at once");
+        let (_, _, planned, _) = store.plan_inputs();
+        assert!(!planned.contains(&snapshot), "its name is not durable yet: {planned:?}");
+        store.shared.sync_snapshot_dir(false).expect("sync");
+        let (_, _, planned, _) = store.plan_inputs();
+        assert!(planned.contains(&snapshot), "durable after the directory sync: {planned:?}");
     }
 
     #[test]

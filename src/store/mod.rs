@@ -198,29 +198,38 @@ impl Shared {
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
             index_checkpoint,
-            snapshot_dir_unsynced: std::sync::atomic::AtomicBool::new(false),
+            unsynced_snapshots: Mutex::new(std::collections::BTreeSet::new()),
         })
     }
 }
 
 impl Shared {
     /// Syncs the snapshot directory if a policy snapshot's name is not durable yet, or always
-    /// (`always`: after deleting snapshots). Anything that relies on a snapshot surviving a
-    /// crash calls it first: a compaction round (which reclaims history its snapshots cover),
-    /// retention's deletions, and a clean close.
+    /// (`always`: after deleting snapshots). A compaction round calls it first, so that the
+    /// snapshots it relies on are durable; so do retention's deletions and a clean close.
     ///
     /// # Errors
-    /// The directory sync's; the snapshots stay marked unsynced then.
+    /// The directory sync's; the snapshots stay unsynced then.
     pub(crate) fn sync_snapshot_dir(&self, always: bool) -> Result<()> {
-        let unsynced = self.snapshot_dir_unsynced.swap(false, std::sync::atomic::Ordering::AcqRel);
-        if !(unsynced || always) {
+        // Held across the sync: nothing reads the set as durable before the sync is done.
+        let mut unsynced = self.unsynced_snapshots.lock();
+        if unsynced.is_empty() && !always {
             return Ok(());
         }
-        crate::snapshot::sync_dir(self.log.storage().as_ref(), self.log.dir()).inspect_err(|_| {
-            if unsynced {
-                self.snapshot_dir_unsynced.store(true, std::sync::atomic::Ordering::Release);
-            }
-        })
+        crate::snapshot::sync_dir(self.log.storage().as_ref(), self.log.dir())?;
+        unsynced.clear();
+        Ok(())
+    }
+
+    /// The snapshots whose names are durable: what compaction may rely on. A policy snapshot
+    /// published after the round's directory sync is left out until the next round.
+    pub(crate) fn durable_snapshots(&self) -> std::collections::BTreeSet<u64> {
+        // The set first: a snapshot enters `unsynced_snapshots` before it enters the set.
+        let mut snapshots = self.snapshots.lock().clone();
+        for atom in self.unsynced_snapshots.lock().iter() {
+            snapshots.remove(atom);
+        }
+        snapshots
     }
 
     /// Starts a thread that publishes the checkpoint of the open's fold, if the open left one
@@ -408,9 +417,10 @@ pub(crate) struct Shared {
     last_compaction: Mutex<Option<CompactionReport>>,
     /// The index checkpoint on disk.
     index_checkpoint: IndexCheckpoint,
-    /// Whether a policy snapshot was renamed into place since the snapshot directory was last
-    /// synced (its name is not durable yet).
-    snapshot_dir_unsynced: std::sync::atomic::AtomicBool,
+    /// Policy snapshots renamed into place since the snapshot directory was last synced: their
+    /// names are not durable yet, so compaction does not rely on them. Held while the
+    /// directory syncs.
+    unsynced_snapshots: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for Store {

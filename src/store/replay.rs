@@ -390,11 +390,11 @@ impl Store {
         let rebuilt = self.rebuild_context(atom)?;
         let started = std::time::Instant::now();
         let bytes = snapshot::encode(atom.0, &rebuilt.context)?;
-        if name == NameDurability::Deferred {
-            // Set before the rename: a directory sync that starts after it covers the rename.
-            self.shared.snapshot_dir_unsynced.store(true, std::sync::atomic::Ordering::Release);
-        }
         snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes, name)?;
+        if name == NameDurability::Deferred {
+            // IMPORTANT: listed as unsynced before it joins the set (`Shared::durable_snapshots`).
+            self.shared.unsynced_snapshots.lock().insert(atom.0);
+        }
         self.shared.log.metrics_handle().record_snapshot_write(bytes.len() as u64, started.elapsed());
         self.shared.snapshots.lock().insert(atom.0);
         self.prune_snapshots_of(atom)?;
