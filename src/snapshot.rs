@@ -124,25 +124,19 @@ pub(crate) fn path(store_dir: &Path, atom: u64) -> PathBuf {
     store_dir.join(SNAPSHOT_DIR).join(format!("{atom:020}{SUFFIX}"))
 }
 
-/// When [`publish`] makes a snapshot's name durable.
+/// When a written snapshot's name becomes durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NameDurability {
-    /// Sync the snapshot directory before returning.
+    /// The snapshot directory is synced before the write returns.
     Now,
-    /// Leave the directory to the caller's next [`sync_dir`]: until then a power loss may lose
-    /// the snapshot (never leave part of one), which costs only rebuild time.
+    /// At the directory's next [`sync_dir`]: until then a power loss may lose the snapshot
+    /// (never leave part of one), which costs only rebuild time.
     Deferred,
 }
 
 /// Publishes a snapshot so that it exists after a crash only complete: write under a temporary
-/// name, sync it, rename it into place, and (for [`NameDurability::Now`]) sync the directory.
-pub(crate) fn publish(
-    storage: &dyn Storage,
-    store_dir: &Path,
-    atom: u64,
-    bytes: &[u8],
-    name: NameDurability,
-) -> Result<()> {
+/// name, sync it, rename it into place. Its name is durable once the caller runs [`sync_dir`].
+pub(crate) fn publish(storage: &dyn Storage, store_dir: &Path, atom: u64, bytes: &[u8]) -> Result<()> {
     let dir = store_dir.join(SNAPSHOT_DIR);
     storage.create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
     let target = path(store_dir, atom);
@@ -153,10 +147,6 @@ pub(crate) fn publish(
     // IMPORTANT: the snapshot's bytes are durable before its name is.
     file.sync_data().map_err(|e| Error::io("fdatasync", &temp, e))?;
     storage.rename(&temp, &target).map_err(|e| Error::io("rename", &temp, e))?;
-    if name == NameDurability::Now {
-        // IMPORTANT: the rename is durable only once the directory is synced.
-        sync_dir(storage, store_dir)?;
-    }
     tracing::debug!(atom, bytes = bytes.len(), path = %target.display(), "snapshot published");
     Ok(())
 }

@@ -205,8 +205,8 @@ impl Shared {
 
 impl Shared {
     /// Syncs the snapshot directory if a policy snapshot's name is not durable yet, or always
-    /// (`always`: after deleting snapshots). A compaction round calls it first, so that the
-    /// snapshots it relies on are durable; so do retention's deletions and a clean close.
+    /// (`always`: after writing an explicit snapshot or deleting snapshots). A compaction round
+    /// calls it first, so that the snapshots it relies on are durable; so does a clean close.
     ///
     /// # Errors
     /// The directory sync's; the snapshots stay unsynced then.

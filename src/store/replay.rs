@@ -390,10 +390,14 @@ impl Store {
         let rebuilt = self.rebuild_context(atom)?;
         let started = std::time::Instant::now();
         let bytes = snapshot::encode(atom.0, &rebuilt.context)?;
-        snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes, name)?;
-        if name == NameDurability::Deferred {
+        snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes)?;
+        match name {
+            // IMPORTANT: the rename is durable only once the directory is synced.
+            NameDurability::Now => self.shared.sync_snapshot_dir(true)?,
             // IMPORTANT: listed as unsynced before it joins the set (`Shared::durable_snapshots`).
-            self.shared.unsynced_snapshots.lock().insert(atom.0);
+            NameDurability::Deferred => {
+                self.shared.unsynced_snapshots.lock().insert(atom.0);
+            }
         }
         self.shared.log.metrics_handle().record_snapshot_write(bytes.len() as u64, started.elapsed());
         self.shared.snapshots.lock().insert(atom.0);
