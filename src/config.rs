@@ -54,6 +54,14 @@ pub struct Config {
     /// Default [`limits::FLUSH_INTERVAL_MS_DEFAULT`] ms; between 1 ms and
     /// [`limits::FLUSH_INTERVAL_MS_MAX`] ms.
     pub flush_interval: Duration,
+    /// How long an appender waiting for its group's `fdatasync` yields the CPU in a loop (checking
+    /// for its acknowledgement) before it sleeps, while the log's syncs are fast: only when the
+    /// last group's `fdatasync` took at most half of this. Sleeping costs a wake-up per waiting
+    /// thread per group, which on a disk whose `fdatasync` takes ~100 µs is most of what 16
+    /// writers spend besides the sync (docs/BENCHMARKS.md §2); spinning spends CPU time instead.
+    /// `Duration::ZERO` always sleeps. Default [`limits::COMMIT_SPIN_US_DEFAULT`] µs; at most
+    /// [`limits::COMMIT_SPIN_US_MAX`] µs.
+    pub commit_spin: Duration,
 }
 
 impl Default for Config {
@@ -63,6 +71,7 @@ impl Default for Config {
             durability: Durability::default(),
             recovery_mode: RecoveryMode::default(),
             flush_interval: Duration::from_millis(limits::FLUSH_INTERVAL_MS_DEFAULT),
+            commit_spin: Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT),
         }
     }
 }
@@ -89,6 +98,15 @@ impl Config {
                 reason: format!(
                     "flush_interval is {interval_ms} ms but must be between 1 and {} ms",
                     limits::FLUSH_INTERVAL_MS_MAX
+                ),
+            });
+        }
+        if self.commit_spin > Duration::from_micros(limits::COMMIT_SPIN_US_MAX) {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "commit_spin is {} µs but must be at most {} µs",
+                    self.commit_spin.as_micros(),
+                    limits::COMMIT_SPIN_US_MAX
                 ),
             });
         }

@@ -72,6 +72,13 @@ pub const ZERO_AHEAD_CHUNK_BYTES: usize = 1024 * 1024;
 /// zeroed.
 pub const ZERO_AHEAD_MARGIN_BYTES: u64 = 256 * 1024;
 
+/// Default of [`Config::commit_spin`](crate::Config::commit_spin), in microseconds: how long an
+/// appender waiting for its group's `fdatasync` yields the CPU in a loop before it sleeps.
+pub const COMMIT_SPIN_US_DEFAULT: u64 = 1000;
+
+/// Longest allowed [`Config::commit_spin`](crate::Config::commit_spin), in microseconds.
+pub const COMMIT_SPIN_US_MAX: u64 = 10_000;
+
 /// Default interval of the background flusher under [`Durability::Buffered`](crate::Durability::Buffered), in milliseconds.
 pub const FLUSH_INTERVAL_MS_DEFAULT: u64 = 100;
 

@@ -148,6 +148,8 @@ pub struct Metrics {
     rotations: AtomicU64,
     // Written by appending threads.
     append_ns: [Histogram; 3],
+    commit_waits: AtomicU64,
+    commit_wait_sleeps: AtomicU64,
     // Store-level, written by any thread.
     snapshot_writes: AtomicU64,
     snapshot_bytes: AtomicU64,
@@ -189,6 +191,8 @@ impl Metrics {
             fdatasync_ns: Histogram::default(),
             rotations: AtomicU64::new(0),
             append_ns: std::array::from_fn(|_| Histogram::default()),
+            commit_waits: AtomicU64::new(0),
+            commit_wait_sleeps: AtomicU64::new(0),
             snapshot_writes: AtomicU64::new(0),
             snapshot_bytes: AtomicU64::new(0),
             snapshot_write_ns: Histogram::default(),
@@ -258,6 +262,17 @@ impl Metrics {
         }
     }
 
+    /// One appender's wait for a group-commit leader to answer it, and whether it had to sleep
+    /// (its spin ran out, or spinning was off) instead of seeing the answer while spinning.
+    pub(crate) fn record_commit_wait(&self, slept: bool) {
+        if self.enabled() {
+            add(&self.commit_waits, 1);
+            if slept {
+                add(&self.commit_wait_sleeps, 1);
+            }
+        }
+    }
+
     /// What recovery found on open.
     pub(crate) fn record_recovery(&self, torn_tails: u64, skipped_ranges: u64) {
         add(&self.recovery_torn_tails, torn_tails);
@@ -323,6 +338,8 @@ impl Metrics {
             fdatasyncs: load(&self.fdatasyncs),
             fdatasync_ns: self.fdatasync_ns.snapshot(),
             rotations: load(&self.rotations),
+            commit_waits: load(&self.commit_waits),
+            commit_wait_sleeps: load(&self.commit_wait_sleeps),
             append_sync_ns: append(Durability::Sync),
             append_buffered_ns: append(Durability::Buffered),
             append_none_ns: append(Durability::None),
@@ -434,6 +451,13 @@ pub struct MetricsSnapshot {
     pub fdatasync_ns: HistogramSnapshot,
     /// Segments sealed and replaced by a new one.
     pub rotations: u64,
+    /// Appends (and syncs) that waited for another thread's commit group to answer them.
+    pub commit_waits: u64,
+    /// Those of them that slept until answered: their spin ([`Config::commit_spin`]) ran out
+    /// or was off. A high share with spinning on means syncs take longer than the spin.
+    ///
+    /// [`Config::commit_spin`]: crate::Config::commit_spin
+    pub commit_wait_sleeps: u64,
     /// Latency of `Sync` appends, call to acknowledgement (every one timed).
     pub append_sync_ns: HistogramSnapshot,
     /// Latency of `Buffered` appends (one in [`UNSYNCED_SAMPLE_EVERY`] timed).
@@ -493,13 +517,15 @@ impl MetricsSnapshot {
     /// `continuum_*_total`, histograms as summaries in seconds with 0.5 and 0.99 quantiles.
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, u64); 20] = [
+        let counters: [(&str, &str, u64); 22] = [
             ("records", "Records appended", self.records),
             ("record_bytes", "Bytes of frames appended (headers and padding included)", self.record_bytes),
             ("batches", "Batches appended", self.batches),
             ("groups", "Commit groups written", self.groups),
             ("fdatasyncs", "fdatasync calls on segments", self.fdatasyncs),
             ("rotations", "Segment rotations", self.rotations),
+            ("commit_waits", "Appends that waited for another thread's commit group", self.commit_waits),
+            ("commit_wait_sleeps", "Commit waits that slept instead of spinning", self.commit_wait_sleeps),
             ("encoded_raw_bytes", "Store record bytes before compression", self.encoded_raw_bytes),
             ("encoded_stored_bytes", "Store record bytes as written", self.encoded_stored_bytes),
             ("snapshot_writes", "Snapshot files written", self.snapshot_writes),

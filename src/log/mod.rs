@@ -165,6 +165,12 @@ impl LogBuilder {
         self
     }
 
+    /// How long a waiting appender spins before it sleeps; see [`Config::commit_spin`].
+    pub fn commit_spin(mut self, spin: Duration) -> Self {
+        self.config.commit_spin = spin;
+        self
+    }
+
     /// Replaces the whole configuration.
     pub fn config(mut self, config: Config) -> Self {
         self.config = config;
@@ -316,6 +322,7 @@ impl Log {
             Arc::clone(&storage),
             dir.clone(),
             config.segment_bytes,
+            config.commit_spin,
             recovered.active,
             Arc::clone(&index),
             Arc::clone(&metrics),

@@ -6,6 +6,9 @@
 //! 1. An appender encodes its batch (and computes its payload CRC) outside any lock.
 //! 2. Under the commit lock it waits for queue room, enqueues, and either waits on its own slot
 //!    (so that an acknowledgement wakes exactly its thread) or, if no leader is active, leads.
+//!    While the log's syncs are fast, a waiting appender first yields the CPU in a loop for up
+//!    to [`Config::commit_spin`](crate::Config::commit_spin), checking its slot, and sleeps only
+//!    after that ("Spinning waiters" in docs/ARCHITECTURE.md).
 //! 3. The leader *gathers*: if the last group synced, it waits (at most half that sync's time)
 //!    until as many requests are queued as the last group held plus those that queued during
 //!    its sync, so that appenders acknowledged together commit together again.
@@ -22,7 +25,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
@@ -43,6 +46,8 @@ use crate::storage::Storage;
 struct Slot {
     state: Mutex<SlotState>,
     ready: Condvar,
+    /// Set (after `state`) when the state leaves `Waiting`: what a spinning waiter polls.
+    changed: AtomicBool,
 }
 
 enum SlotState {
@@ -54,22 +59,37 @@ enum SlotState {
 
 impl Slot {
     fn new() -> Arc<Self> {
-        Arc::new(Self { state: Mutex::new(SlotState::Waiting), ready: Condvar::new() })
+        Arc::new(Self { state: Mutex::new(SlotState::Waiting), ready: Condvar::new(), changed: AtomicBool::new(false) })
     }
 
     fn set(&self, state: SlotState) {
         *self.state.lock() = state;
+        self.changed.store(true, Ordering::Release);
         self.ready.notify_one();
     }
 
     /// Blocks until the slot is done (returns its result) or handed leadership (returns `None`).
-    fn wait(&self) -> Option<Result<LsnRange>> {
+    /// Yields the CPU in a loop for up to `spin` first, then sleeps on the condition variable;
+    /// also returns whether it slept.
+    fn wait(&self, spin: Duration) -> (Option<Result<LsnRange>>, bool) {
+        if !spin.is_zero() {
+            let deadline = Instant::now() + spin;
+            while !self.changed.load(Ordering::Acquire) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+        }
+        // The state is authoritative: whether the spin saw the change or gave up, the lock below
+        // reads it, and a change after that wakes the condition variable.
         let mut state = self.state.lock();
+        let mut slept = false;
         loop {
             match std::mem::replace(&mut *state, SlotState::Waiting) {
-                SlotState::Waiting => self.ready.wait(&mut state),
-                SlotState::Lead => return None,
-                SlotState::Done(result) => return Some(result),
+                SlotState::Waiting => {
+                    slept = true;
+                    self.ready.wait(&mut state);
+                }
+                SlotState::Lead => return (None, slept),
+                SlotState::Done(result) => return (Some(result), slept),
             }
         }
     }
@@ -88,6 +108,14 @@ impl Slot {
 
 /// The longest a leader waits for its group to gather.
 const GATHER_BUDGET_MAX: Duration = Duration::from_millis(1);
+
+/// How long a waiting appender spins before sleeping, given the configured spin and the last
+/// group's `fdatasync`: the whole spin while that sync took at most half of it, else none (a
+/// slow disk would make the waiter spin for nothing and then sleep anyway, and there the
+/// wake-up is a small part of the wait).
+fn spin_for(commit_spin: Duration, last_sync: Duration) -> Duration {
+    if last_sync.saturating_mul(2) <= commit_spin { commit_spin } else { Duration::ZERO }
+}
 
 /// One queued request: a batch to append, or (with `batch: None`) a request to sync.
 struct Pending {
@@ -144,6 +172,10 @@ pub(crate) struct Writer {
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     segment_bytes: u64,
+    /// [`Config::commit_spin`](crate::Config::commit_spin).
+    commit_spin: Duration,
+    /// How long a waiting appender spins now, in nanoseconds: [`spin_for`] of the last sync.
+    spin_ns: AtomicU64,
     commit: Mutex<CommitState>,
     /// Signalled when the queue has room.
     room: Condvar,
@@ -167,6 +199,7 @@ impl Writer {
         storage: Arc<dyn Storage>,
         dir: PathBuf,
         segment_bytes: u64,
+        commit_spin: Duration,
         active: ActiveState,
         index: Arc<RwLock<SegmentIndex>>,
         metrics: Arc<Metrics>,
@@ -176,6 +209,8 @@ impl Writer {
             storage,
             dir,
             segment_bytes,
+            commit_spin,
+            spin_ns: AtomicU64::new(duration_ns(commit_spin)),
             commit: Mutex::new(CommitState::default()),
             room: Condvar::new(),
             arrivals: Condvar::new(),
@@ -265,7 +300,10 @@ impl Writer {
         }
         if commit.leader_active {
             drop(commit);
-            if let Some(result) = slot.wait() {
+            let spin = Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed));
+            let (answer, slept) = slot.wait(spin);
+            self.metrics.record_commit_wait(slept);
+            if let Some(result) = answer {
                 return result;
             }
             commit = self.commit.lock();
@@ -303,6 +341,9 @@ impl Writer {
             });
             let last_sync = leader.last_sync.take();
             drop(leader);
+            if let Some(sync) = last_sync {
+                self.spin_ns.store(duration_ns(spin_for(self.commit_spin, sync)), Ordering::Relaxed);
+            }
             commit.expected_group = group.members.len() + commit.queue.len();
             commit.gather_budget = last_sync.map_or(Duration::ZERO, |sync| (sync / 2).min(GATHER_BUDGET_MAX));
             if let Err(GroupError { error, poisons: true }) = &outcome {
@@ -576,9 +617,29 @@ fn created_published(error: &Error) -> bool {
     matches!(error, Error::NoSpace { op: "rename" | "sync directory", .. })
 }
 
+fn duration_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 fn error_op(error: &Error) -> &'static str {
     match error {
         Error::Io { op, .. } | Error::NoSpace { op, .. } => op,
         _ => "write",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiters_spin_only_while_the_last_sync_took_at_most_half_the_spin() {
+        let spin = Duration::from_micros(1000);
+        assert_eq!(spin_for(spin, Duration::from_micros(100)), spin);
+        assert_eq!(spin_for(spin, Duration::from_micros(500)), spin, "exactly half still spins");
+        assert_eq!(spin_for(spin, Duration::from_micros(501)), Duration::ZERO);
+        assert_eq!(spin_for(spin, Duration::from_secs(3)), Duration::ZERO);
+        assert_eq!(spin_for(Duration::ZERO, Duration::ZERO), Duration::ZERO, "zero turns spinning off");
+        assert_eq!(spin_for(spin, Duration::MAX), Duration::ZERO, "no overflow");
     }
 }

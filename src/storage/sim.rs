@@ -14,6 +14,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -181,6 +182,13 @@ impl SimStorage {
     /// Bytes passed to successful [`StorageFile::write_all_at`] calls so far.
     pub fn bytes_written(&self) -> u64 {
         self.state.lock().bytes_written
+    }
+
+    /// Makes every later [`StorageFile::sync_data`] sleep `delay` (without holding the disk's
+    /// lock, so other calls go on meanwhile) before it syncs: a disk whose `fdatasync` takes
+    /// time. Zero, the default, syncs at once.
+    pub fn set_sync_delay(&self, delay: Duration) {
+        self.state.lock().sync_delay = delay;
     }
 
     /// Caps the total length of all files (linked or still open) at `bytes`; a write, `set_len`
@@ -379,6 +387,10 @@ impl StorageFile for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let delay = self.state.lock().sync_delay;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let mut state = self.enter(Op::SyncData)?;
         state.inode_mut(self.inode)?.sync();
         Ok(())
@@ -613,6 +625,8 @@ struct State {
     ops: u64,
     /// Bytes of every successful `write_all_at`.
     bytes_written: u64,
+    /// How long every `sync_data` sleeps before it syncs.
+    sync_delay: Duration,
     /// Calls numbered above this fail with `EIO`.
     halt_at: Option<u64>,
     faults: Vec<Armed>,
@@ -634,6 +648,7 @@ impl State {
             epoch: 0,
             ops: 0,
             bytes_written: 0,
+            sync_delay: Duration::ZERO,
             halt_at: None,
             faults: Vec::new(),
             capacity: None,
