@@ -1,8 +1,8 @@
 //! Group commit's waiting appenders (`Config::commit_spin`): while the log's `fdatasync`s are
 //! fast, an appender waiting for another thread's group yields the CPU in a loop and sees its
 //! answer without sleeping; once a sync takes over half the spin, waiters sleep at once. Either
-//! way every appender gets exactly its own acknowledgement. The simulated disk's sync delay
-//! stands in for a fast and a slow disk.
+//! way every appender gets exactly its own acknowledgement. A store sleeps by default. The
+//! simulated disk's sync delay stands in for a fast and a slow disk.
 
 mod common;
 
@@ -11,7 +11,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use continuum::storage::sim::SimStorage;
-use continuum::{Error, Log, limits};
+use continuum::synthetic::Transcript;
+use continuum::{AtomOutput, Error, Log, RunSpec, Store, limits};
 
 const THREADS: usize = 8;
 
@@ -84,4 +85,43 @@ fn a_spin_above_the_limit_is_refused() {
     let too_long = Duration::from_micros(limits::COMMIT_SPIN_US_MAX + 1);
     assert!(matches!(open(&sim, too_long), Err(Error::InvalidConfig { .. })));
     open(&sim, Duration::from_micros(limits::COMMIT_SPIN_US_MAX)).expect("the limit itself is allowed");
+}
+
+/// A store's appenders encode and compress between appends, so its waiters sleep unless asked
+/// to spin, even on a disk whose syncs are fast.
+#[test]
+fn a_store_sleeps_by_default() {
+    let sim = SimStorage::new(13);
+    sim.set_sync_delay(Duration::from_millis(5));
+    let store =
+        Arc::new(Store::builder(common::DIR).storage(Arc::new(sim.clone())).background(false).open().expect("open"));
+    let runs: Vec<_> = (0..THREADS).map(|t| store.create_run(RunSpec::new(format!("run {t}"))).expect("run")).collect();
+    let before = store.metrics();
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let threads: Vec<_> = runs
+        .into_iter()
+        .enumerate()
+        .map(|(t, run)| {
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                let output = AtomOutput { delta: Transcript::new(t as u64).next_delta(500), result: Vec::new() };
+                barrier.wait();
+                store.record_atom(run, "agent", "step", &[], "", &output).expect("record")
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("thread");
+    }
+    let after = store.metrics();
+    let (waits, sleeps) =
+        (after.commit_waits - before.commit_waits, after.commit_wait_sleeps - before.commit_wait_sleeps);
+    assert!(waits > 0, "with {THREADS} agents some appends wait for another's group");
+    assert_eq!(sleeps, waits, "a store's waiters sleep unless StoreBuilder::commit_spin asks them to spin");
+    assert_eq!(store.log().config().commit_spin, Duration::ZERO, "even while its syncs are fast");
+    let spinning = Store::builder("/spinning").storage(Arc::new(sim.clone())).commit_spin(Duration::from_millis(1));
+    assert_eq!(spinning.open().expect("open").log().config().commit_spin, Duration::from_millis(1));
+    let too_long = Duration::from_micros(limits::COMMIT_SPIN_US_MAX + 1);
+    let refused = Store::builder("/other").storage(Arc::new(sim.clone())).commit_spin(too_long).open();
+    assert!(matches!(refused, Err(Error::InvalidConfig { .. })), "the store passes its spin to its log");
 }

@@ -72,6 +72,17 @@ impl StoreBuilder {
         self
     }
 
+    /// How long a waiting appender spins before it sleeps; see
+    /// [`Config::commit_spin`](crate::Config::commit_spin). Unlike a bare log's, a store's
+    /// default is zero (always sleep): its appenders encode and compress between appends, and
+    /// spinning waiters take the CPU from them (16 agents: 35–49 k atoms/s sleeping against
+    /// 30–36 k spinning, `docs/BENCHMARKS.md` §8). Worth turning on only when the appending
+    /// threads have spare CPU.
+    pub fn commit_spin(mut self, spin: std::time::Duration) -> Self {
+        self.log = self.log.commit_spin(spin);
+        self
+    }
+
     /// The file system to use (tests use [`SimStorage`](crate::storage::sim::SimStorage)).
     pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
         self.log = self.log.storage(storage);
@@ -440,7 +451,10 @@ impl Store {
 
     /// A builder for a store in `dir`.
     pub fn builder(dir: impl AsRef<Path>) -> StoreBuilder {
-        StoreBuilder { log: Log::builder(dir), policies: policy::Policies::default(), background: true }
+        // A store's appenders encode and compress between appends, so waiters spinning through
+        // syncs would take the CPU from them (docs/ARCHITECTURE.md, "Spinning waiters").
+        let log = Log::builder(dir).commit_spin(std::time::Duration::ZERO);
+        StoreBuilder { log, policies: policy::Policies::default(), background: true }
     }
 
     /// A handle over `shared` without a worker: what the background thread works through.
