@@ -9,6 +9,7 @@
 //!    While the log's syncs are fast, a waiting appender first yields the CPU in a loop for up
 //!    to [`Config::commit_spin`](crate::Config::commit_spin), checking its slot, and sleeps only
 //!    after that ("Spinning waiters" in docs/ARCHITECTURE.md).
+//!    A gathering leader (step 3) spins the same way while waiters spin.
 //! 3. The leader *gathers*: if the last group synced, it waits (at most half that sync's time)
 //!    until as many requests are queued as the last group held plus those that queued during
 //!    its sync, so that appenders acknowledged together commit together again.
@@ -25,7 +26,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
@@ -176,6 +177,9 @@ pub(crate) struct Writer {
     commit_spin: Duration,
     /// How long a waiting appender spins now, in nanoseconds: [`spin_for`] of the last sync.
     spin_ns: AtomicU64,
+    /// The commit queue's length, stored under the commit lock at every arrival and when a
+    /// leader starts gathering: what a spinning gatherer polls without taking the lock.
+    queue_len: AtomicUsize,
     commit: Mutex<CommitState>,
     /// Signalled when the queue has room.
     room: Condvar,
@@ -211,6 +215,7 @@ impl Writer {
             segment_bytes,
             commit_spin,
             spin_ns: AtomicU64::new(duration_ns(commit_spin)),
+            queue_len: AtomicUsize::new(0),
             commit: Mutex::new(CommitState::default()),
             room: Condvar::new(),
             arrivals: Condvar::new(),
@@ -294,6 +299,7 @@ impl Writer {
             self.room.wait(&mut commit);
         }
         commit.queue.push_back(Pending { batch, durability, slot: Arc::clone(&slot) });
+        self.queue_len.store(commit.queue.len(), Ordering::Release);
         // The gathering leader wakes once, when its group is complete, not at every arrival.
         if commit.gathering && commit.queue.len() >= commit.expected_group {
             self.arrivals.notify_one();
@@ -375,12 +381,24 @@ impl Writer {
     /// Waits, at most the gather budget, until as many requests are queued as the next group is
     /// expected to hold. Concurrent appenders acknowledged together come back together; without
     /// this they split into two cohorts that alternate, each syncing half as many appends.
+    /// While waiters spin, the leader spins too (yielding, without the commit lock), so that
+    /// the arrival completing its group need not wake it.
     fn gather(&self, commit: &mut MutexGuard<'_, CommitState>) {
         let target = commit.expected_group.min(limits::COMMIT_QUEUE_DEPTH_MAX);
         if commit.queue.len() >= target || commit.gather_budget.is_zero() {
             return;
         }
         let deadline = Instant::now() + commit.gather_budget;
+        if self.spin_ns.load(Ordering::Relaxed) > 0 {
+            // Only this leader takes requests from the queue, so its length only grows meanwhile.
+            self.queue_len.store(commit.queue.len(), Ordering::Release);
+            MutexGuard::unlocked(commit, || {
+                while self.queue_len.load(Ordering::Acquire) < target && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+            });
+            return;
+        }
         commit.gathering = true;
         while commit.queue.len() < target && !commit.closed {
             if self.arrivals.wait_until(commit, deadline).timed_out() {
