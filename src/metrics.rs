@@ -129,7 +129,8 @@ fn load(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
 }
 
-fn nanos(duration: Duration) -> u64 {
+/// A duration in whole nanoseconds, saturating at `u64::MAX` (584 years).
+pub(crate) fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 

@@ -39,7 +39,7 @@ use crate::log::record::EncodedBatch;
 use crate::log::recovery::{self, ActiveState};
 use crate::log::segment::{self, SegmentHeader};
 use crate::log::{Lsn, LsnRange};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, nanos};
 use crate::storage::Storage;
 
 /// Where one queued request learns its outcome, or that it must lead. Each appender waits on
@@ -214,7 +214,7 @@ impl Writer {
             dir,
             segment_bytes,
             commit_spin,
-            spin_ns: AtomicU64::new(duration_ns(commit_spin)),
+            spin_ns: AtomicU64::new(nanos(commit_spin)),
             queue_len: AtomicUsize::new(0),
             commit: Mutex::new(CommitState::default()),
             room: Condvar::new(),
@@ -348,7 +348,7 @@ impl Writer {
             let last_sync = leader.last_sync.take();
             drop(leader);
             if let Some(sync) = last_sync {
-                self.spin_ns.store(duration_ns(spin_for(self.commit_spin, sync)), Ordering::Relaxed);
+                self.spin_ns.store(nanos(spin_for(self.commit_spin, sync)), Ordering::Relaxed);
             }
             commit.expected_group = group.members.len() + commit.queue.len();
             commit.gather_budget = last_sync.map_or(Duration::ZERO, |sync| (sync / 2).min(GATHER_BUDGET_MAX));
@@ -633,10 +633,6 @@ impl From<GroupError> for Error {
 /// sync failed), after which the directory's state is uncertain.
 fn created_published(error: &Error) -> bool {
     matches!(error, Error::NoSpace { op: "rename" | "sync directory", .. })
-}
-
-fn duration_ns(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn error_op(error: &Error) -> &'static str {
