@@ -59,10 +59,9 @@ pub struct Config {
     /// last group's `fdatasync` took at most half of this. Sleeping costs a wake-up per waiting
     /// thread per group, which on a disk whose `fdatasync` takes ~100 µs is most of what 16
     /// writers spend besides the sync (docs/BENCHMARKS.md §2); spinning spends CPU time instead.
-    /// `Duration::ZERO` always sleeps. Spinning pays when the appending threads have nothing
-    /// else to do; when they also need the CPU (encoding, compressing) it takes the CPU from
-    /// them, which is why a [`Store`](crate::Store) turns it off by default
-    /// ([`StoreBuilder::commit_spin`](crate::StoreBuilder::commit_spin)). Default
+    /// `Duration::ZERO` always sleeps. Spinning pays when the appending threads have little
+    /// else to do between appends; when the CPU is short (more runnable threads than cores
+    /// doing real work), sleeping leaves it to them. Default
     /// [`limits::COMMIT_SPIN_US_DEFAULT`] µs; at most [`limits::COMMIT_SPIN_US_MAX`] µs.
     pub commit_spin: Duration,
 }

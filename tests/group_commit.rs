@@ -1,8 +1,8 @@
 //! Group commit's waiting appenders (`Config::commit_spin`): while the log's `fdatasync`s are
 //! fast, an appender waiting for another thread's group yields the CPU in a loop and sees its
 //! answer without sleeping; once a sync takes over half the spin, waiters sleep at once. Either
-//! way every appender gets exactly its own acknowledgement. A store sleeps by default. The
-//! simulated disk's sync delay stands in for a fast and a slow disk.
+//! way every appender gets exactly its own acknowledgement. A store passes its setting to its
+//! log. The simulated disk's sync delay stands in for a fast and a slow disk.
 
 mod common;
 
@@ -87,14 +87,22 @@ fn a_spin_above_the_limit_is_refused() {
     open(&sim, Duration::from_micros(limits::COMMIT_SPIN_US_MAX)).expect("the limit itself is allowed");
 }
 
-/// A store's appenders encode and compress between appends, so its waiters sleep unless asked
-/// to spin, even on a disk whose syncs are fast.
+/// A store passes its spin to its log: the log's default unless the builder sets it; with
+/// spinning off its waiters all sleep.
 #[test]
-fn a_store_sleeps_by_default() {
+fn a_store_passes_its_spin_to_its_log() {
     let sim = SimStorage::new(13);
+    let default = Store::builder("/default").storage(Arc::new(sim.clone())).open().expect("open");
+    assert_eq!(default.log().config().commit_spin, Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT));
     sim.set_sync_delay(Duration::from_millis(5));
-    let store =
-        Arc::new(Store::builder(common::DIR).storage(Arc::new(sim.clone())).background(false).open().expect("open"));
+    let store = Arc::new(
+        Store::builder(common::DIR)
+            .storage(Arc::new(sim.clone()))
+            .background(false)
+            .commit_spin(Duration::ZERO)
+            .open()
+            .expect("open"),
+    );
     let runs: Vec<_> = (0..THREADS).map(|t| store.create_run(RunSpec::new(format!("run {t}"))).expect("run")).collect();
     let before = store.metrics();
     let barrier = Arc::new(Barrier::new(THREADS));
@@ -117,10 +125,7 @@ fn a_store_sleeps_by_default() {
     let (waits, sleeps) =
         (after.commit_waits - before.commit_waits, after.commit_wait_sleeps - before.commit_wait_sleeps);
     assert!(waits > 0, "with {THREADS} agents some appends wait for another's group");
-    assert_eq!(sleeps, waits, "a store's waiters sleep unless StoreBuilder::commit_spin asks them to spin");
-    assert_eq!(store.log().config().commit_spin, Duration::ZERO, "even while its syncs are fast");
-    let spinning = Store::builder("/spinning").storage(Arc::new(sim.clone())).commit_spin(Duration::from_millis(1));
-    assert_eq!(spinning.open().expect("open").log().config().commit_spin, Duration::from_millis(1));
+    assert_eq!(sleeps, waits, "with commit_spin zero every waiter sleeps");
     let too_long = Duration::from_micros(limits::COMMIT_SPIN_US_MAX + 1);
     let refused = Store::builder("/other").storage(Arc::new(sim.clone())).commit_spin(too_long).open();
     assert!(matches!(refused, Err(Error::InvalidConfig { .. })), "the store passes its spin to its log");

@@ -101,11 +101,13 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
                 Ok(Job::Snapshot(atom)) => vec![atom],
                 _ => Vec::new(),
             };
-            write_snapshots(&store, coalesce(&store, pending, jobs));
+            write_snapshots(&store, coalesce(&store, pending, jobs), Pace::Closing);
             return;
         }
         match job {
-            Ok(Job::Snapshot(atom)) => write_snapshots(&store, coalesce(&store, vec![atom], jobs)),
+            Ok(Job::Snapshot(atom)) => {
+                write_snapshots(&store, coalesce(&store, vec![atom], jobs), Pace::Yielding(stopping))
+            }
             Ok(Job::Wake) => {}
             Ok(Job::Compact) | Err(RecvTimeoutError::Timeout) => {
                 match store.compact() {
@@ -133,12 +135,40 @@ fn checkpoint_if_due(store: &Store) {
     }
 }
 
+/// How the background thread paces policy snapshots.
+#[derive(Clone, Copy)]
+enum Pace<'a> {
+    /// After each snapshot, sleep [`SNAPSHOT_YIELD_FACTOR`] times as long as it took, until
+    /// the flag says the store is closing.
+    Yielding(&'a AtomicBool),
+    /// The store is closing: write what is due at once.
+    Closing,
+}
+
+/// Policy snapshots take at most 1 / (1 + this) of the background thread's time: after each,
+/// the thread sleeps this many times as long as the snapshot took. A large agent's snapshot
+/// rebuilds, encodes and compresses its whole context (hundreds of KB, milliseconds); under a
+/// sustained burst of atoms, snapshotting as often as the policy asks would take a whole core
+/// from the appending threads. Requests that arrive meanwhile are coalesced to the newest atom
+/// of each agent, so snapshots then come less often than the policy asks, never in a backlog.
+const SNAPSHOT_YIELD_FACTOR: u32 = 3;
+
 /// Writes policy snapshots of `atoms`; a failure is logged and the others are still written.
-fn write_snapshots(store: &Store, atoms: Vec<AtomId>) {
+fn write_snapshots(store: &Store, atoms: Vec<AtomId>, pace: Pace) {
     for atom in atoms {
+        let started = Instant::now();
         if let Err(error) = store.policy_snapshot(atom) {
             tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
         }
+        std::thread::sleep(pause_after(started.elapsed(), pace));
+    }
+}
+
+/// How long the background thread sleeps after a policy snapshot that took `took`.
+fn pause_after(took: Duration, pace: Pace<'_>) -> Duration {
+    match pace {
+        Pace::Yielding(stopping) if !stopping.load(Ordering::Acquire) => took.saturating_mul(SNAPSHOT_YIELD_FACTOR),
+        Pace::Yielding(_) | Pace::Closing => Duration::ZERO,
     }
 }
 
@@ -158,4 +188,20 @@ fn coalesce(store: &Store, mut atoms: Vec<AtomId>, jobs: &Receiver<Job>) -> Vec<
         }
     }
     newest.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_snapshots_yield_three_quarters_of_the_time_until_the_store_closes() {
+        let took = Duration::from_millis(4);
+        let stopping = AtomicBool::new(false);
+        assert_eq!(pause_after(took, Pace::Yielding(&stopping)), Duration::from_millis(12));
+        stopping.store(true, Ordering::Release);
+        assert_eq!(pause_after(took, Pace::Yielding(&stopping)), Duration::ZERO, "a closing store does not wait");
+        assert_eq!(pause_after(took, Pace::Closing), Duration::ZERO);
+        assert_eq!(pause_after(Duration::MAX, Pace::Yielding(&AtomicBool::new(false))), Duration::MAX, "no overflow");
+    }
 }

@@ -73,11 +73,9 @@ impl StoreBuilder {
     }
 
     /// How long a waiting appender spins before it sleeps; see
-    /// [`Config::commit_spin`](crate::Config::commit_spin). Unlike a bare log's, a store's
-    /// default is zero (always sleep): its appenders encode and compress between appends, and
-    /// spinning waiters take the CPU from them (16 agents: 35–49 k atoms/s sleeping against
-    /// 30–36 k spinning, `docs/BENCHMARKS.md` §8). Worth turning on only when the appending
-    /// threads have spare CPU.
+    /// [`Config::commit_spin`](crate::Config::commit_spin) (the same default as a bare log's).
+    /// `Duration::ZERO` makes waiters sleep at once, which leaves more CPU to other work when
+    /// the appending threads have plenty to do between appends.
     pub fn commit_spin(mut self, spin: std::time::Duration) -> Self {
         self.log = self.log.commit_spin(spin);
         self
@@ -451,10 +449,7 @@ impl Store {
 
     /// A builder for a store in `dir`.
     pub fn builder(dir: impl AsRef<Path>) -> StoreBuilder {
-        // A store's appenders encode and compress between appends, so waiters spinning through
-        // syncs would take the CPU from them (docs/ARCHITECTURE.md, "Spinning waiters").
-        let log = Log::builder(dir).commit_spin(std::time::Duration::ZERO);
-        StoreBuilder { log, policies: policy::Policies::default(), background: true }
+        StoreBuilder { log: Log::builder(dir), policies: policy::Policies::default(), background: true }
     }
 
     /// A handle over `shared` without a worker: what the background thread works through.
