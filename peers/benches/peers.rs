@@ -43,6 +43,9 @@ const DURABLE_16: &str = "durable_append_16";
 const BUFFERED_1: &str = "buffered_append_1";
 const RESUME_OPEN: &str = "resume_open";
 const AT_REST: &str = "at_rest";
+/// Pause before each fixed-size trial of workload 2.
+const TRIAL_SETTLE: Duration = Duration::from_millis(250);
+
 /// Writers of workload 2.
 const WRITERS: u32 = 16;
 /// Distinct deltas the append workloads cycle through.
@@ -470,6 +473,9 @@ fn durable_append_16(
     let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); subjects.len()];
     for _ in 0..scale.concurrent_trials {
         for (at, subject) in subjects.iter().enumerate() {
+            // Background work an engine left behind (the store's paced policy snapshots, an
+            // engine's purge or checkpoint) finishes before the next trial, not inside it.
+            std::thread::sleep(TRIAL_SETTLE);
             let (elapsed, mine) = concurrent_appends(subject, pool, scale.concurrent_per_writer, true);
             rates[at].push((scale.concurrent_per_writer * u64::from(WRITERS)) as f64 / elapsed.as_secs_f64());
             latencies[at].extend(mine);
