@@ -442,3 +442,34 @@ fn cold_compression_keeps_every_record_and_shrinks_the_log() {
     let atom = store.atom(*more.last().expect("atoms")).expect("atom");
     assert_eq!(atom.output.expect("output").result, b"result".to_vec());
 }
+
+/// A burst of due policy snapshots (every atom of three agents, interleaved) while the
+/// background thread paces itself: requests coalesce to each agent's newest atom, none is
+/// lost to a full queue, and a clean close writes each agent's newest.
+#[test]
+fn a_burst_of_due_snapshots_coalesces_and_a_clean_close_writes_each_agents_newest() {
+    let sim = SimStorage::new(21);
+    let store = Store::builder(Path::new("/store"))
+        .storage(Arc::new(sim.clone()))
+        .snapshot_policy(every(1))
+        .retention(keep(2))
+        .open()
+        .expect("open");
+    let runs: Vec<_> = (0..3).map(|a| store.create_run(RunSpec::new(format!("agent {a}"))).expect("run")).collect();
+    let mut transcript = Transcript::new(5);
+    let mut last: Vec<Option<AtomId>> = vec![None; runs.len()];
+    for i in 0..500 {
+        for (agent, run) in runs.iter().enumerate() {
+            let parents: Vec<AtomId> = last[agent].into_iter().collect();
+            let out = output(transcript.next_delta(200));
+            last[agent] =
+                Some(store.record_atom(*run, "agent", &format!("step-{i}"), &parents, "", &out).expect("record"));
+        }
+    }
+    drop(store);
+    let store = open_with(&sim, every(1), keep(2));
+    let snapshots: BTreeSet<AtomId> = store.snapshots().into_iter().collect();
+    for newest in last.into_iter().flatten() {
+        assert!(snapshots.contains(&newest), "the agent's last atom {newest:?} is snapshotted: {snapshots:?}");
+    }
+}

@@ -2,8 +2,11 @@
 //! the agents' threads. It holds only a weak reference to the store while idle, so dropping
 //! the store stops it.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+
+use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -12,16 +15,20 @@ use crate::error::{Error, Result};
 use crate::store::types::AtomId;
 use crate::store::{Shared, Store};
 
-/// Snapshot requests waiting for the thread; more are dropped (and counted) rather than
-/// blocking an agent.
+/// Jobs waiting for the thread; more are dropped rather than blocking an agent (snapshot
+/// requests are never lost that way: they wait in [`DueSnapshots`], one per agent).
 const JOB_QUEUE_MAX: usize = 1024;
 /// How long the thread sleeps when no compaction interval is set.
 const IDLE_WAIT: Duration = Duration::from_secs(3600);
 
+/// Policy snapshots due and not yet written: the newest due atom of each agent (by agent
+/// number). Bounded by the number of agents, so a burst coalesces instead of queueing.
+type DueSnapshots = Arc<Mutex<BTreeMap<u32, AtomId>>>;
+
 /// Work for the thread.
 pub(crate) enum Job {
-    /// Write a policy snapshot of this atom's context.
-    Snapshot(AtomId),
+    /// Write the policy snapshots in [`DueSnapshots`].
+    Snapshots,
     /// Run a compaction round now.
     Compact,
     /// Wake up (to notice `stopping`).
@@ -32,6 +39,7 @@ pub(crate) enum Job {
 pub(crate) struct Worker {
     shared: Weak<Shared>,
     sender: SyncSender<Job>,
+    due: DueSnapshots,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -44,14 +52,31 @@ impl Worker {
         let weak = Arc::downgrade(shared);
         let interval = shared.policies.compaction.interval;
         let flag = Arc::clone(&stopping);
+        let due = DueSnapshots::default();
+        let thread_due = Arc::clone(&due);
         let thread = std::thread::Builder::new()
             .name("continuum-background".into())
             .spawn(move || {
                 lower_priority();
-                run(&weak, &receiver, &flag, interval);
+                run(&weak, &receiver, &thread_due, &flag, interval);
             })
             .map_err(|e| Error::io("spawn the background thread", std::path::PathBuf::new(), e))?;
-        Ok(Self { shared: Arc::downgrade(shared), sender, stopping, thread: Some(thread) })
+        Ok(Self { shared: Arc::downgrade(shared), sender, due, stopping, thread: Some(thread) })
+    }
+
+    /// Asks for a policy snapshot of `atom`, the newest due atom of `agent`: it replaces an
+    /// older request of the same agent not yet written, and the thread is woken only if no
+    /// request was waiting (otherwise it is awake or already asked).
+    pub fn request_snapshot(&self, agent: u32, atom: AtomId) {
+        let mut due = self.due.lock();
+        let idle = due.is_empty();
+        let slot = due.entry(agent).or_insert(atom);
+        *slot = (*slot).max(atom);
+        drop(due);
+        if idle {
+            // A full queue means the thread has jobs to wake it; it takes every due snapshot.
+            let _ = self.request(Job::Snapshots);
+        }
     }
 
     /// Queues `job`; returns `false` if the queue is full (the job is dropped).
@@ -87,7 +112,13 @@ fn lower_priority() {
     }
 }
 
-fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, interval: Option<Duration>) {
+fn run(
+    shared: &Weak<Shared>,
+    jobs: &Receiver<Job>,
+    due: &DueSnapshots,
+    stopping: &AtomicBool,
+    interval: Option<Duration>,
+) {
     let mut next_compaction = interval.map(|every| Instant::now() + every);
     loop {
         let wait = next_compaction.map_or(IDLE_WAIT, |at| at.saturating_duration_since(Instant::now()));
@@ -97,17 +128,11 @@ fn run(shared: &Weak<Shared>, jobs: &Receiver<Job>, stopping: &AtomicBool, inter
         if stopping.load(Ordering::Acquire) {
             // A clean close writes the snapshots still due (one per agent at most), so that
             // the next open resumes every agent from a recent one.
-            let pending = match job {
-                Ok(Job::Snapshot(atom)) => vec![atom],
-                _ => Vec::new(),
-            };
-            write_snapshots(&store, coalesce(&store, pending, jobs), Pace::Closing);
+            write_snapshots(&store, take_due(due), Pace::Closing);
             return;
         }
         match job {
-            Ok(Job::Snapshot(atom)) => {
-                write_snapshots(&store, coalesce(&store, vec![atom], jobs), Pace::Yielding(stopping))
-            }
+            Ok(Job::Snapshots) => write_snapshots(&store, take_due(due), Pace::Yielding(stopping)),
             Ok(Job::Wake) => {}
             Ok(Job::Compact) | Err(RecvTimeoutError::Timeout) => {
                 match store.compact() {
@@ -172,22 +197,10 @@ fn pause_after(took: Duration, pace: Pace<'_>) -> Duration {
     }
 }
 
-/// `atoms` and every snapshot request already queued, reduced to the newest atom of each
-/// agent: when snapshots fall behind, the thread catches up instead of writing stale ones.
-fn coalesce(store: &Store, mut atoms: Vec<AtomId>, jobs: &Receiver<Job>) -> Vec<AtomId> {
-    while let Ok(job) = jobs.try_recv() {
-        if let Job::Snapshot(atom) = job {
-            atoms.push(atom);
-        }
-    }
-    let mut newest: std::collections::BTreeMap<u32, AtomId> = std::collections::BTreeMap::new();
-    for atom in atoms {
-        if let Some(agent) = store.agent_of(atom) {
-            let slot = newest.entry(agent).or_insert(atom);
-            *slot = (*slot).max(atom);
-        }
-    }
-    newest.into_values().collect()
+/// Every due snapshot, one per agent, leaving none: while the thread writes them (and then
+/// pauses), later requests gather again, each agent's newest replacing its older ones.
+fn take_due(due: &DueSnapshots) -> Vec<AtomId> {
+    std::mem::take(&mut *due.lock()).into_values().collect()
 }
 
 #[cfg(test)]

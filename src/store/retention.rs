@@ -7,7 +7,6 @@ use crate::codec::proto;
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::snapshot::{self, NameDurability};
-use crate::store::background::Job;
 use crate::store::policy::{SnapshotClock, SnapshotPolicy};
 use crate::store::types::{AtomId, RunId, RunStatus};
 use crate::store::{Store, now_us};
@@ -33,22 +32,13 @@ impl Store {
             return;
         }
         match &self.worker {
-            Some(worker) => {
-                if !worker.request(Job::Snapshot(atom)) {
-                    tracing::warn!(atom = atom.get(), "snapshot queue full; skipping a policy snapshot");
-                }
-            }
+            Some(worker) => worker.request_snapshot(agent, atom),
             None => {
                 if let Err(error) = self.policy_snapshot(atom) {
                     tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
                 }
             }
         }
-    }
-
-    /// The agent number of `atom`.
-    pub(crate) fn agent_of(&self, atom: AtomId) -> Option<u32> {
-        self.shared.index.read().atom(atom).map(|entry| entry.agent)
     }
 
     /// Writes the policy snapshot of `atom` (unless its agent has moved on to a rollback, or
