@@ -33,14 +33,21 @@ fn outputs(count: usize) -> Vec<AtomOutput> {
 /// The store as these benchmarks measure it: no policy snapshots, no background thread (the
 /// atom path alone).
 fn open_store(dir: &Path) -> Store {
-    open_store_compressing(dir, continuum::limits::COMPRESSION_MIN_BYTES)
+    open_store_compressing(dir, continuum::limits::COMPRESSION_MIN_BYTES, SPIN_DEFAULT)
 }
+
+/// Group-commit waiters' spin ([`continuum::Config::commit_spin`]): the default, and none for
+/// the CPU measurements, where spinning through the syncs adds waiting to both sides of the
+/// difference (and noise to it) but no work.
+const SPIN_DEFAULT: Duration = Duration::from_micros(continuum::limits::COMMIT_SPIN_US_DEFAULT);
+const SPIN_NONE: Duration = Duration::ZERO;
 
 /// [`open_store`] compressing record bodies of `compress_from` bytes or more as they are
 /// appended (the default 2 KiB leaves the benchmark's ~570-byte completions plain; 64 is the
 /// setting before session 7, every completion compressed with the trained dictionary).
-fn open_store_compressing(dir: &Path, compress_from: usize) -> Store {
+fn open_store_compressing(dir: &Path, compress_from: usize, spin: Duration) -> Store {
     Store::builder(dir)
+        .commit_spin(spin)
         .snapshot_policy(continuum::SnapshotPolicy::NEVER)
         .compress_records_from(compress_from)
         .background(false)
@@ -52,8 +59,8 @@ fn open_store_compressing(dir: &Path, compress_from: usize) -> Store {
 const COMPRESS_ALL: usize = 64;
 
 /// A store on `dir` with a run, warmed up past dictionary training.
-fn warm_store(dir: &Path, outputs: &[AtomOutput], compress_from: usize) -> (Store, continuum::RunId) {
-    let store = open_store_compressing(dir, compress_from);
+fn warm_store(dir: &Path, outputs: &[AtomOutput], compress_from: usize, spin: Duration) -> (Store, continuum::RunId) {
+    let store = open_store_compressing(dir, compress_from, spin);
     let run = store.create_run(RunSpec::new("bench")).expect("run");
     for (i, output) in outputs.iter().enumerate().take(2_100) {
         let atom = store.begin_atom(run, "warmup", &format!("w{i}"), &[], "").expect("begin");
@@ -64,7 +71,7 @@ fn warm_store(dir: &Path, outputs: &[AtomOutput], compress_from: usize) -> (Stor
 
 /// The bytes the store writes for one atom, for the raw-log baseline.
 fn sample_records(dir: &Path, outputs: &[AtomOutput], compress_from: usize) -> (Vec<u8>, Vec<u8>) {
-    let (store, run) = warm_store(dir, outputs, compress_from);
+    let (store, run) = warm_store(dir, outputs, compress_from, SPIN_DEFAULT);
     let atom = store.begin_atom(run, "agent", "sample", &[], "").expect("begin");
     store.complete_atom(atom, &outputs[7]).expect("complete");
     let next = store.log().next_lsn().get();
@@ -90,8 +97,8 @@ impl Fixture {
         let outputs = outputs(4_096);
         let dirs = [(); 3].map(|()| tempfile::tempdir_in(root).expect("dir"));
         let (start, end) = sample_records(dirs[0].path(), &outputs, compress_from);
-        let log = Log::open(dirs[1].path()).expect("log");
-        let (store, run) = warm_store(dirs[2].path(), &outputs, compress_from);
+        let log = Log::builder(dirs[1].path()).commit_spin(SPIN_NONE).open().expect("log");
+        let (store, run) = warm_store(dirs[2].path(), &outputs, compress_from, SPIN_NONE);
         Self { outputs, start, end, log, store, run, _dirs: dirs }
     }
 }
