@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
-
-use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::store::types::AtomId;
@@ -132,8 +132,7 @@ fn run(
             return;
         }
         match job {
-            Ok(Job::Snapshots) => write_snapshots(&store, take_due(due), Pace::Yielding(stopping)),
-            Ok(Job::Wake) => {}
+            Ok(Job::Snapshots | Job::Wake) => {}
             Ok(Job::Compact) | Err(RecvTimeoutError::Timeout) => {
                 match store.compact() {
                     Ok(report) => tracing::debug!(?report, "background compaction"),
@@ -144,6 +143,9 @@ fn run(
             }
             Err(RecvTimeoutError::Disconnected) => return,
         }
+        // Every wake-up takes the due snapshots, whatever job woke it: a request whose own
+        // wake-up found the queue full is not left waiting for the next one.
+        write_snapshots(&store, take_due(due), Pace::Yielding(stopping));
     }
 }
 
