@@ -27,11 +27,9 @@ type DueSnapshots = Arc<Mutex<BTreeMap<u32, AtomId>>>;
 
 /// Work for the thread.
 pub(crate) enum Job {
-    /// Write the policy snapshots in [`DueSnapshots`].
-    Snapshots,
     /// Run a compaction round now.
     Compact,
-    /// Wake up (to notice `stopping`).
+    /// Wake up: to write the due snapshots (every wake-up does), or to notice `stopping`.
     Wake,
 }
 
@@ -75,7 +73,7 @@ impl Worker {
         drop(due);
         if idle {
             // A full queue means the thread has jobs to wake it; it takes every due snapshot.
-            let _ = self.request(Job::Snapshots);
+            let _ = self.request(Job::Wake);
         }
     }
 
@@ -132,7 +130,7 @@ fn run(
             return;
         }
         match job {
-            Ok(Job::Snapshots | Job::Wake) => {}
+            Ok(Job::Wake) => {}
             Ok(Job::Compact) | Err(RecvTimeoutError::Timeout) => {
                 match store.compact() {
                     Ok(report) => tracing::debug!(?report, "background compaction"),
