@@ -250,7 +250,8 @@ fn a_small_dictionary_comes_early_and_the_final_one_later_across_reopens() {
     let mut transcript = Transcript::new(8);
     let mut outputs = Vec::new();
     let mut write = |count: usize, outputs: &mut Vec<AtomOutput>| {
-        let store = Store::builder(dir.path()).compress_records_from(64).open().expect("open");
+        // Without a background thread the dictionary is trained inline, at a known atom.
+        let store = Store::builder(dir.path()).compress_records_from(64).background(false).open().expect("open");
         let run = store.create_run(RunSpec::new("r")).expect("run");
         for _ in 0..count {
             let out = AtomOutput { delta: transcript.next_delta(500), result: Vec::new() };
@@ -294,6 +295,51 @@ fn a_small_dictionary_comes_early_and_the_final_one_later_across_reopens() {
 }
 
 #[test]
+fn the_background_thread_trains_the_dictionary_and_logs_it_before_its_first_use() {
+    // With a background thread, the completion that brings the 256th sample does not wait
+    // for the training: the thread trains, logs the dictionary, and only then do completions
+    // use it. Every completion logged before the dictionary record is plain.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut transcript = Transcript::new(10);
+    let store = Store::builder(dir.path()).compress_records_from(64).open().expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let mut complete = |i: usize| {
+        let out = AtomOutput { delta: transcript.next_delta(500), result: Vec::new() };
+        let atom = store.begin_atom(run, "agent", &format!("step-{i}"), &[], "").expect("begin");
+        store.complete_atom(atom, &out).expect("complete");
+    };
+    for i in 0..256 {
+        complete(i);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while dictionaries_and_completions(&store).0.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no dictionary was trained in 30 s");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for i in 256..266 {
+        complete(i);
+    }
+    let mut plain = 0;
+    let mut dictionary = None;
+    for item in store.log().iter_from(continuum::Lsn::FIRST).expect("iterate") {
+        let (_, bytes) = item.expect("record");
+        let info = store.decode_record(&bytes).expect("decode");
+        match info.record {
+            continuum::codec::StoreRecord::Dictionary(logged) => dictionary = Some(logged.id),
+            continuum::codec::StoreRecord::AtomCompleted(_) => match dictionary {
+                None => {
+                    assert!(!info.compression.contains("dictionary"), "used before it was logged");
+                    plain += 1;
+                }
+                Some(id) => assert_eq!(info.compression, format!("zstd+dictionary#{id}")),
+            },
+            _ => {}
+        }
+    }
+    assert!(plain >= 255, "trained from 256 samples, so logged after at least 255 completions: {plain}");
+}
+
+#[test]
 fn small_segments_still_get_both_dictionaries() {
     // A 64 KiB dictionary record does not fit in a 64 KiB segment: the final dictionary is
     // trained smaller so that it can be written (before, the append failed and the store kept
@@ -303,8 +349,12 @@ fn small_segments_still_get_both_dictionaries() {
     let mut transcript = Transcript::new(9);
     let mut outputs = Vec::new();
     {
-        let store =
-            Store::builder(dir.path()).segment_bytes(segment_bytes).compress_records_from(64).open().expect("open");
+        let store = Store::builder(dir.path())
+            .segment_bytes(segment_bytes)
+            .compress_records_from(64)
+            .background(false)
+            .open()
+            .expect("open");
         let run = store.create_run(RunSpec::new("r")).expect("run");
         for i in 0..2_400 {
             let out = AtomOutput { delta: transcript.next_delta(500), result: Vec::new() };

@@ -36,6 +36,8 @@ pub(crate) struct Training {
     samples: Vec<Vec<u8>>,
     bytes: usize,
     stage: TrainingStage,
+    /// Samples handed to the background thread, with the dictionary size to train from them.
+    pending: Option<(Vec<Vec<u8>>, usize)>,
 }
 
 /// Which dictionary a store trains next: a small first one after
@@ -49,7 +51,7 @@ pub(crate) enum TrainingStage {
 
 impl Training {
     pub fn new(stage: TrainingStage) -> Self {
-        Self { samples: Vec::new(), bytes: 0, stage }
+        Self { samples: Vec::new(), bytes: 0, stage, pending: None }
     }
 
     /// Nothing left to train (the final dictionary exists, or the store is read-only).
@@ -460,9 +462,11 @@ impl Store {
         Ok(ResumeReport { run, status, agents: agents.into_iter().map(|(_, agent)| agent).collect() })
     }
 
-    /// Keeps encoded deltas until enough are seen, then trains a dictionary and writes it to
-    /// the log before any record uses it: a small one early, the final one later (records
-    /// keep naming the dictionary they were compressed with, so both stay readable).
+    /// Keeps encoded deltas until enough are seen, then has a dictionary trained and written
+    /// to the log before any record uses it: a small one early, the final one later (records
+    /// keep naming the dictionary they were compressed with, so both stay readable). Training
+    /// takes tens of milliseconds, so a store with a background thread hands the samples to
+    /// it instead of making one atom's completion wait (see `docs/ARCHITECTURE.md`, "Codec").
     fn sample_for_dictionary(&self, delta: &Delta) {
         let (samples, bytes) = {
             let mut training = self.shared.training.lock();
@@ -490,9 +494,29 @@ impl Store {
                 (std::mem::take(&mut training.samples), bytes)
             }
         };
+        match &self.worker {
+            Some(worker) => {
+                self.shared.training.lock().pending = Some((samples, bytes));
+                worker.wake();
+            }
+            None => self.train_dictionary(&samples, bytes),
+        }
+    }
+
+    /// Trains the dictionary whose samples were handed to the background thread, if any.
+    pub(crate) fn train_pending_dictionary(&self) {
+        let pending = self.shared.training.lock().pending.take();
+        if let Some((samples, bytes)) = pending {
+            self.train_dictionary(&samples, bytes);
+        }
+    }
+
+    /// Trains a dictionary of at most `bytes` from `samples`, appends it durably, and only
+    /// then lets records be compressed with it.
+    fn train_dictionary(&self, samples: &[Vec<u8>], bytes: usize) {
         // Training failure (samples too alike or too few) only means no new dictionary:
         // records stay compressed with the one before, or without one.
-        let Some(dictionary) = codec::train_dictionary(&samples, bytes) else { return };
+        let Some(dictionary) = codec::train_dictionary(samples, bytes) else { return };
         let id = self.shared.index.read().next_dictionary;
         let record = StoreRecord::Dictionary(proto::CompressionDictionary { id, dictionary: dictionary.clone() });
         // IMPORTANT: the dictionary is durable before any record compressed with it exists.

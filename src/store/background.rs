@@ -29,7 +29,8 @@ type DueSnapshots = Arc<Mutex<BTreeMap<u32, AtomId>>>;
 pub(crate) enum Job {
     /// Run a compaction round now.
     Compact,
-    /// Wake up: to write the due snapshots (every wake-up does), or to notice `stopping`.
+    /// Wake up: to train a dictionary and write the due snapshots (every wake-up does), or
+    /// to notice `stopping`.
     Wake,
 }
 
@@ -72,9 +73,14 @@ impl Worker {
         *slot = (*slot).max(atom);
         drop(due);
         if idle {
-            // A full queue means the thread has jobs to wake it; it takes every due snapshot.
-            let _ = self.request(Job::Wake);
+            self.wake();
         }
+    }
+
+    /// Wakes the thread to take what waits for it (due snapshots, a dictionary to train).
+    pub fn wake(&self) {
+        // A full queue means the thread has jobs to wake it, and every wake-up takes both.
+        let _ = self.request(Job::Wake);
     }
 
     /// Queues `job`; returns `false` if the queue is full (the job is dropped).
@@ -126,6 +132,7 @@ fn run(
         if stopping.load(Ordering::Acquire) {
             // A clean close writes the snapshots still due (one per agent at most), so that
             // the next open resumes every agent from a recent one.
+            store.train_pending_dictionary();
             write_snapshots(&store, take_due(due), Pace::Closing);
             return;
         }
@@ -141,8 +148,9 @@ fn run(
             }
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        // Every wake-up takes the due snapshots, whatever job woke it: a request whose own
-        // wake-up found the queue full is not left waiting for the next one.
+        // Every wake-up takes the dictionary to train and the due snapshots, whatever job woke
+        // it: a request whose own wake-up found the queue full is not left waiting.
+        store.train_pending_dictionary();
         write_snapshots(&store, take_due(due), Pace::Yielding(stopping));
     }
 }
