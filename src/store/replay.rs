@@ -375,19 +375,25 @@ impl Store {
     /// [`Error::UnknownAtom`], [`Error::InvalidTransition`] if the atom has not completed, and
     /// the file system's errors.
     pub fn snapshot_now(&self, atom: AtomId) -> Result<()> {
-        self.write_snapshot(atom, NameDurability::Now)
+        self.write_snapshot(atom, NameDurability::Now, replay_pool())
     }
 
-    /// Writes a snapshot of `atom`'s context, its name durable now or at the next sync of the
-    /// snapshot directory (policy snapshots: see `docs/ARCHITECTURE.md`, "Snapshot policy").
-    pub(crate) fn write_snapshot(&self, atom: AtomId, name: NameDurability) -> Result<()> {
+    /// Writes a snapshot of `atom`'s context, rebuilt on `pool` (`None`: on this thread), its
+    /// name durable now or at the next sync of the snapshot directory (policy snapshots: see
+    /// `docs/ARCHITECTURE.md`, "Snapshot policy").
+    pub(crate) fn write_snapshot(
+        &self,
+        atom: AtomId,
+        name: NameDurability,
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Result<()> {
         let status = self.shared.index.read().atom(atom).and_then(|entry| entry.state.status());
         match status {
             Some(AtomStatus::Completed) => {}
             Some(_) => return Err(Error::InvalidTransition { atom: atom.0, from: "unfinished", to: "snapshotted" }),
             None => return Err(Error::UnknownAtom { atom: atom.0 }),
         }
-        let rebuilt = self.rebuild_context(atom)?;
+        let rebuilt = self.rebuild_recorded(atom, pool)?;
         let started = std::time::Instant::now();
         let bytes = snapshot::encode(atom.0, &rebuilt.context)?;
         snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes)?;

@@ -45,7 +45,9 @@ impl Store {
     /// the atom is gone) and applies retention to its agent's snapshots.
     pub(crate) fn policy_snapshot(&self, atom: AtomId) -> Result<()> {
         let usable = self.shared.index.read().atom(atom).is_some_and(|entry| !entry.abandoned);
-        if usable { self.write_snapshot(atom, NameDurability::Deferred) } else { Ok(()) }
+        // Rebuilt on the calling thread (the background thread, at a lower priority): on the
+        // replay pool, whose threads run at normal priority, its decoding took the agents' cores.
+        if usable { self.write_snapshot(atom, NameDurability::Deferred, None) } else { Ok(()) }
     }
 
     /// Deletes the snapshots of `atom`'s agent beyond the newest `snapshots_per_agent`.
