@@ -473,3 +473,25 @@ fn a_burst_of_due_snapshots_coalesces_and_a_clean_close_writes_each_agents_newes
         assert!(snapshots.contains(&newest), "the agent's last atom {newest:?} is snapshotted: {snapshots:?}");
     }
 }
+
+#[test]
+fn a_bursting_agent_is_snapshotted_at_most_once_a_second_and_its_newest_atom_after_that() {
+    // Every atom is due (`every(1)`), and the agent completes 40 in a burst: its first due
+    // snapshot is written at once, the later ones coalesce and wait until a second after it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::builder(dir.path()).snapshot_policy(every(1)).open().expect("open");
+    let started = std::time::Instant::now();
+    let ids = chain(&store, "burst", 40, 17);
+    let deadline = started + Duration::from_secs(30);
+    while store.snapshots().last() != Some(&ids[39]) {
+        assert!(std::time::Instant::now() < deadline, "the newest atom was never snapshotted");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let newest_after = started.elapsed();
+    assert!(
+        newest_after >= Duration::from_millis(900),
+        "the second snapshot came {newest_after:?} after the burst began, before the interval"
+    );
+    let snapshots = store.snapshots();
+    assert!(snapshots.len() <= 3, "a burst of 40 due atoms wrote {} snapshots: {snapshots:?}", snapshots.len());
+}

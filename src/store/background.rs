@@ -2,7 +2,7 @@
 //! the agents' threads. It holds only a weak reference to the store while idle, so dropping
 //! the store stops it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Weak};
@@ -24,6 +24,15 @@ const IDLE_WAIT: Duration = Duration::from_secs(3600);
 /// Policy snapshots due and not yet written: the newest due atom of each agent (by agent
 /// number). Bounded by the number of agents, so a burst coalesces instead of queueing.
 type DueSnapshots = Arc<Mutex<BTreeMap<u32, AtomId>>>;
+
+/// The shortest time between two policy snapshots of one agent while the store is open: a
+/// snapshot that falls due sooner waits (coalesced with later ones) until this long after the
+/// agent's previous one. A snapshot rewrites the agent's whole context; an agent bursting
+/// thousands of atoms a second would otherwise have it rewritten many times a second (for the
+/// 410 KB contexts of `BENCHMARKS.md` §8, 40 MB/s of snapshots for 2.5 MB/s of deltas), while a
+/// crash costs at most this much of its atoms' replay more. At an agent's usual pace (seconds
+/// per atom) the policy's count is reached far less often, and this never applies.
+const AGENT_SNAPSHOT_INTERVAL_MIN: Duration = Duration::from_secs(1);
 
 /// Work for the thread.
 pub(crate) enum Job {
@@ -64,15 +73,17 @@ impl Worker {
     }
 
     /// Asks for a policy snapshot of `atom`, the newest due atom of `agent`: it replaces an
-    /// older request of the same agent not yet written, and the thread is woken only if no
-    /// request was waiting (otherwise it is awake or already asked).
+    /// older request of the same agent not yet written, and the thread is woken only if the
+    /// agent had none waiting.
     pub fn request_snapshot(&self, agent: u32, atom: AtomId) {
         let mut due = self.due.lock();
-        let idle = due.is_empty();
+        let fresh = !due.contains_key(&agent);
         let slot = due.entry(agent).or_insert(atom);
         *slot = (*slot).max(atom);
         drop(due);
-        if idle {
+        // An agent already waiting (to be taken, or for its interval) has the thread's
+        // attention: a timer wakes it for the deferred ones.
+        if fresh {
             self.wake();
         }
     }
@@ -124,34 +135,42 @@ fn run(
     interval: Option<Duration>,
 ) {
     let mut next_compaction = interval.map(|every| Instant::now() + every);
+    let mut recent = RecentSnapshots::default();
+    let mut next_deferred: Option<Instant> = None;
     loop {
-        let wait = next_compaction.map_or(IDLE_WAIT, |at| at.saturating_duration_since(Instant::now()));
-        let job = jobs.recv_timeout(wait);
+        let compaction_at = next_compaction.unwrap_or_else(|| Instant::now() + IDLE_WAIT);
+        let wake_at = next_deferred.map_or(compaction_at, |at| at.min(compaction_at));
+        let job = jobs.recv_timeout(wake_at.saturating_duration_since(Instant::now()));
         let Some(shared) = shared.upgrade() else { return };
         let store = Store::view(shared);
         if stopping.load(Ordering::Acquire) {
             // A clean close writes the snapshots still due (one per agent at most), so that
             // the next open resumes every agent from a recent one.
             store.train_pending_dictionary();
-            write_snapshots(&store, take_due(due), Pace::Closing);
+            write_snapshots(&store, take_due(due), Pace::Closing, &mut recent);
             return;
         }
-        match job {
-            Ok(Job::Wake) => {}
-            Ok(Job::Compact) | Err(RecvTimeoutError::Timeout) => {
-                match store.compact() {
-                    Ok(report) => tracing::debug!(?report, "background compaction"),
-                    Err(error) => tracing::warn!(%error, "background compaction failed"),
-                }
-                checkpoint_if_due(&store);
-                next_compaction = interval.map(|every| Instant::now() + every);
-            }
+        let compaction_due = match job {
+            Ok(Job::Wake) => false,
+            Ok(Job::Compact) => true,
+            // A timeout may be a deferred snapshot's: compaction keeps its own time.
+            Err(RecvTimeoutError::Timeout) => Instant::now() >= compaction_at,
             Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if compaction_due {
+            match store.compact() {
+                Ok(report) => tracing::debug!(?report, "background compaction"),
+                Err(error) => tracing::warn!(%error, "background compaction failed"),
+            }
+            checkpoint_if_due(&store);
+            next_compaction = interval.map(|every| Instant::now() + every);
         }
         // Every wake-up takes the dictionary to train and the due snapshots, whatever job woke
         // it: a request whose own wake-up found the queue full is not left waiting.
         store.train_pending_dictionary();
-        write_snapshots(&store, take_due(due), Pace::Yielding(stopping));
+        let (ready, deferred_until) = take_ready(due, &mut recent, Instant::now());
+        next_deferred = deferred_until;
+        write_snapshots(&store, ready, Pace::Yielding(stopping), &mut recent);
     }
 }
 
@@ -186,15 +205,24 @@ enum Pace<'a> {
 /// of each agent, so snapshots then come less often than the policy asks, never in a backlog.
 const SNAPSHOT_YIELD_FACTOR: u32 = 3;
 
-/// Writes policy snapshots of `atoms`; a failure is logged and the others are still written.
-fn write_snapshots(store: &Store, atoms: Vec<AtomId>, pace: Pace) {
-    for atom in atoms {
+/// Writes the policy snapshots of `due` (agent, atom) and notes when each agent's began; a
+/// failure is logged and the others are still written.
+fn write_snapshots(store: &Store, due: Vec<(u32, AtomId)>, pace: Pace, recent: &mut RecentSnapshots) {
+    for (agent, atom) in due {
         let started = Instant::now();
+        recent.written.insert(agent, started);
         if let Err(error) = store.policy_snapshot(atom) {
             tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
         }
         std::thread::sleep(pause_after(started.elapsed(), pace));
     }
+}
+
+/// When the thread last began a policy snapshot of each agent, for the agents snapshotted
+/// within the last [`AGENT_SNAPSHOT_INTERVAL_MIN`] (older entries are dropped as it goes).
+#[derive(Default)]
+struct RecentSnapshots {
+    written: HashMap<u32, Instant>,
 }
 
 /// How long the background thread sleeps after a policy snapshot that took `took`.
@@ -205,10 +233,33 @@ fn pause_after(took: Duration, pace: Pace<'_>) -> Duration {
     }
 }
 
-/// Every due snapshot, one per agent, leaving none: while the thread writes them (and then
-/// pauses), later requests gather again, each agent's newest replacing its older ones.
-fn take_due(due: &DueSnapshots) -> Vec<AtomId> {
-    std::mem::take(&mut *due.lock()).into_values().collect()
+/// Every due snapshot, one per agent, leaving none (a closing store writes them all).
+fn take_due(due: &DueSnapshots) -> Vec<(u32, AtomId)> {
+    std::mem::take(&mut *due.lock()).into_iter().collect()
+}
+
+/// The due snapshots of the agents not snapshotted within [`AGENT_SNAPSHOT_INTERVAL_MIN`]
+/// before `now`, taken out; the others stay (later requests of their agents replace them) and
+/// the second value says when the first of them may be written. While the thread writes the
+/// taken ones (and pauses), later requests gather again, each agent's newest replacing its
+/// older ones.
+fn take_ready(due: &DueSnapshots, recent: &mut RecentSnapshots, now: Instant) -> (Vec<(u32, AtomId)>, Option<Instant>) {
+    recent.written.retain(|_, at| now.saturating_duration_since(*at) < AGENT_SNAPSHOT_INTERVAL_MIN);
+    let mut due = due.lock();
+    let mut ready = Vec::new();
+    let mut deferred_until: Option<Instant> = None;
+    due.retain(|agent, atom| match recent.written.get(agent) {
+        Some(at) => {
+            let until = *at + AGENT_SNAPSHOT_INTERVAL_MIN;
+            deferred_until = Some(deferred_until.map_or(until, |earliest| earliest.min(until)));
+            true
+        }
+        None => {
+            ready.push((*agent, *atom));
+            false
+        }
+    });
+    (ready, deferred_until)
 }
 
 #[cfg(test)]
@@ -224,5 +275,26 @@ mod tests {
         assert_eq!(pause_after(took, Pace::Yielding(&stopping)), Duration::ZERO, "a closing store does not wait");
         assert_eq!(pause_after(took, Pace::Closing), Duration::ZERO);
         assert_eq!(pause_after(Duration::MAX, Pace::Yielding(&AtomicBool::new(false))), Duration::MAX, "no overflow");
+    }
+
+    #[test]
+    fn an_agent_snapshotted_within_the_interval_waits_and_the_others_are_taken() {
+        let now = Instant::now() + AGENT_SNAPSHOT_INTERVAL_MIN * 2;
+        let due: DueSnapshots = Arc::default();
+        due.lock().extend([(1, AtomId(10)), (2, AtomId(20)), (3, AtomId(30))]);
+        let mut recent = RecentSnapshots::default();
+        let half = AGENT_SNAPSHOT_INTERVAL_MIN / 2;
+        recent.written.insert(1, now - half);
+        recent.written.insert(3, now - AGENT_SNAPSHOT_INTERVAL_MIN);
+        recent.written.insert(4, now - AGENT_SNAPSHOT_INTERVAL_MIN * 2);
+        let (ready, until) = take_ready(&due, &mut recent, now);
+        assert_eq!(ready, vec![(2, AtomId(20)), (3, AtomId(30))], "never snapshotted, and the interval has passed");
+        assert_eq!(until, Some(now + half), "agent 1 becomes ready one interval after its last snapshot");
+        assert_eq!(*due.lock(), BTreeMap::from([(1, AtomId(10))]), "agent 1's request waits");
+        assert_eq!(recent.written.keys().copied().collect::<Vec<_>>(), vec![1], "expired entries are dropped");
+        // Once the interval has passed, it is taken.
+        let (ready, until) = take_ready(&due, &mut recent, now + half);
+        assert_eq!((ready, until), (vec![(1, AtomId(10))], None));
+        assert!(due.lock().is_empty());
     }
 }
