@@ -22,7 +22,7 @@ use crate::limits;
 use crate::log::{HeldRange, HeldSources, Lsn};
 use crate::snapshot::{self, NameDurability};
 use crate::store::Store;
-use crate::store::index::EntryState;
+use crate::store::index::{AtomEntry, EntryState};
 use crate::store::types::{AtomId, AtomStatus};
 
 /// The result of [`Store::rebuild_context`].
@@ -437,27 +437,46 @@ impl Store {
                     .take_while(|(at, _)| *at < range.end)
                     .filter(move |(_, e)| e.state != EntryState::Vacant && e.run == run)
             };
-            let (mut count, mut first) = (0u64, None::<u64>);
-            for (_, e) in in_span() {
-                count += 1;
+            let span = atom.0 - floor;
+            let dense_len = || usize::try_from(span).map_err(|_| Error::UnknownAtom { atom: atom.0 });
+            let mut first = None::<u64>;
+            let mut note_start = |e: &AtomEntry| {
                 if e.started_lsn != 0 {
                     first = Some(first.map_or(e.started_lsn, |f| f.min(e.started_lsn)));
                 }
-            }
-            let span = atom.0 - floor;
-            let dense = span <= DENSE_SPAN_IDS_MAX.max(count.saturating_mul(SPARSE_AFTER_RATIO));
-            let slots = if dense && !force_sparse() {
-                Slots::Dense { floor, len: usize::try_from(span).map_err(|_| Error::UnknownAtom { atom: atom.0 })? }
-            } else {
-                Slots::Sparse { ids: in_span().map(|(at, _)| at as u64 + 1).collect() }
             };
-            let mut members = vec![false; slots.len()];
-            for (at, _) in in_span() {
-                if let Some(slot) = slots.slot(at as u64 + 1) {
-                    members[slot] = true;
+            // The index's read lock is held while the span is walked, and every appending
+            // thread waits for it: a span known to be dense is walked once, not counted first.
+            let in_run = if span <= DENSE_SPAN_IDS_MAX && !force_sparse() {
+                let slots = Slots::Dense { floor, len: dense_len()? };
+                let mut members = vec![false; slots.len()];
+                for (at, e) in in_span() {
+                    note_start(e);
+                    if let Some(slot) = slots.slot(at as u64 + 1) {
+                        members[slot] = true;
+                    }
                 }
-            }
-            let in_run = RunMembers { slots, members };
+                RunMembers { slots, members }
+            } else {
+                let mut count = 0u64;
+                for (_, e) in in_span() {
+                    count += 1;
+                    note_start(e);
+                }
+                let dense = span <= count.saturating_mul(SPARSE_AFTER_RATIO) && !force_sparse();
+                let slots = if dense {
+                    Slots::Dense { floor, len: dense_len()? }
+                } else {
+                    Slots::Sparse { ids: in_span().map(|(at, _)| at as u64 + 1).collect() }
+                };
+                let mut members = vec![false; slots.len()];
+                for (at, _) in in_span() {
+                    if let Some(slot) = slots.slot(at as u64 + 1) {
+                        members[slot] = true;
+                    }
+                }
+                RunMembers { slots, members }
+            };
             (in_run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
         };
         let mut scan = RunScan::new(in_run.slots.clone());
