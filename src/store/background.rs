@@ -1,6 +1,6 @@
-//! The store's background thread: writes policy snapshots and runs compaction on a timer, off
-//! the agents' threads. It holds only a weak reference to the store while idle, so dropping
-//! the store stops it.
+//! The store's background thread: writes policy snapshots, trains the compression dictionary
+//! and runs compaction on a timer, off the agents' threads. It holds only a weak reference to
+//! the store while idle, so dropping the store stops it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
