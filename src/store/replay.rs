@@ -109,6 +109,19 @@ struct RunMembers {
 }
 
 impl RunMembers {
+    /// Dense slots for the `len` ids after `floor`, marking the members at index positions `at`
+    /// (atom id `at + 1`).
+    fn dense(floor: u64, len: usize, members_at: impl Iterator<Item = usize>) -> Self {
+        let slots = Slots::Dense { floor, len };
+        let mut members = vec![false; len];
+        for at in members_at {
+            if let Some(slot) = slots.slot(at as u64 + 1) {
+                members[slot] = true;
+            }
+        }
+        Self { slots, members }
+    }
+
     fn contains(&self, atom: u64) -> bool {
         self.slots.slot(atom).and_then(|slot| self.members.get(slot)).copied().unwrap_or(false)
     }
@@ -448,34 +461,20 @@ impl Store {
             // The index's read lock is held while the span is walked, and every appending
             // thread waits for it: a span known to be dense is walked once, not counted first.
             let in_run = if span <= DENSE_SPAN_IDS_MAX && !force_sparse() {
-                let slots = Slots::Dense { floor, len: dense_len()? };
-                let mut members = vec![false; slots.len()];
-                for (at, e) in in_span() {
-                    note_start(e);
-                    if let Some(slot) = slots.slot(at as u64 + 1) {
-                        members[slot] = true;
-                    }
-                }
-                RunMembers { slots, members }
+                RunMembers::dense(floor, dense_len()?, in_span().inspect(|(_, e)| note_start(e)).map(|(at, _)| at))
             } else {
                 let mut count = 0u64;
                 for (_, e) in in_span() {
                     count += 1;
                     note_start(e);
                 }
-                let dense = span <= count.saturating_mul(SPARSE_AFTER_RATIO) && !force_sparse();
-                let slots = if dense {
-                    Slots::Dense { floor, len: dense_len()? }
+                if span <= count.saturating_mul(SPARSE_AFTER_RATIO) && !force_sparse() {
+                    RunMembers::dense(floor, dense_len()?, in_span().map(|(at, _)| at))
                 } else {
-                    Slots::Sparse { ids: in_span().map(|(at, _)| at as u64 + 1).collect() }
-                };
-                let mut members = vec![false; slots.len()];
-                for (at, _) in in_span() {
-                    if let Some(slot) = slots.slot(at as u64 + 1) {
-                        members[slot] = true;
-                    }
+                    // Every id listed is a member.
+                    let ids: Vec<u64> = in_span().map(|(at, _)| at as u64 + 1).collect();
+                    RunMembers { members: vec![true; ids.len()], slots: Slots::Sparse { ids } }
                 }
-                RunMembers { slots, members }
             };
             (in_run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
         };
