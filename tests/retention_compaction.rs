@@ -476,22 +476,101 @@ fn a_burst_of_due_snapshots_coalesces_and_a_clean_close_writes_each_agents_newes
 
 #[test]
 fn a_bursting_agent_is_snapshotted_at_most_once_a_second_and_its_newest_atom_after_that() {
-    // Every atom is due (`every(1)`), and the agent completes 40 in a burst: its first due
-    // snapshot is written at once, the later ones coalesce and wait until a second after it.
+    // Every atom is due (`every(1)`). The agent completes 40 atoms in a burst: once it pauses,
+    // its newest atom is snapshotted. A second burst follows at once: its due snapshots
+    // coalesce and wait until a second after the first one.
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::builder(dir.path()).snapshot_policy(every(1)).open().expect("open");
-    let started = std::time::Instant::now();
-    let ids = chain(&store, "burst", 40, 17);
-    let deadline = started + Duration::from_secs(30);
-    while store.snapshots().last() != Some(&ids[39]) {
-        assert!(std::time::Instant::now() < deadline, "the newest atom was never snapshotted");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let newest_after = started.elapsed();
-    assert!(
-        newest_after >= Duration::from_millis(900),
-        "the second snapshot came {newest_after:?} after the burst began, before the interval"
-    );
+    let run = store.create_run(RunSpec::new("burst")).expect("run");
+    let mut transcript = Transcript::new(17);
+    let mut ids: Vec<AtomId> = Vec::new();
+    let mut burst = |ids: &mut Vec<AtomId>| {
+        for _ in 0..40 {
+            let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
+            let step = format!("step-{}", ids.len());
+            ids.push(
+                store
+                    .record_atom(run, "agent", &step, &parents, "", &output(transcript.next_delta(500)))
+                    .expect("record"),
+            );
+        }
+    };
+    let wait_for_snapshot_of = |atom: AtomId| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while store.snapshots().last() != Some(&atom) {
+            assert!(std::time::Instant::now() < deadline, "{atom:?} was never snapshotted");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::time::Instant::now()
+    };
+    burst(&mut ids);
+    let first = wait_for_snapshot_of(ids[39]);
+    burst(&mut ids);
+    let second = wait_for_snapshot_of(ids[79]);
+    // The second began at least a second after the first began, which was before `first`.
+    let apart = second - first;
+    assert!(apart >= Duration::from_millis(900), "the second snapshot came {apart:?} after the first");
     let snapshots = store.snapshots();
-    assert!(snapshots.len() <= 3, "a burst of 40 due atoms wrote {} snapshots: {snapshots:?}", snapshots.len());
+    assert!(snapshots.len() <= 3, "two bursts of 40 due atoms wrote {} snapshots: {snapshots:?}", snapshots.len());
+}
+
+/// Policy snapshots wait for a lull in the appends: while four agents burst atoms (every one
+/// due, `every(1)`), none is written; once the burst ends, each agent's newest atom is.
+#[test]
+fn policy_snapshots_wait_until_a_burst_of_atoms_ends() {
+    let sim = SimStorage::new(23);
+    let store = Store::builder(Path::new("/store"))
+        .storage(Arc::new(sim))
+        .snapshot_policy(every(1))
+        .retention(keep(2))
+        .open()
+        .expect("open");
+    // Shorter than the longest wait for a lull (2 s), long enough to see a snapshot come early
+    // (without the wait, the first comes within milliseconds).
+    let burst = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let newest: Vec<AtomId> = std::thread::scope(|scope| {
+        let agents: Vec<_> = (0..4)
+            .map(|agent| {
+                let store = &store;
+                scope.spawn(move || {
+                    let run = store.create_run(RunSpec::new(format!("agent {agent}"))).expect("run");
+                    let mut transcript = Transcript::new(agent);
+                    let mut last: Option<AtomId> = None;
+                    let mut i = 0;
+                    while started.elapsed() < burst {
+                        let parents: Vec<AtomId> = last.into_iter().collect();
+                        let out = output(transcript.next_delta(200));
+                        last = Some(
+                            store.record_atom(run, "agent", &format!("step-{i}"), &parents, "", &out).expect("record"),
+                        );
+                        i += 1;
+                    }
+                    last.expect("at least one atom")
+                })
+            })
+            .collect();
+        while started.elapsed() < burst {
+            assert_eq!(
+                store.snapshots(),
+                Vec::new(),
+                "a policy snapshot was written {:?} into the burst",
+                started.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        agents.into_iter().map(|agent| agent.join().expect("agent")).collect()
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let snapshots: BTreeSet<AtomId> = store.snapshots().into_iter().collect();
+        if newest.iter().all(|atom| snapshots.contains(atom)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the newest atoms {newest:?} were never snapshotted: {snapshots:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

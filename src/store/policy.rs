@@ -9,9 +9,10 @@ use crate::log::FrameCompression;
 /// When a full snapshot of an agent's context is written: after `every_atoms` completed atoms
 /// of the agent, or `every` of wall time since its last snapshot, whichever comes first
 /// (checked when an atom completes). Defaults: 50 atoms, 10 minutes. The store's background
-/// thread writes them, at most one per agent per second: an agent completing atoms faster
-/// than that has its due snapshots coalesced to its newest atom (see `docs/ARCHITECTURE.md`,
-/// "Snapshot policy"); a clean close writes every one still due. A store opened with
+/// thread writes them, at most one per agent per second, and during a burst of appends only
+/// once the burst pauses (or after 2 s): an agent completing atoms faster than that has its due
+/// snapshots coalesced to its newest atom (see `docs/ARCHITECTURE.md`, "Snapshot policy" and
+/// "Policy snapshots wait for a lull"); a clean close writes every one still due. A store opened with
 /// `background(false)` has the completing thread write each as it falls due instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnapshotPolicy {
