@@ -239,8 +239,10 @@ impl Store {
         Ok(report)
     }
 
-    /// Asks the background thread to run a compaction round now (at its lowered priority);
-    /// returns `false` if the store has no background thread or its queue is full.
+    /// Asks the background thread to run a compaction round now (at its lowered priority),
+    /// or, if it is waiting for a lull in the appends to write policy snapshots, once it has
+    /// written them (at most 2 s later); returns `false` if the store has no background thread
+    /// or its queue is full.
     pub fn compact_in_background(&self) -> bool {
         self.worker.as_ref().is_some_and(|worker| worker.request(crate::store::background::Job::Compact))
     }
