@@ -156,6 +156,8 @@ pub struct Metrics {
     snapshot_bytes: AtomicU64,
     snapshot_write_ns: Histogram,
     snapshot_fallbacks: AtomicU64,
+    snapshot_lull_wait_ns: Histogram,
+    snapshot_lull_timeouts: AtomicU64,
     index_rebuilds: AtomicU64,
     index_rebuild_atoms: AtomicU64,
     time_to_resume_ns: AtomicU64,
@@ -198,6 +200,8 @@ impl Metrics {
             snapshot_bytes: AtomicU64::new(0),
             snapshot_write_ns: Histogram::default(),
             snapshot_fallbacks: AtomicU64::new(0),
+            snapshot_lull_wait_ns: Histogram::default(),
+            snapshot_lull_timeouts: AtomicU64::new(0),
             index_rebuilds: AtomicU64::new(0),
             index_rebuild_atoms: AtomicU64::new(0),
             time_to_resume_ns: AtomicU64::new(0),
@@ -292,6 +296,15 @@ impl Metrics {
         add(&self.snapshot_fallbacks, count);
     }
 
+    /// The background thread waited `waited` for a lull in the appends before writing policy
+    /// snapshots; `found` is false if it gave up at its limit and wrote them anyway.
+    pub(crate) fn record_snapshot_lull_wait(&self, waited: Duration, found: bool) {
+        self.snapshot_lull_wait_ns.record(nanos(waited));
+        if !found {
+            add(&self.snapshot_lull_timeouts, 1);
+        }
+    }
+
     /// The store index rebuilt on open: atoms indexed, and the time from the start of the
     /// log's recovery to a usable store.
     pub(crate) fn record_index_rebuild(&self, atoms: u64, time_to_resume: Duration) {
@@ -350,6 +363,8 @@ impl Metrics {
             snapshot_bytes: load(&self.snapshot_bytes),
             snapshot_write_ns: self.snapshot_write_ns.snapshot(),
             snapshot_fallbacks: load(&self.snapshot_fallbacks),
+            snapshot_lull_wait_ns: self.snapshot_lull_wait_ns.snapshot(),
+            snapshot_lull_timeouts: load(&self.snapshot_lull_timeouts),
             index_rebuilds: load(&self.index_rebuilds),
             index_rebuild_atoms: load(&self.index_rebuild_atoms),
             time_to_resume_ns: load(&self.time_to_resume_ns),
@@ -477,6 +492,12 @@ pub struct MetricsSnapshot {
     pub snapshot_write_ns: HistogramSnapshot,
     /// Snapshots a rebuild skipped because they failed verification.
     pub snapshot_fallbacks: u64,
+    /// How long the background thread waited for a lull in the appends before it wrote the
+    /// policy snapshots it had taken (one value per wait).
+    pub snapshot_lull_wait_ns: HistogramSnapshot,
+    /// Waits for a lull that reached their limit (2 s): the snapshots were written during a
+    /// burst of appends.
+    pub snapshot_lull_timeouts: u64,
     /// Store indexes rebuilt from the log (once per open).
     pub index_rebuilds: u64,
     /// Atoms those rebuilds indexed.
@@ -518,7 +539,7 @@ impl MetricsSnapshot {
     /// `continuum_*_total`, histograms as summaries in seconds with 0.5 and 0.99 quantiles.
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, u64); 22] = [
+        let counters: [(&str, &str, u64); 23] = [
             ("records", "Records appended", self.records),
             ("record_bytes", "Bytes of frames appended (headers and padding included)", self.record_bytes),
             ("batches", "Batches appended", self.batches),
@@ -532,6 +553,11 @@ impl MetricsSnapshot {
             ("snapshot_writes", "Snapshot files written", self.snapshot_writes),
             ("snapshot_bytes", "Bytes of snapshot files written", self.snapshot_bytes),
             ("snapshot_fallbacks", "Snapshots skipped by rebuilds", self.snapshot_fallbacks),
+            (
+                "snapshot_lull_timeouts",
+                "Policy snapshot waits for a lull that reached their limit",
+                self.snapshot_lull_timeouts,
+            ),
             ("index_rebuilds", "Store index rebuilds", self.index_rebuilds),
             ("index_rebuild_atoms", "Atoms indexed by rebuilds", self.index_rebuild_atoms),
             ("context_rebuilds", "Context rebuilds", self.context_rebuilds),
@@ -565,6 +591,12 @@ impl MetricsSnapshot {
             ("append_seconds{durability=\"buffered\"}", "", &self.append_buffered_ns, true),
             ("append_seconds{durability=\"none\"}", "", &self.append_none_ns, true),
             ("snapshot_write_seconds", "Latency of snapshot writes", &self.snapshot_write_ns, true),
+            (
+                "snapshot_lull_wait_seconds",
+                "Time policy snapshots waited for a lull in the appends",
+                &self.snapshot_lull_wait_ns,
+                true,
+            ),
             ("context_rebuild_seconds", "Latency of context rebuilds", &self.context_rebuild_ns, true),
             ("group_batches", "Batches per commit group", &self.group_batches, false),
         ];

@@ -184,7 +184,11 @@ fn run(
         let (mut ready, deferred_until) = take_ready(due, &mut recent, Instant::now());
         next_deferred = deferred_until;
         if !ready.is_empty() {
-            wait_for_lull(|| store.shared.log.next_lsn().get(), Instant::now() + LULL_WAIT_MAX, stopping);
+            let started = Instant::now();
+            let found = wait_for_lull(|| store.shared.log.next_lsn().get(), started + LULL_WAIT_MAX, stopping);
+            // A closing store stops waiting without a lull; that is not a wait that timed out.
+            let timed_out = !found && !stopping.load(Ordering::Acquire);
+            store.shared.log.metrics_handle().record_snapshot_lull_wait(started.elapsed(), !timed_out);
             take_newer(due, &mut ready);
         }
         write_snapshots(&store, ready, Pace::Yielding(stopping), &mut recent);
