@@ -13,8 +13,8 @@ use std::time::Duration;
 use continuum::storage::sim::SimStorage;
 use continuum::synthetic::{SplitMix64, Transcript};
 use continuum::{
-    AtomFailure, AtomId, AtomOutput, CompactionPolicy, Context, Delta, Error, RetentionPolicy, RunSpec, RunStatus,
-    SnapshotPolicy, Store,
+    AtomFailure, AtomId, AtomOutput, CompactionPolicy, Context, Delta, Error, RetentionPolicy, RunId, RunSpec,
+    RunStatus, SnapshotPolicy, Store,
 };
 use proptest::prelude::*;
 
@@ -49,15 +49,19 @@ fn output(delta: Delta) -> AtomOutput {
 /// A linear chain of `count` atoms of one agent; returns their ids.
 fn chain(store: &Store, run_name: &str, count: usize, seed: u64) -> Vec<AtomId> {
     let run = store.create_run(RunSpec::new(run_name)).expect("run");
-    let mut transcript = Transcript::new(seed);
     let mut ids: Vec<AtomId> = Vec::new();
-    for i in 0..count {
+    extend_chain(store, run, &mut ids, count, &mut Transcript::new(seed));
+    ids
+}
+
+/// Adds `count` atoms of the agent to the chain `ids` of `run`, each the previous one's child.
+fn extend_chain(store: &Store, run: RunId, ids: &mut Vec<AtomId>, count: usize, transcript: &mut Transcript) {
+    for _ in 0..count {
         let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
-        let atom = store.begin_atom(run, "agent", &format!("step-{i}"), &parents, "").expect("begin");
+        let atom = store.begin_atom(run, "agent", &format!("step-{}", ids.len()), &parents, "").expect("begin");
         store.complete_atom(atom, &output(transcript.next_delta(500))).expect("complete");
         ids.push(atom);
     }
-    ids
 }
 
 #[test]
@@ -484,17 +488,7 @@ fn a_bursting_agent_is_snapshotted_at_most_once_a_second_and_its_newest_atom_aft
     let run = store.create_run(RunSpec::new("burst")).expect("run");
     let mut transcript = Transcript::new(17);
     let mut ids: Vec<AtomId> = Vec::new();
-    let mut burst = |ids: &mut Vec<AtomId>| {
-        for _ in 0..40 {
-            let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
-            let step = format!("step-{}", ids.len());
-            ids.push(
-                store
-                    .record_atom(run, "agent", &step, &parents, "", &output(transcript.next_delta(500)))
-                    .expect("record"),
-            );
-        }
-    };
+    let mut burst = |ids: &mut Vec<AtomId>| extend_chain(&store, run, ids, 40, &mut transcript);
     let wait_for_snapshot_of = |atom: AtomId| {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while store.snapshots().last() != Some(&atom) {
@@ -546,13 +540,8 @@ fn policy_snapshots_wait_until_a_burst_of_atoms_ends() {
             }
         });
         std::thread::sleep(Duration::from_millis(50));
-        let mut transcript = Transcript::new(3);
-        let mut last: Option<AtomId> = None;
-        for i in 0..3 {
-            let parents: Vec<AtomId> = last.into_iter().collect();
-            let out = output(transcript.next_delta(200));
-            last = Some(store.record_atom(agent, "agent", &format!("step-{i}"), &parents, "", &out).expect("record"));
-        }
+        let mut ids = Vec::new();
+        extend_chain(&store, agent, &mut ids, 3, &mut Transcript::new(3));
         let due_at = started.elapsed();
         while started.elapsed() < burst {
             assert_eq!(
@@ -563,7 +552,7 @@ fn policy_snapshots_wait_until_a_burst_of_atoms_ends() {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        last.expect("three atoms")
+        ids[2]
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while store.snapshots() != vec![newest] {
