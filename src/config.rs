@@ -61,7 +61,9 @@ pub struct Config {
     /// writers spend besides the sync (docs/BENCHMARKS.md §2); spinning spends CPU time instead.
     /// `Duration::ZERO` always sleeps. Spinning pays when the appending threads have little
     /// else to do between appends; when the CPU is short (more runnable threads than cores
-    /// doing real work), sleeping leaves it to them. Default
+    /// doing real work), sleeping leaves it to them: a spin stops at a yield that comes back
+    /// over a millisecond late, and two of those within 50 ms turn spinning off for 100 ms
+    /// (docs/ARCHITECTURE.md, "Spinning stands aside on a busy CPU"). Default
     /// [`limits::COMMIT_SPIN_US_DEFAULT`] µs; at most [`limits::COMMIT_SPIN_US_MAX`] µs.
     pub commit_spin: Duration,
 }

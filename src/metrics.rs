@@ -151,6 +151,8 @@ pub struct Metrics {
     append_ns: [Histogram; 3],
     commit_waits: AtomicU64,
     commit_wait_sleeps: AtomicU64,
+    commit_spin_hold_offs: AtomicU64,
+    commit_spin_slow_yields: AtomicU64,
     // Store-level, written by any thread.
     snapshot_writes: AtomicU64,
     snapshot_bytes: AtomicU64,
@@ -196,6 +198,8 @@ impl Metrics {
             append_ns: std::array::from_fn(|_| Histogram::default()),
             commit_waits: AtomicU64::new(0),
             commit_wait_sleeps: AtomicU64::new(0),
+            commit_spin_hold_offs: AtomicU64::new(0),
+            commit_spin_slow_yields: AtomicU64::new(0),
             snapshot_writes: AtomicU64::new(0),
             snapshot_bytes: AtomicU64::new(0),
             snapshot_write_ns: Histogram::default(),
@@ -278,6 +282,14 @@ impl Metrics {
         }
     }
 
+    /// A spin stopped because a yield came back late; `held_off`: it also held spinning off.
+    pub(crate) fn record_slow_yield(&self, held_off: bool) {
+        add(&self.commit_spin_slow_yields, 1);
+        if held_off {
+            add(&self.commit_spin_hold_offs, 1);
+        }
+    }
+
     /// What recovery found on open.
     pub(crate) fn record_recovery(&self, torn_tails: u64, skipped_ranges: u64) {
         add(&self.recovery_torn_tails, torn_tails);
@@ -354,6 +366,8 @@ impl Metrics {
             rotations: load(&self.rotations),
             commit_waits: load(&self.commit_waits),
             commit_wait_sleeps: load(&self.commit_wait_sleeps),
+            commit_spin_hold_offs: load(&self.commit_spin_hold_offs),
+            commit_spin_slow_yields: load(&self.commit_spin_slow_yields),
             append_sync_ns: append(Durability::Sync),
             append_buffered_ns: append(Durability::Buffered),
             append_none_ns: append(Durability::None),
@@ -474,6 +488,13 @@ pub struct MetricsSnapshot {
     ///
     /// [`Config::commit_spin`]: crate::Config::commit_spin
     pub commit_wait_sleeps: u64,
+    /// Times spinning was held off (for 100 ms each) because two yields in a row came back
+    /// over a millisecond late: the CPU is shared with other work, and spinning would hand it
+    /// over (docs/ARCHITECTURE.md, "Spinning waiters"). Waits sleep meanwhile.
+    pub commit_spin_hold_offs: u64,
+    /// Spins (of waiters and gathering leaders) that stopped because a yield came back over a
+    /// millisecond late; two within 50 ms hold spinning off.
+    pub commit_spin_slow_yields: u64,
     /// Latency of `Sync` appends, call to acknowledgement (every one timed).
     pub append_sync_ns: HistogramSnapshot,
     /// Latency of `Buffered` appends (one in [`UNSYNCED_SAMPLE_EVERY`] timed).
@@ -539,7 +560,7 @@ impl MetricsSnapshot {
     /// `continuum_*_total`, histograms as summaries in seconds with 0.5 and 0.99 quantiles.
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, u64); 23] = [
+        let counters: [(&str, &str, u64); 25] = [
             ("records", "Records appended", self.records),
             ("record_bytes", "Bytes of frames appended (headers and padding included)", self.record_bytes),
             ("batches", "Batches appended", self.batches),
@@ -548,6 +569,12 @@ impl MetricsSnapshot {
             ("rotations", "Segment rotations", self.rotations),
             ("commit_waits", "Appends that waited for another thread's commit group", self.commit_waits),
             ("commit_wait_sleeps", "Commit waits that slept instead of spinning", self.commit_wait_sleeps),
+            ("commit_spin_hold_offs", "Times commit waits stopped spinning on a busy CPU", self.commit_spin_hold_offs),
+            (
+                "commit_spin_slow_yields",
+                "Commit spins stopped by a yield that came back late",
+                self.commit_spin_slow_yields,
+            ),
             ("encoded_raw_bytes", "Store record bytes before compression", self.encoded_raw_bytes),
             ("encoded_stored_bytes", "Store record bytes as written", self.encoded_stored_bytes),
             ("snapshot_writes", "Snapshot files written", self.snapshot_writes),

@@ -8,7 +8,9 @@
 //!    (so that an acknowledgement wakes exactly its thread) or, if no leader is active, leads.
 //!    While the log's syncs are fast, a waiting appender first yields the CPU in a loop for up
 //!    to [`Config::commit_spin`](crate::Config::commit_spin), checking its slot, and sleeps only
-//!    after that ("Spinning waiters" in docs/ARCHITECTURE.md).
+//!    after that ("Spinning waiters" in docs/ARCHITECTURE.md). A spin stops at a yield that
+//!    comes back late (the CPU is busy with other work), and a stream of those holds spinning
+//!    off for a while.
 //!    A gathering leader (step 3) spins the same way while waiters spin.
 //! 3. The leader *gathers*: if the last group synced, it waits (at most half that sync's time)
 //!    until as many requests are queued as the last group held plus those that queued during
@@ -71,26 +73,35 @@ impl Slot {
 
     /// Blocks until the slot is done (returns its result) or handed leadership (returns `None`).
     /// Yields the CPU in a loop for up to `spin` first, then sleeps on the condition variable;
-    /// also returns whether it slept.
-    fn wait(&self, spin: Duration) -> (Option<Result<LsnRange>>, bool) {
+    /// also returns whether it slept, and whether a yield was slow ([`yield_was_slow`]: the spin
+    /// then stops at once).
+    fn wait(&self, spin: Duration) -> (Option<Result<LsnRange>>, Waited) {
+        let mut waited = Waited::default();
         if !spin.is_zero() {
             let deadline = Instant::now() + spin;
-            while !self.changed.load(Ordering::Acquire) && Instant::now() < deadline {
+            while !self.changed.load(Ordering::Acquire) {
+                let before = Instant::now();
+                if before >= deadline {
+                    break;
+                }
                 std::thread::yield_now();
+                if yield_was_slow(before) {
+                    waited.slow_yield = true;
+                    break;
+                }
             }
         }
         // The state is authoritative: whether the spin saw the change or gave up, the lock below
         // reads it, and a change after that wakes the condition variable.
         let mut state = self.state.lock();
-        let mut slept = false;
         loop {
             match std::mem::replace(&mut *state, SlotState::Waiting) {
                 SlotState::Waiting => {
-                    slept = true;
+                    waited.slept = true;
                     self.ready.wait(&mut state);
                 }
-                SlotState::Lead => return (None, slept),
-                SlotState::Done(result) => return (Some(result), slept),
+                SlotState::Lead => return (None, waited),
+                SlotState::Done(result) => return (Some(result), waited),
             }
         }
     }
@@ -105,6 +116,37 @@ impl Slot {
             }
         }
     }
+}
+
+/// How a waiter's wait went.
+#[derive(Clone, Copy, Debug, Default)]
+struct Waited {
+    /// It slept on its slot (the spin ran out, was off, or stopped).
+    slept: bool,
+    /// One of its yields was slow ([`YIELD_SLOW`]), which stopped the spin.
+    slow_yield: bool,
+}
+
+/// A `yield_now` that returns this late means threads beyond the cores (another process's,
+/// or more of ours) held the CPU meanwhile: there, a spinning thread only hands them the CPU
+/// in turn, and every group waits for its leader and members to get it back. Measured on two
+/// cores: four spinning appenders alone, every one of 127,000 yields under 250 µs but one
+/// (2-4 ms, once in a few seconds); beside three busy loops, 2,000 of 2,200 slow ones took
+/// 2-4 ms (a scheduler slice of the other process).
+const YIELD_SLOW: Duration = Duration::from_millis(1);
+
+/// Two slow yields this close together hold spinning off: one alone is a hiccup (the
+/// hypervisor, a kernel thread), a stream of them is a CPU shared with other work.
+const SLOW_YIELDS_WINDOW: Duration = Duration::from_millis(50);
+
+/// How long waiters and gatherers sleep instead of spinning once spinning is held off.
+/// Measured (`BENCHMARKS.md` §2, session 11): four `Sync` appenders beside three busy loops on
+/// two cores, 1,000 appends/s spinning against 28-33 k with spinning off.
+const SPIN_HOLD_OFF: Duration = Duration::from_millis(100);
+
+/// Whether a yield that began at `before` returned late ([`YIELD_SLOW`]).
+fn yield_was_slow(before: Instant) -> bool {
+    before.elapsed() > YIELD_SLOW
 }
 
 /// The longest a leader waits for its group to gather.
@@ -177,6 +219,12 @@ pub(crate) struct Writer {
     commit_spin: Duration,
     /// How long a waiting appender spins now, in nanoseconds: [`spin_for`] of the last sync.
     spin_ns: AtomicU64,
+    /// When the writer was made: the origin of `spin_held_off_until`.
+    epoch: Instant,
+    /// Until when (nanoseconds after `epoch`) nobody spins; 0: not held off.
+    spin_held_off_until: AtomicU64,
+    /// When (nanoseconds after `epoch`) a yield last came back late; 0: never.
+    last_slow_yield: AtomicU64,
     /// The commit queue's length, stored under the commit lock at every arrival and when a
     /// leader starts gathering: what a spinning gatherer polls without taking the lock.
     queue_len: AtomicUsize,
@@ -215,6 +263,9 @@ impl Writer {
             segment_bytes,
             commit_spin,
             spin_ns: AtomicU64::new(nanos(commit_spin)),
+            epoch: Instant::now(),
+            spin_held_off_until: AtomicU64::new(0),
+            last_slow_yield: AtomicU64::new(0),
             queue_len: AtomicUsize::new(0),
             commit: Mutex::new(CommitState::default()),
             room: Condvar::new(),
@@ -306,9 +357,11 @@ impl Writer {
         }
         if commit.leader_active {
             drop(commit);
-            let spin = Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed));
-            let (answer, slept) = slot.wait(spin);
-            self.metrics.record_commit_wait(slept);
+            let (answer, waited) = slot.wait(self.spin_now());
+            if waited.slow_yield {
+                self.note_slow_yield();
+            }
+            self.metrics.record_commit_wait(waited.slept);
             if let Some(result) = answer {
                 return result;
             }
@@ -318,6 +371,30 @@ impl Writer {
         }
         self.lead(commit, &slot);
         slot.take_done().expect("the leader leads until its own slot is filled")
+    }
+
+    /// How long a waiter or gatherer spins now: [`spin_for`] of the last sync, or nothing while
+    /// spinning is held off after a slow yield.
+    fn spin_now(&self) -> Duration {
+        let held_until = self.spin_held_off_until.load(Ordering::Relaxed);
+        if held_until != 0 && nanos(self.epoch.elapsed()) < held_until {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
+    }
+
+    /// A yield came back late; if the one before did too, within [`SLOW_YIELDS_WINDOW`], nobody
+    /// spins for [`SPIN_HOLD_OFF`] from now.
+    fn note_slow_yield(&self) {
+        let now = self.epoch.elapsed();
+        let previous = self.last_slow_yield.swap(nanos(now).max(1), Ordering::Relaxed);
+        let mut held_off = false;
+        if previous != 0 && nanos(now).saturating_sub(previous) <= nanos(SLOW_YIELDS_WINDOW) {
+            let until = nanos(now + SPIN_HOLD_OFF).max(1);
+            // A hold-off is counted once, not again for a slow yield that lands in it.
+            held_off = self.spin_held_off_until.swap(until, Ordering::Relaxed) < nanos(now);
+        }
+        self.metrics.record_slow_yield(held_off);
     }
 
     fn check_open(commit: &CommitState) -> Result<()> {
@@ -389,12 +466,20 @@ impl Writer {
             return;
         }
         let deadline = Instant::now() + commit.gather_budget;
-        if self.spin_ns.load(Ordering::Relaxed) > 0 {
+        if !self.spin_now().is_zero() {
             // Only this leader takes requests from the queue, so its length only grows meanwhile.
             self.queue_len.store(commit.queue.len(), Ordering::Release);
             MutexGuard::unlocked(commit, || {
-                while self.queue_len.load(Ordering::Acquire) < target && Instant::now() < deadline {
+                while self.queue_len.load(Ordering::Acquire) < target {
+                    let before = Instant::now();
+                    if before >= deadline {
+                        break;
+                    }
                     std::thread::yield_now();
+                    if yield_was_slow(before) {
+                        self.note_slow_yield();
+                        break;
+                    }
                 }
             });
             return;
