@@ -73,23 +73,13 @@ impl Slot {
 
     /// Blocks until the slot is done (returns its result) or handed leadership (returns `None`).
     /// Yields the CPU in a loop for up to `spin` first, then sleeps on the condition variable;
-    /// also returns whether it slept, and whether a yield was slow ([`yield_was_slow`]: the spin
-    /// then stops at once).
+    /// also returns whether it slept, and whether a yield came back late ([`YIELD_SLOW`]: the
+    /// spin then stops at once).
     fn wait(&self, spin: Duration) -> (Option<Result<LsnRange>>, Waited) {
         let mut waited = Waited::default();
         if !spin.is_zero() {
-            let deadline = Instant::now() + spin;
-            while !self.changed.load(Ordering::Acquire) {
-                let before = Instant::now();
-                if before >= deadline {
-                    break;
-                }
-                std::thread::yield_now();
-                if yield_was_slow(before) {
-                    waited.slow_yield = true;
-                    break;
-                }
-            }
+            let end = spin_until(Instant::now() + spin, || self.changed.load(Ordering::Acquire));
+            waited.slow_yield = end == SpinEnd::SlowYield;
         }
         // The state is authoritative: whether the spin saw the change or gave up, the lock below
         // reads it, and a change after that wakes the condition variable.
@@ -144,9 +134,32 @@ const SLOW_YIELDS_WINDOW: Duration = Duration::from_millis(50);
 /// two cores, 1,000 appends/s spinning against 28-33 k with spinning off.
 const SPIN_HOLD_OFF: Duration = Duration::from_millis(100);
 
-/// Whether a yield that began at `before` returned late ([`YIELD_SLOW`]).
-fn yield_was_slow(before: Instant) -> bool {
-    before.elapsed() > YIELD_SLOW
+/// How a spin ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SpinEnd {
+    /// What it waited for happened.
+    Done,
+    /// Its time ran out.
+    Deadline,
+    /// A yield came back later than [`YIELD_SLOW`].
+    SlowYield,
+}
+
+/// Yields the CPU in a loop until `done()`, until `deadline`, or until a yield comes back late.
+fn spin_until(deadline: Instant, done: impl Fn() -> bool) -> SpinEnd {
+    loop {
+        if done() {
+            return SpinEnd::Done;
+        }
+        let before = Instant::now();
+        if before >= deadline {
+            return SpinEnd::Deadline;
+        }
+        std::thread::yield_now();
+        if before.elapsed() > YIELD_SLOW {
+            return SpinEnd::SlowYield;
+        }
+    }
 }
 
 /// The longest a leader waits for its group to gather.
@@ -470,16 +483,8 @@ impl Writer {
             // Only this leader takes requests from the queue, so its length only grows meanwhile.
             self.queue_len.store(commit.queue.len(), Ordering::Release);
             MutexGuard::unlocked(commit, || {
-                while self.queue_len.load(Ordering::Acquire) < target {
-                    let before = Instant::now();
-                    if before >= deadline {
-                        break;
-                    }
-                    std::thread::yield_now();
-                    if yield_was_slow(before) {
-                        self.note_slow_yield();
-                        break;
-                    }
+                if spin_until(deadline, || self.queue_len.load(Ordering::Acquire) >= target) == SpinEnd::SlowYield {
+                    self.note_slow_yield();
                 }
             });
             return;
@@ -740,5 +745,38 @@ mod tests {
         assert_eq!(spin_for(spin, Duration::from_secs(3)), Duration::ZERO);
         assert_eq!(spin_for(Duration::ZERO, Duration::ZERO), Duration::ZERO, "zero turns spinning off");
         assert_eq!(spin_for(spin, Duration::MAX), Duration::ZERO, "no overflow");
+    }
+
+    #[test]
+    fn a_spin_ends_when_its_condition_holds_or_its_time_is_up() {
+        let far = Instant::now() + Duration::from_secs(3600);
+        assert_eq!(spin_until(far, || true), SpinEnd::Done, "a condition already true ends it at once");
+        let polls = std::cell::Cell::new(0);
+        let third = || {
+            polls.set(polls.get() + 1);
+            polls.get() == 3
+        };
+        // A yield on a busy test machine may come back late: that ends the spin too.
+        assert!(matches!(spin_until(far, third), SpinEnd::Done | SpinEnd::SlowYield));
+        let started = Instant::now();
+        let end = spin_until(started + Duration::from_millis(5), || false);
+        assert!(matches!(end, SpinEnd::Deadline | SpinEnd::SlowYield), "{end:?}");
+        assert!(end == SpinEnd::SlowYield || started.elapsed() >= Duration::from_millis(5), "it ran to its deadline");
+    }
+
+    #[test]
+    fn two_late_yields_close_together_hold_spinning_off() {
+        let storage = Arc::new(crate::storage::sim::SimStorage::new(1));
+        let log = crate::Log::builder(std::path::Path::new("/store")).storage(storage).open().expect("open");
+        let writer = &log.inner.writer;
+        assert_eq!(writer.spin_now(), Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT));
+        writer.note_slow_yield();
+        assert_eq!(writer.spin_now(), Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT), "one alone is a hiccup");
+        writer.note_slow_yield();
+        assert_eq!(writer.spin_now(), Duration::ZERO, "a second within the window holds spinning off");
+        let metrics = log.metrics();
+        assert_eq!((metrics.commit_spin_slow_yields, metrics.commit_spin_hold_offs), (2, 1));
+        writer.note_slow_yield();
+        assert_eq!(log.metrics().commit_spin_hold_offs, 1, "a slow yield during a hold-off is not a new one");
     }
 }
