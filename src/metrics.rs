@@ -309,10 +309,10 @@ impl Metrics {
     }
 
     /// The background thread waited `waited` for a lull in the appends before writing policy
-    /// snapshots; `found` is false if it gave up at its limit and wrote them anyway.
-    pub(crate) fn record_snapshot_lull_wait(&self, waited: Duration, found: bool) {
+    /// snapshots; `timed_out`: it gave up at its limit and wrote them anyway.
+    pub(crate) fn record_snapshot_lull_wait(&self, waited: Duration, timed_out: bool) {
         self.snapshot_lull_wait_ns.record(nanos(waited));
-        if !found {
+        if timed_out {
             add(&self.snapshot_lull_timeouts, 1);
         }
     }

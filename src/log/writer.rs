@@ -390,6 +390,7 @@ impl Writer {
     /// spinning is held off after a slow yield.
     fn spin_now(&self) -> Duration {
         let held_until = self.spin_held_off_until.load(Ordering::Relaxed);
+        // Never held off (the usual case): no clock read on the waiting append's path.
         if held_until != 0 && nanos(self.epoch.elapsed()) < held_until {
             return Duration::ZERO;
         }
@@ -403,7 +404,7 @@ impl Writer {
         let previous = self.last_slow_yield.swap(nanos(now).max(1), Ordering::Relaxed);
         let mut held_off = false;
         if previous != 0 && nanos(now).saturating_sub(previous) <= nanos(SLOW_YIELDS_WINDOW) {
-            let until = nanos(now + SPIN_HOLD_OFF).max(1);
+            let until = nanos(now + SPIN_HOLD_OFF);
             // A hold-off is counted once, not again for a slow yield that lands in it.
             held_off = self.spin_held_off_until.swap(until, Ordering::Relaxed) < nanos(now);
         }

@@ -188,7 +188,7 @@ fn run(
             let found = wait_for_lull(|| store.shared.log.next_lsn().get(), started + LULL_WAIT_MAX, stopping);
             // A closing store stops waiting without a lull; that is not a wait that timed out.
             let timed_out = !found && !stopping.load(Ordering::Acquire);
-            store.shared.log.metrics_handle().record_snapshot_lull_wait(started.elapsed(), !timed_out);
+            store.shared.log.metrics_handle().record_snapshot_lull_wait(started.elapsed(), timed_out);
             take_newer(due, &mut ready);
         }
         write_snapshots(&store, ready, Pace::Yielding(stopping), &mut recent);
