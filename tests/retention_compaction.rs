@@ -568,3 +568,61 @@ fn policy_snapshots_wait_until_a_burst_of_atoms_ends() {
     assert!(text.contains("continuum_snapshot_lull_timeouts_total 0\n"), "{text}");
     assert!(text.contains("continuum_snapshot_lull_wait_seconds"), "{text}");
 }
+
+/// The background thread's cold compression waits for a lull in the appends: while another
+/// thread keeps appending, a round rewrites fewer sealed segments than are due (it gives up
+/// waiting after 2 s and leaves them, `segments_deferred`); once the appends stop, the next
+/// round compresses every one. (An explicit `Store::compact` does not wait: the test above.)
+/// The burst is one thread beginning atoms without completing them, paced to about ten
+/// thousand records a second (a lull is under 6,400) so that it seals a few hundred small
+/// segments rather than thousands.
+#[test]
+fn background_cold_compression_waits_for_a_lull_in_the_appends() {
+    let sim = SimStorage::new(29);
+    let store = Store::builder(Path::new("/store"))
+        .storage(Arc::new(sim))
+        .segment_bytes(SEGMENT_BYTES)
+        .snapshot_policy(SnapshotPolicy::NEVER)
+        .compaction(CompactionPolicy { interval: None, ..CompactionPolicy::default() })
+        .open()
+        .expect("open");
+    chain(&store, "cold", 240, 12);
+    let sealed = |store: &Store| store.log().segments().iter().filter(|s| s.sealed && !s.compressed).count();
+    let due = sealed(&store);
+    assert!(due >= 3, "the run spans several sealed segments");
+    let round = |store: &Store| store.last_compaction().map_or(0, |report| report.round);
+    let wait_for_round = |store: &Store, after: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while round(store) == after {
+            assert!(std::time::Instant::now() < deadline, "no compaction round completed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        store.last_compaction().expect("a round completed")
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let during = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let run = store.create_run(RunSpec::new("burst")).expect("run");
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                for _ in 0..10 {
+                    store.begin_atom(run, "burst", &format!("step-{i}"), &[], "").expect("begin");
+                    i += 1;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(store.compact_in_background(), "the store has a background thread");
+        let report = wait_for_round(&store, 0);
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        report
+    });
+    assert!(during.segments_deferred >= 1, "{during:?}");
+    assert!(during.segments_compressed < due, "a round during the burst compressed all {due} segments: {during:?}");
+    let due_now = sealed(&store);
+    assert!(store.compact_in_background());
+    let after = wait_for_round(&store, during.round);
+    assert_eq!((after.segments_compressed, after.segments_deferred), (due_now, 0), "{after:?}");
+    assert_eq!(sealed(&store), 0);
+}

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::store::lull::{LULL_WAIT_MAX, wait_for_lull};
 use crate::store::types::AtomId;
 use crate::store::{Shared, Store};
 
@@ -33,19 +34,6 @@ type DueSnapshots = Arc<Mutex<BTreeMap<u32, AtomId>>>;
 /// crash costs at most this much of its atoms' replay more. At an agent's usual pace (seconds
 /// per atom) the policy's count is reached far less often, and this never applies.
 const AGENT_SNAPSHOT_INTERVAL_MIN: Duration = Duration::from_secs(1);
-
-/// How long ready policy snapshots wait at most for a lull in the appends (see
-/// [`wait_for_lull`]): under a burst that lasts longer, they are written anyway, so a sustained
-/// burst delays an agent's snapshot by at most this much beyond its interval.
-const LULL_WAIT_MAX: Duration = Duration::from_secs(2);
-/// One probe of the append rate while waiting for a lull.
-const LULL_PROBE: Duration = Duration::from_millis(5);
-/// A probe that saw fewer records appended than this is quiet: 6,400 records a second, the
-/// pace of about 3,200 atoms a second, far above agents' usual pace (seconds per atom) and far
-/// below a burst's (a hundred thousand atoms a second with 16 agents in `BENCHMARKS.md` §8).
-const LULL_RECORDS_MAX: u64 = 32;
-/// Consecutive quiet probes that make a lull: one stalled appender is not a lull.
-const LULL_PROBES: u32 = 2;
 
 /// Work for the thread.
 pub(crate) enum Job {
@@ -171,7 +159,7 @@ fn run(
             Err(RecvTimeoutError::Disconnected) => return,
         };
         if compaction_due {
-            match store.compact() {
+            match store.compact_following_lulls() {
                 Ok(report) => tracing::debug!(?report, "background compaction"),
                 Err(error) => tracing::warn!(%error, "background compaction failed"),
             }
@@ -254,30 +242,6 @@ fn pause_after(took: Duration, pace: Pace<'_>) -> Duration {
     }
 }
 
-/// Waits until the log is in a lull: [`LULL_PROBES`] consecutive probes of [`LULL_PROBE`]
-/// each saw fewer than [`LULL_RECORDS_MAX`] records appended (`next_lsn` says how many so far).
-/// Gives up at `deadline` or when the store is closing. Returns whether it saw a lull.
-///
-/// Policy snapshots wait for one: a snapshot rebuilds, encodes and compresses an agent's whole
-/// context (about a millisecond of CPU for a 20 KB context), and written in the middle of a
-/// burst of atoms they take that CPU from the appending threads on a small machine (16 agents
-/// bursting on 2 cores: 15–25 % fewer atoms per second, `BENCHMARKS.md` §8, session 11). Agents
-/// usually pause between atoms (a model call takes seconds), so a lull comes soon.
-fn wait_for_lull(mut next_lsn: impl FnMut() -> u64, deadline: Instant, stopping: &AtomicBool) -> bool {
-    let mut quiet = 0;
-    let mut before = next_lsn();
-    while quiet < LULL_PROBES {
-        if stopping.load(Ordering::Acquire) || Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(LULL_PROBE);
-        let now = next_lsn();
-        quiet = if now.saturating_sub(before) < LULL_RECORDS_MAX { quiet + 1 } else { 0 };
-        before = now;
-    }
-    true
-}
-
 /// Moves the requests that came for the agents of `ready` while the thread waited into it: each
 /// agent's snapshot is then of its newest due atom.
 fn take_newer(due: &DueSnapshots, ready: &mut [(u32, AtomId)]) {
@@ -331,37 +295,6 @@ mod tests {
         assert_eq!(pause_after(took, Pace::Yielding(&stopping)), Duration::ZERO, "a closing store does not wait");
         assert_eq!(pause_after(took, Pace::Closing), Duration::ZERO);
         assert_eq!(pause_after(Duration::MAX, Pace::Yielding(&AtomicBool::new(false))), Duration::MAX, "no overflow");
-    }
-
-    #[test]
-    fn policy_snapshots_wait_for_consecutive_quiet_probes() {
-        // Busy for three probes, then one quiet probe, one busy, then quiet for good.
-        let lsns = [0, 1000, 2000, 3000, 3001, 4000, 4010, 4020, 4030];
-        let mut calls = 0;
-        let progress = || {
-            calls += 1;
-            lsns[(calls - 1).min(lsns.len() - 1)]
-        };
-        let far = Instant::now() + Duration::from_secs(3600);
-        assert!(wait_for_lull(progress, far, &AtomicBool::new(false)), "a lull was seen");
-        assert_eq!(calls, 8, "one read before the probes, then probes until two quiet ones in a row");
-    }
-
-    #[test]
-    fn a_sustained_burst_delays_policy_snapshots_only_until_the_deadline() {
-        let mut lsn = 0;
-        let busy = || {
-            lsn += LULL_RECORDS_MAX;
-            lsn
-        };
-        let started = Instant::now();
-        let wait = Duration::from_millis(40);
-        assert!(!wait_for_lull(busy, started + wait, &AtomicBool::new(false)), "no lull");
-        assert!(started.elapsed() >= wait, "it waited until the deadline");
-        let closing = AtomicBool::new(true);
-        let started = Instant::now();
-        assert!(!wait_for_lull(|| 0, started + Duration::from_secs(3600), &closing), "a closing store does not wait");
-        assert!(started.elapsed() < Duration::from_secs(60));
     }
 
     #[test]

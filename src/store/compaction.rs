@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -33,6 +34,7 @@ use crate::error::{Error, Result};
 use crate::log::{Lsn, Rewrite, RewriteOptions};
 use crate::store::Store;
 use crate::store::index::EntryState;
+use crate::store::lull::{BurstWatch, LULL_WAIT_MAX, wait_for_lull};
 use crate::store::types::{AtomId, RunId, RunStatus};
 
 /// Bytes a reclaimed completion record is assumed to keep, when planning (the real size is
@@ -67,6 +69,11 @@ pub struct CompactionReport {
     /// Whether the round stopped early: an agent branched from history being reclaimed, or
     /// the store is closing (the next round tries again).
     pub aborted: bool,
+    /// Segments due only for cold compression that the background round left to the next one:
+    /// the appends gave it no lull in time (see [`CompactionPolicy::interval`]).
+    ///
+    /// [`CompactionPolicy::interval`]: crate::store::CompactionPolicy::interval
+    pub segments_deferred: usize,
 }
 
 /// The space the log uses, next to what is live in it (records only; see
@@ -130,8 +137,12 @@ impl SegmentTally {
     /// Whether a round rewrites the segment: it holds records, and too few of them are live,
     /// or cold compression is on and has not compressed it yet.
     fn due(&self, policy: &crate::store::CompactionPolicy) -> bool {
-        let sparse = (self.live as f64) < policy.live_fraction_min * self.total as f64;
-        self.total > 0 && (sparse || (policy.cold_compression.is_some() && !self.compressed))
+        self.total > 0 && (self.sparse(policy) || (policy.cold_compression.is_some() && !self.compressed))
+    }
+
+    /// Whether too few of its records are live: its dead bytes are due to be reclaimed.
+    fn sparse(&self, policy: &crate::store::CompactionPolicy) -> bool {
+        (self.live as f64) < policy.live_fraction_min * self.total as f64
     }
 }
 
@@ -159,6 +170,23 @@ impl Store {
     /// Read and decode errors of the log, and the file system's errors. A failed round leaves
     /// every segment either as it was or rewritten; nothing needed is lost.
     pub fn compact(&self) -> Result<CompactionReport> {
+        self.compact_round(false)
+    }
+
+    /// The background thread's round: [`Store::compact`], except that a segment rewritten only
+    /// for cold compression (none of its dead bytes due) waits for a lull in the appends, and
+    /// pauses for the next one when a burst starts while it is rewritten. A wait that reaches
+    /// [`LULL_WAIT_MAX`] leaves that segment, and the round's other segments due only for
+    /// compression, to the next round (`segments_deferred`).
+    ///
+    /// Cold compression is zstd at a high level: on a small machine it holds a core for tens
+    /// of seconds per round, and beside it 16 agents' durable appends fell from about 120 k to
+    /// 70 k a second (`BENCHMARKS.md` §8, session 12). Reclaiming space is not deferred.
+    pub(crate) fn compact_following_lulls(&self) -> Result<CompactionReport> {
+        self.compact_round(true)
+    }
+
+    fn compact_round(&self, follow_lulls: bool) -> Result<CompactionReport> {
         let _one_at_a_time = self.shared.compacting.lock();
         // IMPORTANT: the round reclaims history that the kept snapshots cover, so their names
         // must be durable first (policy snapshots defer their directory sync).
@@ -176,12 +204,26 @@ impl Store {
         let options = RewriteOptions { compression: policy.cold_compression };
         let closing = || self.shared.closing.load(std::sync::atomic::Ordering::Acquire);
         let mut checkpoint = CheckpointPatch::default();
+        let next_lsn = || self.shared.log.next_lsn().get();
+        // Set once a wait for a lull gave up: the round's other compress-only segments wait too.
+        let mut deferring = false;
         for tally in plan.segments.iter().filter(|t| t.due(&policy)) {
             if closing() {
                 report.aborted = true;
                 break;
             }
-            let started = std::time::Instant::now();
+            // Only a segment with dead bytes due is rewritten whatever the appends do.
+            let lull_only = follow_lulls && !tally.sparse(&policy);
+            if lull_only
+                && (deferring || !wait_for_lull(next_lsn, Instant::now() + LULL_WAIT_MAX, &self.shared.closing))
+            {
+                deferring |= !closing();
+                report.segments_deferred += usize::from(!closing());
+                continue;
+            }
+            let started = Instant::now();
+            let mut burst = BurstWatch::new(next_lsn(), started);
+            let mut deferred_midway = false;
             if checkpoint.state.is_none() && !checkpoint.dropped {
                 checkpoint.state = self.shared.loaded_index_checkpoint();
             }
@@ -192,6 +234,15 @@ impl Store {
                 // A long compressed rewrite gives way to a closing store (the original stays).
                 if closing() {
                     return Err(Error::Closed);
+                }
+                // A burst that starts meanwhile has the rewrite wait for its end (the original
+                // stays if it does not end in time).
+                if lull_only && burst.burst(next_lsn(), Instant::now()) {
+                    if !wait_for_lull(next_lsn, Instant::now() + LULL_WAIT_MAX, &self.shared.closing) {
+                        deferred_midway = !closing();
+                        return Err(Error::Closed);
+                    }
+                    burst = BurstWatch::new(next_lsn(), Instant::now());
                 }
                 let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
                 checkpoint.note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
@@ -212,6 +263,12 @@ impl Store {
                     checkpoint.dropped = true;
                     report.aborted = true;
                     break;
+                }
+                Err(Error::Closed) if deferred_midway => {
+                    checkpoint.dropped = true;
+                    deferring = true;
+                    report.segments_deferred += 1;
+                    continue;
                 }
                 rewrite => rewrite?,
             };
@@ -242,7 +299,9 @@ impl Store {
     /// Asks the background thread to run a compaction round now (at its lowered priority),
     /// or, if it is waiting for a lull in the appends to write policy snapshots, once it has
     /// written them (at most 2 s later); returns `false` if the store has no background thread
-    /// or its queue is full.
+    /// or its queue is full. Like the timed rounds, that round's cold compression waits for
+    /// lulls in the appends, and leaves to the next round what gets none in time
+    /// ([`CompactionReport::segments_deferred`]).
     pub fn compact_in_background(&self) -> bool {
         self.worker.as_ref().is_some_and(|worker| worker.request(crate::store::background::Job::Compact))
     }

@@ -15,6 +15,7 @@ mod compaction;
 mod guard;
 mod index;
 mod inspect;
+mod lull;
 mod policy;
 mod rebuild;
 mod replay;

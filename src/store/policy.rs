@@ -64,7 +64,9 @@ pub struct CompactionPolicy {
     /// (default 0.7, which bounds the space of sealed segments to about 1.43× their live data).
     pub live_fraction_min: f64,
     /// How often the background thread runs compaction; `None` leaves it to
-    /// [`Store::compact`](crate::Store::compact). Default: every 60 s.
+    /// [`Store::compact`](crate::Store::compact). Default: every 60 s. In the background
+    /// thread's rounds, cold compression waits for lulls in the appends (docs/ARCHITECTURE.md,
+    /// "Cold compression waits for a lull"); reclaiming space does not.
     pub interval: Option<Duration>,
     /// Cold compression: every sealed segment not yet compressed is rewritten with its records
     /// stored plain and compressed together, in frames of `frame_bytes` at zstd `level`
