@@ -13,6 +13,7 @@
 
 mod continuum_sinks;
 mod disk;
+pub mod group_floor;
 mod okaywal_sink;
 mod raft_engine_sink;
 mod sqlite_sink;
