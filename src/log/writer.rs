@@ -125,9 +125,17 @@ struct Waited {
 /// 2-4 ms (a scheduler slice of the other process).
 const YIELD_SLOW: Duration = Duration::from_millis(1);
 
-/// Two slow yields this close together hold spinning off: one alone is a hiccup (the
-/// hypervisor, a kernel thread), a stream of them is a CPU shared with other work.
+/// Two stalls this close together hold spinning off: one alone is a hiccup (the hypervisor, a
+/// kernel thread), a stream of them is a CPU shared with other work.
 const SLOW_YIELDS_WINDOW: Duration = Duration::from_millis(50);
+
+/// Slow yields within this of the first are one stall: when the hypervisor holds a vCPU for a
+/// millisecond or two, every thread spinning on it comes back late at once. Measured here
+/// (session 12): 16 spinning appenders on an idle machine reported stalls of 1.3-2.1 ms as
+/// 5-10 slow yields within 0.25 ms, and when those counted as two, spinning was held off for
+/// 100 ms in four of five 0.3 s trials (104-108 k appends/s against 115-126 k without). Beside
+/// a busy loop, slow yields keep coming a scheduler slice (a few milliseconds) apart.
+const SAME_STALL: Duration = Duration::from_millis(5);
 
 /// How long waiters and gatherers sleep instead of spinning once spinning is held off.
 /// Measured (`BENCHMARKS.md` §2, session 11): four `Sync` appenders beside three busy loops on
@@ -237,7 +245,7 @@ pub(crate) struct Writer {
     /// Until when (nanoseconds after `epoch`) nobody spins; 0: not held off.
     spin_held_off_until: AtomicU64,
     /// When (nanoseconds after `epoch`) a yield last came back late; 0: never.
-    last_slow_yield: AtomicU64,
+    last_stall: AtomicU64,
     /// The commit queue's length, stored under the commit lock at every arrival and when a
     /// leader starts gathering: what a spinning gatherer polls without taking the lock.
     queue_len: AtomicUsize,
@@ -278,7 +286,7 @@ impl Writer {
             spin_ns: AtomicU64::new(nanos(commit_spin)),
             epoch: Instant::now(),
             spin_held_off_until: AtomicU64::new(0),
-            last_slow_yield: AtomicU64::new(0),
+            last_stall: AtomicU64::new(0),
             queue_len: AtomicUsize::new(0),
             commit: Mutex::new(CommitState::default()),
             room: Condvar::new(),
@@ -397,16 +405,34 @@ impl Writer {
         Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
     }
 
-    /// A yield came back late; if the one before did too, within [`SLOW_YIELDS_WINDOW`], nobody
-    /// spins for [`SPIN_HOLD_OFF`] from now.
+    /// A yield came back late. If it is not part of the last stall (within [`SAME_STALL`] of
+    /// its first slow yield), it starts a new one, and a new stall within [`SLOW_YIELDS_WINDOW`]
+    /// of the last one holds spinning off for [`SPIN_HOLD_OFF`] from now.
     fn note_slow_yield(&self) {
-        let now = self.epoch.elapsed();
-        let previous = self.last_slow_yield.swap(nanos(now).max(1), Ordering::Relaxed);
+        self.note_slow_yield_at(self.epoch.elapsed());
+    }
+
+    /// [`Writer::note_slow_yield`] at `now` (since `epoch`).
+    fn note_slow_yield_at(&self, now: Duration) {
+        let now_ns = nanos(now).max(1);
+        let mut stall = self.last_stall.load(Ordering::Relaxed);
+        let previous = loop {
+            if stall != 0 && now_ns.saturating_sub(stall) <= nanos(SAME_STALL) {
+                self.metrics.record_slow_yield(false);
+                return;
+            }
+            // One of the threads that come back late from a stall starts it; the others then
+            // find it started.
+            match self.last_stall.compare_exchange_weak(stall, now_ns, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(previous) => break previous,
+                Err(current) => stall = current,
+            }
+        };
         let mut held_off = false;
-        if previous != 0 && nanos(now).saturating_sub(previous) <= nanos(SLOW_YIELDS_WINDOW) {
+        if previous != 0 && now_ns.saturating_sub(previous) <= nanos(SLOW_YIELDS_WINDOW) {
             let until = nanos(now + SPIN_HOLD_OFF);
-            // A hold-off is counted once, not again for a slow yield that lands in it.
-            held_off = self.spin_held_off_until.swap(until, Ordering::Relaxed) < nanos(now);
+            // A hold-off is counted once, not again for a stall that lands in it.
+            held_off = self.spin_held_off_until.swap(until, Ordering::Relaxed) < now_ns;
         }
         self.metrics.record_slow_yield(held_off);
     }
@@ -766,18 +792,35 @@ mod tests {
     }
 
     #[test]
-    fn two_late_yields_close_together_hold_spinning_off() {
+    fn two_stalls_close_together_hold_spinning_off() {
         let storage = Arc::new(crate::storage::sim::SimStorage::new(1));
         let log = crate::Log::builder(std::path::Path::new("/store")).storage(storage).open().expect("open");
         let writer = &log.inner.writer;
-        assert_eq!(writer.spin_now(), Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT));
-        writer.note_slow_yield();
-        assert_eq!(writer.spin_now(), Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT), "one alone is a hiccup");
-        writer.note_slow_yield();
-        assert_eq!(writer.spin_now(), Duration::ZERO, "a second within the window holds spinning off");
+        let spin = Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT);
+        assert_eq!(writer.spin_now(), spin);
+        let t = writer.epoch.elapsed();
+        writer.note_slow_yield_at(t);
+        assert_eq!(writer.spin_now(), spin, "one stall alone is a hiccup");
+        for late in 1..10 {
+            writer.note_slow_yield_at(t + Duration::from_micros(late * 30));
+        }
+        assert_eq!(writer.spin_now(), spin, "threads coming back late from the same stall are one stall");
+        writer.note_slow_yield_at(t + SAME_STALL + Duration::from_millis(1));
+        assert_eq!(writer.spin_now(), Duration::ZERO, "a second stall within the window holds spinning off");
         let metrics = log.metrics();
-        assert_eq!((metrics.commit_spin_slow_yields, metrics.commit_spin_hold_offs), (2, 1));
-        writer.note_slow_yield();
-        assert_eq!(log.metrics().commit_spin_hold_offs, 1, "a slow yield during a hold-off is not a new one");
+        assert_eq!((metrics.commit_spin_slow_yields, metrics.commit_spin_hold_offs), (11, 1));
+        writer.note_slow_yield_at(t + SAME_STALL * 3);
+        assert_eq!(log.metrics().commit_spin_hold_offs, 1, "a stall during a hold-off is not a new one");
+        // Stalls further apart than the window do not hold spinning off.
+        let later = crate::Log::builder(std::path::Path::new("/later"))
+            .storage(Arc::new(crate::storage::sim::SimStorage::new(2)))
+            .open()
+            .expect("open");
+        let writer = &later.inner.writer;
+        let t = writer.epoch.elapsed();
+        writer.note_slow_yield_at(t);
+        writer.note_slow_yield_at(t + SLOW_YIELDS_WINDOW + Duration::from_millis(1));
+        assert_eq!(writer.spin_now(), spin);
+        assert_eq!(later.metrics().commit_spin_hold_offs, 0);
     }
 }
