@@ -244,7 +244,8 @@ pub(crate) struct Writer {
     epoch: Instant,
     /// Until when (nanoseconds after `epoch`) nobody spins; 0: not held off.
     spin_held_off_until: AtomicU64,
-    /// When (nanoseconds after `epoch`) a yield last came back late; 0: never.
+    /// When (nanoseconds after `epoch`) the last stall began (its first slow yield; see
+    /// [`SAME_STALL`]); 0: never.
     last_stall: AtomicU64,
     /// The commit queue's length, stored under the commit lock at every arrival and when a
     /// leader starts gathering: what a spinning gatherer polls without taking the lock.

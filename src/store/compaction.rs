@@ -175,9 +175,10 @@ impl Store {
 
     /// The background thread's round: [`Store::compact`], except that a segment rewritten only
     /// for cold compression (none of its dead bytes due) waits for a lull in the appends, and
-    /// pauses for the next one when a burst starts while it is rewritten. A wait that reaches
-    /// [`LULL_WAIT_MAX`] leaves that segment, and the round's other segments due only for
-    /// compression, to the next round (`segments_deferred`).
+    /// pauses for the next one when a burst starts while it is rewritten. A wait before a
+    /// rewrite that reaches [`LULL_WAIT_MAX`], or pauses within one that add up to it, leave
+    /// that segment, and the round's other segments due only for compression, to the next round
+    /// (`segments_deferred`): each such segment delays the round by at most twice that.
     ///
     /// Cold compression is zstd at a high level: on a small machine it holds a core for tens
     /// of seconds per round, and beside it 16 agents' durable appends fell from about 120 k to
@@ -217,12 +218,16 @@ impl Store {
             if lull_only
                 && (deferring || !wait_for_lull(next_lsn, Instant::now() + LULL_WAIT_MAX, &self.shared.closing))
             {
-                deferring |= !closing();
-                report.segments_deferred += usize::from(!closing());
+                let closed = closing();
+                deferring |= !closed;
+                report.segments_deferred += usize::from(!closed);
                 continue;
             }
             let started = Instant::now();
             let mut burst = BurstWatch::new(next_lsn(), started);
+            // The pauses of one rewrite share one budget, so that a round (which `pin` and
+            // `checkpoint_index` wait for) is not stretched without bound by bursts.
+            let mut pause_budget = LULL_WAIT_MAX;
             let mut deferred_midway = false;
             if checkpoint.state.is_none() && !checkpoint.dropped {
                 checkpoint.state = self.shared.loaded_index_checkpoint();
@@ -238,10 +243,12 @@ impl Store {
                 // A burst that starts meanwhile has the rewrite wait for its end (the original
                 // stays if it does not end in time).
                 if lull_only && burst.burst(next_lsn(), Instant::now()) {
-                    if !wait_for_lull(next_lsn, Instant::now() + LULL_WAIT_MAX, &self.shared.closing) {
+                    let paused = Instant::now();
+                    if !wait_for_lull(next_lsn, paused + pause_budget, &self.shared.closing) {
                         deferred_midway = !closing();
                         return Err(Error::Closed);
                     }
+                    pause_budget = pause_budget.saturating_sub(paused.elapsed());
                     burst = BurstWatch::new(next_lsn(), Instant::now());
                 }
                 let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
