@@ -431,8 +431,6 @@ struct Ceilings {
     /// `WRITERS` threads each waiting for its own append, doing nothing else: the ceiling of
     /// group commit on these cores.
     ideal: f64,
-    /// The longest a trial (an engine's or a ceiling's) waited for the process to settle.
-    longest_settle: Duration,
 }
 
 /// Waits [`TRIAL_SETTLE`], then until the process is idle: its threads used less than
@@ -547,7 +545,7 @@ fn durable_append_16(
         longest_settle = longest_settle.max(settle());
         ideal.push(group_floor::ideal_group_commit(&ceilings, WRITERS, rounds).expect("the ideal group commit runs"));
     }
-    let ceilings = Ceilings { one_thread: median(&mut one_thread), ideal: median(&mut ideal), longest_settle };
+    let ceilings = Ceilings { one_thread: median(&mut one_thread), ideal: median(&mut ideal) };
     let figures: Vec<(Engine, Latency)> = subjects
         .iter()
         .enumerate()
@@ -558,7 +556,7 @@ fn durable_append_16(
             (subject.engine, latency)
         })
         .collect();
-    report.durable_16(options, scale, &figures, ceilings);
+    report.durable_16(options, scale, &figures, ceilings, longest_settle);
     for subject in subjects {
         subject.finish(DURABLE_16, report);
     }
@@ -986,7 +984,14 @@ impl Report {
         self.section(options, DURABLE_1, lines);
     }
 
-    fn durable_16(&mut self, options: &Options, scale: &Scale, figures: &[(Engine, Latency)], ceilings: Ceilings) {
+    fn durable_16(
+        &mut self,
+        options: &Options,
+        scale: &Scale,
+        figures: &[(Engine, Latency)],
+        ceilings: Ceilings,
+        longest_settle: Duration,
+    ) {
         let find =
             |engine: Engine| figures.iter().find(|(e, _)| *e == engine).map(|(_, l)| *l).expect("every engine ran");
         let (log, store) = (find(Engine::ContinuumLog), find(Engine::ContinuumStore));
@@ -1034,7 +1039,7 @@ impl Report {
             TRIAL_SETTLE.as_millis(),
             IDLE_CPU_MAX.as_millis(),
             IDLE_WINDOW.as_millis(),
-            ceilings.longest_settle.as_secs_f64()
+            longest_settle.as_secs_f64()
         );
         lines.extend(table(
             &["ceiling", "appends/s", "÷ SQLite", "÷ raft-engine", "log reaches", "store reaches"],

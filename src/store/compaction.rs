@@ -242,7 +242,7 @@ impl Store {
                 }
                 // A burst that starts meanwhile has the rewrite wait for its end (the original
                 // stays if it does not end in time).
-                if lull_only && burst.burst(next_lsn(), Instant::now()) {
+                if lull_only && burst.burst(next_lsn, Instant::now()) {
                     let paused = Instant::now();
                     if !wait_for_lull(next_lsn, paused + pause_budget, &self.shared.closing) {
                         deferred_midway = !closing();

@@ -57,14 +57,16 @@ impl BurstWatch {
         Self { sampled_at: now, next_lsn }
     }
 
-    /// Whether the appends since the last sample make a burst. Samples only once a probe's
-    /// time has passed since the last one (before that it says no), so that it can be asked
-    /// after every record at the cost of a clock read.
-    pub(crate) fn burst(&mut self, next_lsn: u64, now: Instant) -> bool {
+    /// Whether the appends since the last sample make a burst. Samples (reads `next_lsn`, which
+    /// takes the log index's lock) only once a probe's time has passed since the last one
+    /// (before that it says no), so that it can be asked after every record at the cost of a
+    /// clock read.
+    pub(crate) fn burst(&mut self, next_lsn: impl FnOnce() -> u64, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.sampled_at);
         if elapsed < LULL_PROBE {
             return false;
         }
+        let next_lsn = next_lsn();
         let probes = u64::try_from(elapsed.as_nanos() / LULL_PROBE.as_nanos()).unwrap_or(u64::MAX);
         let appended = next_lsn.saturating_sub(self.next_lsn);
         (self.sampled_at, self.next_lsn) = (now, next_lsn);
@@ -111,15 +113,15 @@ mod tests {
     fn a_burst_is_the_lull_threshold_as_a_rate_sampled_once_per_probe() {
         let start = Instant::now();
         let mut watch = BurstWatch::new(100, start);
-        assert!(!watch.burst(100 + 1000, start + LULL_PROBE / 2), "no sample before a probe's time");
-        assert!(watch.burst(100 + LULL_RECORDS_MAX, start + LULL_PROBE), "a probe's worth in a probe");
+        assert!(!watch.burst(|| 100 + 1000, start + LULL_PROBE / 2), "no sample before a probe's time");
+        assert!(watch.burst(|| 100 + LULL_RECORDS_MAX, start + LULL_PROBE), "a probe's worth in a probe");
         let at = start + LULL_PROBE;
         // Ten probes' time (a frame compressed in one piece) needs ten probes' worth of records.
         let base = 100 + LULL_RECORDS_MAX;
-        assert!(!watch.burst(base + 9 * LULL_RECORDS_MAX, at + LULL_PROBE * 10), "below the rate");
+        assert!(!watch.burst(|| base + 9 * LULL_RECORDS_MAX, at + LULL_PROBE * 10), "below the rate");
         let at = at + LULL_PROBE * 10;
         let base = base + 9 * LULL_RECORDS_MAX;
-        assert!(watch.burst(base + 10 * LULL_RECORDS_MAX, at + LULL_PROBE * 10), "at the rate");
-        assert!(!watch.burst(0, at + LULL_PROBE * 30), "an LSN that went back is no burst");
+        assert!(watch.burst(|| base + 10 * LULL_RECORDS_MAX, at + LULL_PROBE * 10), "at the rate");
+        assert!(!watch.burst(|| 0, at + LULL_PROBE * 30), "an LSN that went back is no burst");
     }
 }
