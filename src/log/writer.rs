@@ -11,7 +11,8 @@
 //!    after that ("Spinning waiters" in docs/ARCHITECTURE.md). A spin stops at a yield that
 //!    comes back late (the CPU is busy with other work), and a stream of those holds spinning
 //!    off for a while.
-//!    A gathering leader (step 3) spins the same way while waiters spin.
+//!    A gathering leader (step 3) spins the same way while waiters spin, and the arrival that
+//!    completes its group takes its place and leads (the old leader becomes a waiter).
 //! 3. The leader *gathers*: if the last group synced, it waits (at most half that sync's time)
 //!    until as many requests are queued as the last group held plus those that queued during
 //!    its sync, so that appenders acknowledged together commit together again.
@@ -210,6 +211,28 @@ struct CommitState {
     gather_budget: Duration,
     /// Whether a leader is waiting for arrivals.
     gathering: bool,
+    /// The gather (numbered from `gathers`) whose leader is spinning, without the commit lock,
+    /// until `gather_target` requests are queued; the arrival that completes them takes its
+    /// place. `None` once it ended or was taken over.
+    spin_gathering: Option<u64>,
+    /// How many queued requests the spinning gatherer waits for.
+    gather_target: usize,
+    /// Spinning gathers started so far: each one's number.
+    gathers: u64,
+    /// The gathers an arrival took over whose leaders have not yet come back under the lock
+    /// (at most two: a taken-over leader may still be spinning while its successor gathers and
+    /// is taken over in turn). Each leader looks for its own number, so that it never takes
+    /// another's answer.
+    taken_over: Vec<u64>,
+}
+
+/// How [`Writer::lead`] ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Led {
+    /// The group holding the leader's own request was committed and acknowledged.
+    OwnGroup,
+    /// While it gathered, the arrival that completed its group took its place.
+    TakenOver,
 }
 
 /// The leader's own state: the active segment being written. Locked only by the leader.
@@ -377,22 +400,39 @@ impl Writer {
         if commit.gathering && commit.queue.len() >= commit.expected_group {
             self.arrivals.notify_one();
         }
-        if commit.leader_active {
-            drop(commit);
-            let (answer, waited) = slot.wait(self.spin_now());
-            if waited.slow_yield {
-                self.note_slow_yield();
-            }
-            self.metrics.record_commit_wait(waited.slept);
-            if let Some(result) = answer {
-                return result;
-            }
-            commit = self.commit.lock();
-        } else {
+        let mut lead_now = if !commit.leader_active {
             commit.leader_active = true;
+            true
+        } else if let Some(gather) = commit.spin_gathering.filter(|_| commit.queue.len() >= commit.gather_target) {
+            // This arrival completes the group a leader is spinning for: it commits the group
+            // itself at once, instead of leaving it to the leader's next turn on the CPU
+            // ("Spinning waiters" in docs/ARCHITECTURE.md). The leader becomes a waiter.
+            commit.spin_gathering = None;
+            commit.taken_over.push(gather);
+            true
+        } else {
+            false
+        };
+        let mut commit = Some(commit);
+        loop {
+            if !lead_now {
+                drop(commit.take());
+                let (answer, waited) = slot.wait(self.spin_now());
+                if waited.slow_yield {
+                    self.note_slow_yield();
+                }
+                self.metrics.record_commit_wait(waited.slept);
+                if let Some(result) = answer {
+                    return result;
+                }
+                // Handed leadership.
+            }
+            let guard = commit.take().unwrap_or_else(|| self.commit.lock());
+            match self.lead(guard, &slot) {
+                Led::OwnGroup => return slot.take_done().expect("the leader leads until its own slot is filled"),
+                Led::TakenOver => lead_now = false,
+            }
         }
-        self.lead(commit, &slot);
-        slot.take_done().expect("the leader leads until its own slot is filled")
     }
 
     /// How long a waiter or gatherer spins now: [`spin_for`] of the last sync, or nothing while
@@ -452,10 +492,13 @@ impl Writer {
     }
 
     /// Commits groups until the one holding `own` is done, then hands leadership on and
-    /// acknowledges that last group. Takes the commit lock and releases it.
-    fn lead<'a>(&'a self, mut commit: MutexGuard<'a, CommitState>, own: &Arc<Slot>) {
+    /// acknowledges that last group; or stops when, while it gathered, an arrival took its
+    /// place (its request is then still queued). Takes the commit lock and releases it.
+    fn lead<'a>(&'a self, mut commit: MutexGuard<'a, CommitState>, own: &Arc<Slot>) -> Led {
         loop {
-            self.gather(&mut commit);
+            if self.gather(&mut commit) {
+                return Led::TakenOver;
+            }
             let mut leader = self.leader.lock();
             let mut group = Self::take_group(&mut commit, &leader);
             let refused = Self::check_open(&commit).err();
@@ -490,7 +533,7 @@ impl Writer {
             drop(commit);
             Self::acknowledge(group, outcome.map_err(|failure| failure.error));
             if own_group {
-                return;
+                return Led::OwnGroup;
             }
             commit = self.commit.lock();
         }
@@ -499,23 +542,36 @@ impl Writer {
     /// Waits, at most the gather budget, until as many requests are queued as the next group is
     /// expected to hold. Concurrent appenders acknowledged together come back together; without
     /// this they split into two cohorts that alternate, each syncing half as many appends.
-    /// While waiters spin, the leader spins too (yielding, without the commit lock), so that
-    /// the arrival completing its group need not wake it.
-    fn gather(&self, commit: &mut MutexGuard<'_, CommitState>) {
+    /// While waiters spin, the leader spins too (yielding, without the commit lock), and the
+    /// arrival completing its group takes its place: returns whether that happened (the caller
+    /// then no longer leads).
+    fn gather(&self, commit: &mut MutexGuard<'_, CommitState>) -> bool {
         let target = commit.expected_group.min(limits::COMMIT_QUEUE_DEPTH_MAX);
         if commit.queue.len() >= target || commit.gather_budget.is_zero() {
-            return;
+            return false;
         }
         let deadline = Instant::now() + commit.gather_budget;
         if !self.spin_now().is_zero() {
-            // Only this leader takes requests from the queue, so its length only grows meanwhile.
+            // Only a leader takes requests from the queue, so its length only grows meanwhile.
             self.queue_len.store(commit.queue.len(), Ordering::Release);
+            commit.gathers += 1;
+            let gather = commit.gathers;
+            commit.spin_gathering = Some(gather);
+            commit.gather_target = target;
             MutexGuard::unlocked(commit, || {
                 if spin_until(deadline, || self.queue_len.load(Ordering::Acquire) >= target) == SpinEnd::SlowYield {
                     self.note_slow_yield();
                 }
             });
-            return;
+            // IMPORTANT: back under the lock, exactly one of this gatherer and an arrival leads:
+            // the arrival took over only while `spin_gathering` named this gather, and then
+            // recorded its number. A successor's gather is left alone.
+            if commit.spin_gathering == Some(gather) {
+                commit.spin_gathering = None;
+            }
+            let Some(at) = commit.taken_over.iter().position(|taken| *taken == gather) else { return false };
+            commit.taken_over.swap_remove(at);
+            return true;
         }
         commit.gathering = true;
         while commit.queue.len() < target && !commit.closed {
@@ -524,6 +580,7 @@ impl Writer {
             }
         }
         commit.gathering = false;
+        false
     }
 
     /// Takes the next group from the front of the queue: as many members as fit in the active
