@@ -516,6 +516,10 @@ fn a_bursting_agent_is_snapshotted_at_most_once_a_second_and_its_newest_atom_aft
 /// each other's groups, and when other processes take the CPU those waits leave gaps of over
 /// 10 ms: real lulls, in which a snapshot may be written. Measured with three busy loops on
 /// two cores: two burst threads failed this test six times in six, one passed six in six.)
+/// The burst is paced (50 atoms, then a 1 ms sleep: tens of thousands a second, far above a
+/// lull's 6,400 records a second) so that it never fills the 64 MiB segment: unpaced it began
+/// about a million atoms a second, and the segment's rotation near the end of the burst
+/// stalled it for 10-12 ms in nearly every run, a real lull that failed 3 runs in 19.
 #[test]
 fn policy_snapshots_wait_until_a_burst_of_atoms_ends() {
     let sim = SimStorage::new(23);
@@ -535,9 +539,13 @@ fn policy_snapshots_wait_until_a_burst_of_atoms_ends() {
             let run = store.create_run(RunSpec::new("burst")).expect("run");
             let mut i = 0;
             while started.elapsed() < burst {
-                store.begin_atom(run, "burst", &format!("step-{i}"), &[], "").expect("begin");
-                i += 1;
+                for _ in 0..50 {
+                    store.begin_atom(run, "burst", &format!("step-{i}"), &[], "").expect("begin");
+                    i += 1;
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
+            assert_eq!(store.log().segments().len(), 1, "the burst stayed in one segment");
         });
         std::thread::sleep(Duration::from_millis(50));
         let mut ids = Vec::new();
