@@ -4,6 +4,7 @@ use proptest::prelude::*;
 
 use super::proto::*;
 use super::*;
+use crate::store::AtomId;
 use crate::synthetic::Transcript;
 
 fn sample_records(seed: u64) -> Vec<StoreRecord> {
@@ -182,6 +183,25 @@ proptest! {
         let codec = Codec::compressing_from(64);
         let record = StoreRecord::AtomCompleted(AtomCompleted { atom, delta: Some(delta), result, ended_at_unix_us: atom / 3 });
         prop_assert_eq!(codec.decode(&codec.encode(&record)), Ok(record));
+    }
+
+    #[test]
+    fn the_borrowed_start_encoding_equals_the_owned_one(
+        atom in prop_oneof![Just(0u64), 1u64..300, any::<u64>()],
+        run in prop_oneof![Just(0u64), 1u64..300, any::<u64>()],
+        agent in ".{0,12}",
+        key in ".{0,40}",
+        parents in proptest::collection::vec(prop_oneof![0u64..300, any::<u64>()], 0..6),
+        idempotency_key in ".{0,12}",
+        started in prop_oneof![Just(0u64), 1u64..300, any::<u64>()],
+    ) {
+        let codec = Codec::compressing_from(64);
+        let ids: Vec<AtomId> = parents.iter().map(|parent| AtomId(*parent)).collect();
+        let parts = StartParts { atom, run, agent: &agent, key: &key, parents: &ids, idempotency_key: &idempotency_key, started_at_unix_us: started };
+        let borrowed = codec.encode_start(&parts);
+        let owned = StoreRecord::AtomStarted(AtomStarted { atom, run, agent, key, parents, idempotency_key, started_at_unix_us: started });
+        prop_assert_eq!(&borrowed, &codec.encode(&owned));
+        prop_assert_eq!(codec.decode(&borrowed), Ok(owned));
     }
 
     #[test]

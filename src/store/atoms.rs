@@ -1,9 +1,11 @@
 //! The atom protocol: begin, complete, fail, execute, reads, and resume.
 
+use std::sync::atomic::Ordering;
+
 use prost::Message;
 
 use crate::codec::proto::{self, Delta};
-use crate::codec::{self, StoreRecord};
+use crate::codec::{self, StartParts, StoreRecord};
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -57,6 +59,11 @@ impl Training {
     /// Nothing left to train (the final dictionary exists, or the store is read-only).
     pub fn done() -> Self {
         Self::new(TrainingStage::Done)
+    }
+
+    /// Whether nothing is left to sample.
+    pub fn is_done(&self) -> bool {
+        self.stage == TrainingStage::Done
     }
 }
 
@@ -133,7 +140,15 @@ impl Store {
     ) -> Result<AtomId> {
         let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
         let now = now_us();
-        let started = self.shared.codec.encode(&start_record(atom, run, agent, key, parents, idempotency_key, now));
+        let started = self.shared.codec.encode_start(&StartParts {
+            atom: atom.0,
+            run: run.0,
+            agent,
+            key,
+            parents,
+            idempotency_key,
+            started_at_unix_us: now,
+        });
         // Sampled before encoding, as `complete_atom` does: a dictionary trained here is
         // appended before the records it compresses.
         self.sample_for_dictionary(&output.delta);
@@ -468,6 +483,9 @@ impl Store {
     /// takes tens of milliseconds, so a store with a background thread hands the samples to
     /// it instead of making one atom's completion wait (see `docs/ARCHITECTURE.md`, "Codec").
     fn sample_for_dictionary(&self, delta: &Delta) {
+        if self.shared.training_done.load(Ordering::Acquire) {
+            return;
+        }
         let (samples, bytes) = {
             let mut training = self.shared.training.lock();
             let segment_bytes = self.shared.log.config().segment_bytes;
@@ -490,6 +508,7 @@ impl Store {
                 (training.samples.clone(), bytes)
             } else {
                 training.stage = TrainingStage::Done;
+                self.shared.training_done.store(true, Ordering::Release);
                 training.bytes = 0;
                 (std::mem::take(&mut training.samples), bytes)
             }

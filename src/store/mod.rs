@@ -199,6 +199,7 @@ impl Shared {
             codec,
             identity: index.identity,
             index: RwLock::new(index),
+            training_done: std::sync::atomic::AtomicBool::new(training.is_done()),
             training: Mutex::new(training),
             snapshots: Mutex::new(snapshots),
             policies,
@@ -413,6 +414,9 @@ pub(crate) struct Shared {
     identity: index::IdentityHasher,
     index: RwLock<StoreIndex>,
     training: Mutex<atoms::Training>,
+    /// Set once `training` reaches its last stage: completions then skip its lock (taken by
+    /// every completion otherwise, by all of a burst's writers at once).
+    training_done: std::sync::atomic::AtomicBool,
     /// Atoms with a snapshot file.
     snapshots: Mutex<std::collections::BTreeSet<u64>>,
     policies: policy::Policies,
