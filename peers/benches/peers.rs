@@ -422,6 +422,28 @@ impl Latency {
 // ---------------------------------------------------------------------------------------------
 // Workload 2: durable appends, 16 writers
 
+/// Workload 2's appends/s trial by trial, in round order (a round runs every engine's trial,
+/// then the ceilings', back to back).
+struct W2Rounds {
+    engines: Vec<(Engine, Vec<f64>)>,
+    ideal: Vec<f64>,
+}
+
+impl W2Rounds {
+    fn of(&self, engine: Engine) -> &[f64] {
+        self.engines.iter().find(|(e, _)| *e == engine).map(|(_, rates)| rates.as_slice()).expect("every engine ran")
+    }
+}
+
+/// Each round's `ours ÷ theirs`: the median over the rounds, the lowest and the highest. The
+/// trials of one round ran back to back, so a drift of the host's speed between rounds (it can
+/// halve every engine's rate for minutes) cancels out of these ratios.
+fn paired(ours: &[f64], theirs: &[f64]) -> (f64, f64, f64) {
+    let mut ratios: Vec<f64> = ours.iter().zip(theirs).map(|(ours, theirs)| ours / theirs).collect();
+    let (low, high) = ratios.iter().fold((f64::INFINITY, 0.0_f64), |(low, high), r| (low.min(*r), high.max(*r)));
+    (median(&mut ratios), low, high)
+}
+
 /// Workload 2's ceilings, measured with no engine (`continuum_peers::group_floor`): medians of
 /// the trials' appends per second.
 #[derive(Clone, Copy)]
@@ -545,6 +567,11 @@ fn durable_append_16(
         longest_settle = longest_settle.max(settle());
         ideal.push(group_floor::ideal_group_commit(&ceilings, WRITERS, rounds).expect("the ideal group commit runs"));
     }
+    // In round order, before the medians sort them: each round's trials ran back to back.
+    let rounds = W2Rounds {
+        engines: subjects.iter().zip(&rates).map(|(subject, rates)| (subject.engine, rates.clone())).collect(),
+        ideal: ideal.clone(),
+    };
     let ceilings = Ceilings { one_thread: median(&mut one_thread), ideal: median(&mut ideal) };
     let figures: Vec<(Engine, Latency)> = subjects
         .iter()
@@ -556,7 +583,7 @@ fn durable_append_16(
             (subject.engine, latency)
         })
         .collect();
-    report.durable_16(options, scale, &figures, ceilings, longest_settle);
+    report.durable_16(options, scale, &figures, ceilings, longest_settle, &rounds);
     for subject in subjects {
         subject.finish(DURABLE_16, report);
     }
@@ -991,6 +1018,7 @@ impl Report {
         figures: &[(Engine, Latency)],
         ceilings: Ceilings,
         longest_settle: Duration,
+        rounds: &W2Rounds,
     ) {
         let find =
             |engine: Engine| figures.iter().find(|(e, _)| *e == engine).map(|(_, l)| *l).expect("every engine ran");
@@ -1046,6 +1074,30 @@ impl Report {
             &ceiling_rows,
         ));
         lines.push(idle);
+        let (log_rounds, store_rounds) = (rounds.of(Engine::ContinuumLog), rounds.of(Engine::ContinuumStore));
+        let cell = |(median, low, high): (f64, f64, f64)| format!("{} ({}–{})", times(median), times(low), times(high));
+        let share_cell = |(median, low, high): (f64, f64, f64)| {
+            format!("{:.0} % ({:.0}–{:.0} %)", 100.0 * median, 100.0 * low, 100.0 * high)
+        };
+        let mut paired_rows: Vec<Vec<String>> = figures
+            .iter()
+            .filter(|(engine, _)| !engine.is_continuum())
+            .map(|(engine, _)| {
+                let theirs = rounds.of(*engine);
+                vec![engine.name().to_owned(), cell(paired(log_rounds, theirs)), cell(paired(store_rounds, theirs))]
+            })
+            .collect();
+        paired_rows.push(vec![
+            "ideal group commit (share)".to_owned(),
+            share_cell(paired(log_rounds, &rounds.ideal)),
+            share_cell(paired(store_rounds, &rounds.ideal)),
+        ]);
+        lines.push(String::new());
+        lines.push(format!(
+            "paired ratios (not the goals' figures, which are the ratios of the medians above): each round's continuum trial ÷ the same round's trial of the other, median over the {} rounds (lowest–highest)",
+            log_rounds.len()
+        ));
+        lines.extend(table(&["against", "log ÷ it", "store ÷ it"], &paired_rows));
         let goals = [
             format!(
                 "W2 log: {} raft-engine (goal ≥ 2: {}), {} SQLite (goal ≥ 14: {})",
