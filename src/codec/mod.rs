@@ -349,8 +349,9 @@ impl Codec {
 
     /// Encodes an `AtomStarted` record from borrowed parts: the same bytes as
     /// [`Codec::encode`] of the owned record (fields in number order, defaults omitted,
-    /// parents packed, as prost writes them), without copying the strings and parents into
-    /// a record first (five allocations fewer per atom on the append path).
+    /// parents packed, as prost writes them), without copying agent, key, parents and
+    /// idempotency key into a record first (up to four allocations fewer per atom on the
+    /// append path).
     pub fn encode_start(&self, start: &StartParts<'_>) -> Vec<u8> {
         use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, uint64};
         let text = |tag: u32, value: &str, body: &mut Vec<u8>| {
