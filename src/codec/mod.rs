@@ -7,6 +7,7 @@
 //! allocates more than [`limits::RECORD_DECOMPRESSED_BYTES_MAX`].
 
 mod compressors;
+mod delta_encode;
 pub(crate) mod delta_view;
 pub(crate) mod envelope;
 pub(crate) mod wire;
@@ -330,12 +331,16 @@ impl Codec {
     /// Encodes an `AtomCompleted` record from borrowed parts: the same bytes as
     /// [`Codec::encode`] of the owned record, without cloning the delta on the hot path.
     pub fn encode_completion(&self, atom: u64, delta: &proto::Delta, result: &[u8], ended_at_unix_us: u64) -> Vec<u8> {
-        use prost::encoding::{WireType, encode_key, encode_varint, message, uint64};
-        let mut body = Vec::with_capacity(delta.encoded_len() + result.len() + 32);
+        use prost::encoding::{WireType, encode_key, encode_varint, uint64};
+        let delta_len = delta_encode::encoded_len(delta);
+        let mut body = Vec::with_capacity(delta_len + result.len() + 32);
         if atom != 0 {
             uint64::encode(1, &atom, &mut body);
         }
-        message::encode(2, delta, &mut body);
+        // The delta by hand (`delta_encode`): prost's bytes at about half the instructions.
+        encode_key(2, WireType::LengthDelimited, &mut body);
+        encode_varint(delta_len as u64, &mut body);
+        delta_encode::encode(delta, &mut body);
         if !result.is_empty() {
             encode_key(3, WireType::LengthDelimited, &mut body);
             encode_varint(result.len() as u64, &mut body);
