@@ -247,6 +247,12 @@ fn decode_message<M: Message + Default>(body: &[u8]) -> Result<M, CodecError> {
     M::decode(body).map_err(|_| CodecError::Protobuf)
 }
 
+/// Writes the key and length of length-delimited field `tag` holding `len` bytes.
+fn put_bytes_header(out: &mut Vec<u8>, tag: u32, len: usize) {
+    prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, out);
+    prost::encoding::encode_varint(len as u64, out);
+}
+
 /// The parts of an `AtomStarted` record, borrowed from the caller ([`Codec::encode_start`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StartParts<'a> {
@@ -331,24 +337,43 @@ impl Codec {
     /// Encodes an `AtomCompleted` record from borrowed parts: the same bytes as
     /// [`Codec::encode`] of the owned record, without cloning the delta on the hot path.
     pub fn encode_completion(&self, atom: u64, delta: &proto::Delta, result: &[u8], ended_at_unix_us: u64) -> Vec<u8> {
-        use prost::encoding::{WireType, encode_key, encode_varint, uint64};
+        use prost::encoding::{encoded_len_varint, uint64};
         let delta_len = delta_encode::encoded_len(delta);
-        let mut body = Vec::with_capacity(delta_len + result.len() + 32);
-        if atom != 0 {
-            uint64::encode(1, &atom, &mut body);
+        let varint_field = |value: u64| if value == 0 { 0 } else { 1 + encoded_len_varint(value) };
+        let bytes_field = |len: usize| 1 + encoded_len_varint(len as u64) + len;
+        let body_len = varint_field(atom)
+            + bytes_field(delta_len)
+            + if result.is_empty() { 0 } else { bytes_field(result.len()) }
+            + varint_field(ended_at_unix_us);
+        let put_body = |out: &mut Vec<u8>| {
+            if atom != 0 {
+                uint64::encode(1, &atom, out);
+            }
+            // The delta by hand (`delta_encode`): prost's bytes at about half the instructions.
+            put_bytes_header(out, 2, delta_len);
+            delta_encode::encode(delta, out);
+            if !result.is_empty() {
+                put_bytes_header(out, 3, result.len());
+                out.extend_from_slice(result);
+            }
+            if ended_at_unix_us != 0 {
+                uint64::encode(4, &ended_at_unix_us, out);
+            }
+        };
+        if body_len < self.compress_from.0 {
+            // Stored plain (what `wrap` does below its threshold): the body is written straight
+            // after the envelope's header, not encoded apart and copied.
+            let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body_len);
+            envelope::write_header(&mut out, kind::ATOM_COMPLETED, SCHEMA_VERSION, atom, Compression::None);
+            let header_len = out.len();
+            put_body(&mut out);
+            debug_assert_eq!(out.len() - header_len, body_len, "the body's length was computed before it was written");
+            self.encoded_raw_bytes.fetch_add(body_len as u64, Ordering::Relaxed);
+            self.encoded_stored_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+            return out;
         }
-        // The delta by hand (`delta_encode`): prost's bytes at about half the instructions.
-        encode_key(2, WireType::LengthDelimited, &mut body);
-        encode_varint(delta_len as u64, &mut body);
-        delta_encode::encode(delta, &mut body);
-        if !result.is_empty() {
-            encode_key(3, WireType::LengthDelimited, &mut body);
-            encode_varint(result.len() as u64, &mut body);
-            body.extend_from_slice(result);
-        }
-        if ended_at_unix_us != 0 {
-            uint64::encode(4, &ended_at_unix_us, &mut body);
-        }
+        let mut body = Vec::with_capacity(body_len);
+        put_body(&mut body);
         self.wrap(kind::ATOM_COMPLETED, atom, &body, true)
     }
 

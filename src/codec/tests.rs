@@ -212,19 +212,30 @@ proptest! {
 
 #[test]
 fn the_borrowed_completion_encoding_equals_the_owned_one() {
-    let codec = Codec::compressing_from(64);
-    let mut transcript = Transcript::new(11);
-    for (atom, result, ended) in [(1u64, b"ok".to_vec(), 5u64), (0, Vec::new(), 0), (u64::MAX, vec![0; 300], 1)] {
-        let delta = transcript.next_delta(500);
-        let owned = StoreRecord::AtomCompleted(AtomCompleted {
-            atom,
-            delta: Some(delta.clone()),
-            result: result.clone(),
-            ended_at_unix_us: ended,
-        });
-        let borrowed = codec.encode_completion(atom, &delta, &result, ended);
-        assert_eq!(borrowed, codec.encode(&owned));
-        assert_eq!(codec.decode(&borrowed), Ok(owned));
+    // Bodies below the default codec's threshold are written straight into their envelope;
+    // the others (all of them with the first codec, the 4 KB one with the second) go through
+    // `wrap` and are compressed.
+    let cases = [
+        (1u64, b"ok".to_vec(), 5u64, 500),
+        (0, Vec::new(), 0, 500),
+        (u64::MAX, vec![0; 300], 1, 500),
+        (7, vec![1; 3], u64::MAX, 4_000),
+        (1 << 20, Vec::new(), 9, 100),
+    ];
+    for codec in [Codec::compressing_from(64), Codec::default()] {
+        let mut transcript = Transcript::new(11);
+        for (atom, result, ended, delta_bytes) in cases.clone() {
+            let delta = transcript.next_delta(delta_bytes);
+            let owned = StoreRecord::AtomCompleted(AtomCompleted {
+                atom,
+                delta: Some(delta.clone()),
+                result: result.clone(),
+                ended_at_unix_us: ended,
+            });
+            let borrowed = codec.encode_completion(atom, &delta, &result, ended);
+            assert_eq!(borrowed, codec.encode(&owned));
+            assert_eq!(codec.decode(&borrowed), Ok(owned));
+        }
     }
 }
 
