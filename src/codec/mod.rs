@@ -253,6 +253,16 @@ fn put_bytes_header(out: &mut Vec<u8>, tag: u32, len: usize) {
     prost::encoding::encode_varint(len as u64, out);
 }
 
+/// Bytes of a length-delimited field holding `len` bytes (tags below 16).
+fn bytes_field_len(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+/// Bytes of a `uint64` field (tags below 16): nothing when zero, the proto3 default.
+fn varint_field_len(value: u64) -> usize {
+    if value == 0 { 0 } else { 1 + prost::encoding::encoded_len_varint(value) }
+}
+
 /// The parts of an `AtomStarted` record, borrowed from the caller ([`Codec::encode_start`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StartParts<'a> {
@@ -337,15 +347,13 @@ impl Codec {
     /// Encodes an `AtomCompleted` record from borrowed parts: the same bytes as
     /// [`Codec::encode`] of the owned record, without cloning the delta on the hot path.
     pub fn encode_completion(&self, atom: u64, delta: &proto::Delta, result: &[u8], ended_at_unix_us: u64) -> Vec<u8> {
-        use prost::encoding::{encoded_len_varint, uint64};
+        use prost::encoding::uint64;
         let delta_len = delta_encode::encoded_len(delta);
-        let varint_field = |value: u64| if value == 0 { 0 } else { 1 + encoded_len_varint(value) };
-        let bytes_field = |len: usize| 1 + encoded_len_varint(len as u64) + len;
-        let body_len = varint_field(atom)
-            + bytes_field(delta_len)
-            + if result.is_empty() { 0 } else { bytes_field(result.len()) }
-            + varint_field(ended_at_unix_us);
-        let put_body = |out: &mut Vec<u8>| {
+        let body_len = varint_field_len(atom)
+            + bytes_field_len(delta_len)
+            + if result.is_empty() { 0 } else { bytes_field_len(result.len()) }
+            + varint_field_len(ended_at_unix_us);
+        self.wrap_written(kind::ATOM_COMPLETED, atom, body_len, |out| {
             if atom != 0 {
                 uint64::encode(1, &atom, out);
             }
@@ -359,22 +367,26 @@ impl Codec {
             if ended_at_unix_us != 0 {
                 uint64::encode(4, &ended_at_unix_us, out);
             }
-        };
-        if body_len < self.compress_from.0 {
-            // Stored plain (what `wrap` does below its threshold): the body is written straight
-            // after the envelope's header, not encoded apart and copied.
-            let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body_len);
-            envelope::write_header(&mut out, kind::ATOM_COMPLETED, SCHEMA_VERSION, atom, Compression::None);
-            let header_len = out.len();
-            put_body(&mut out);
-            debug_assert_eq!(out.len() - header_len, body_len, "the body's length was computed before it was written");
-            self.encoded_raw_bytes.fetch_add(body_len as u64, Ordering::Relaxed);
-            self.encoded_stored_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
-            return out;
+        })
+    }
+
+    /// Puts the body that `put_body` writes (`body_len` bytes) in an envelope, as
+    /// [`Codec::wrap`] would: a body stored plain (below the compression threshold) is written
+    /// straight after the envelope's header instead of apart and then copied.
+    fn wrap_written(&self, kind: u8, subject: u64, body_len: usize, put_body: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+        if body_len >= self.compress_from.0 {
+            let mut body = Vec::with_capacity(body_len);
+            put_body(&mut body);
+            return self.wrap(kind, subject, &body, true);
         }
-        let mut body = Vec::with_capacity(body_len);
-        put_body(&mut body);
-        self.wrap(kind::ATOM_COMPLETED, atom, &body, true)
+        let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body_len);
+        envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, Compression::None);
+        let header_len = out.len();
+        put_body(&mut out);
+        debug_assert_eq!(out.len() - header_len, body_len, "the body's length was computed before it was written");
+        self.encoded_raw_bytes.fetch_add(body_len as u64, Ordering::Relaxed);
+        self.encoded_stored_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+        out
     }
 
     /// Encodes an `AtomStarted` record from borrowed parts: the same bytes as
@@ -383,37 +395,42 @@ impl Codec {
     /// idempotency key into a record first (up to four allocations fewer per atom on the
     /// append path).
     pub fn encode_start(&self, start: &StartParts<'_>) -> Vec<u8> {
-        use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, uint64};
-        let text = |tag: u32, value: &str, body: &mut Vec<u8>| {
+        use prost::encoding::{encoded_len_varint, uint64};
+        let text_len = |value: &str| if value.is_empty() { 0 } else { bytes_field_len(value.len()) };
+        let text = |out: &mut Vec<u8>, tag: u32, value: &str| {
             if !value.is_empty() {
-                encode_key(tag, WireType::LengthDelimited, body);
-                encode_varint(value.len() as u64, body);
-                body.extend_from_slice(value.as_bytes());
+                put_bytes_header(out, tag, value.len());
+                out.extend_from_slice(value.as_bytes());
             }
         };
         let parents_len: usize = start.parents.iter().map(|parent| encoded_len_varint(parent.0)).sum();
-        let mut body =
-            Vec::with_capacity(start.agent.len() + start.key.len() + start.idempotency_key.len() + parents_len + 48);
-        if start.atom != 0 {
-            uint64::encode(1, &start.atom, &mut body);
-        }
-        if start.run != 0 {
-            uint64::encode(2, &start.run, &mut body);
-        }
-        text(3, start.agent, &mut body);
-        text(4, start.key, &mut body);
-        if !start.parents.is_empty() {
-            encode_key(5, WireType::LengthDelimited, &mut body);
-            encode_varint(parents_len as u64, &mut body);
-            for parent in start.parents {
-                encode_varint(parent.0, &mut body);
+        let body_len = varint_field_len(start.atom)
+            + varint_field_len(start.run)
+            + text_len(start.agent)
+            + text_len(start.key)
+            + if start.parents.is_empty() { 0 } else { bytes_field_len(parents_len) }
+            + text_len(start.idempotency_key)
+            + varint_field_len(start.started_at_unix_us);
+        self.wrap_written(kind::ATOM_STARTED, start.atom, body_len, |out| {
+            if start.atom != 0 {
+                uint64::encode(1, &start.atom, out);
             }
-        }
-        text(6, start.idempotency_key, &mut body);
-        if start.started_at_unix_us != 0 {
-            uint64::encode(7, &start.started_at_unix_us, &mut body);
-        }
-        self.wrap(kind::ATOM_STARTED, start.atom, &body, true)
+            if start.run != 0 {
+                uint64::encode(2, &start.run, out);
+            }
+            text(out, 3, start.agent);
+            text(out, 4, start.key);
+            if !start.parents.is_empty() {
+                put_bytes_header(out, 5, parents_len);
+                for parent in start.parents {
+                    prost::encoding::encode_varint(parent.0, out);
+                }
+            }
+            text(out, 6, start.idempotency_key);
+            if start.started_at_unix_us != 0 {
+                uint64::encode(7, &start.started_at_unix_us, out);
+            }
+        })
     }
 
     /// Bytes of protobuf bodies encoded so far, and of the envelopes they became.
