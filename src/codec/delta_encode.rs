@@ -5,7 +5,8 @@
 //! the appending thread; prost took about 2,900 instructions for a 510-byte delta there
 //! (`BENCHMARKS.md` §8, session 13). Tests check the bytes against prost's for random deltas of
 //! every shape. Every struct is destructured field by field, so a field added to the schema
-//! fails to compile here until it is encoded.
+//! fails to compile here until it is encoded. Its field writers also write the start and
+//! completion records around the delta (`Codec::encode_start`, `Codec::encode_completion`).
 
 use crate::codec::proto::state_change::Change;
 use crate::codec::proto::{
@@ -25,12 +26,12 @@ fn key(tag: u8, wire: u8) -> u8 {
 }
 
 #[inline]
-fn varint_len(value: u64) -> usize {
+pub(super) fn varint_len(value: u64) -> usize {
     prost::encoding::encoded_len_varint(value)
 }
 
 #[inline]
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+pub(super) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;
@@ -40,24 +41,31 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
 
 /// Bytes of a length-delimited field holding `len` bytes.
 #[inline]
-fn field_len(len: usize) -> usize {
+pub(super) fn field_len(len: usize) -> usize {
     1 + varint_len(len as u64) + len
 }
 
 /// Bytes of a string or bytes field: nothing when empty (the proto3 default).
 #[inline]
-fn text_len(value: &[u8]) -> usize {
+pub(super) fn text_len(value: &[u8]) -> usize {
     if value.is_empty() { 0 } else { field_len(value.len()) }
 }
 
 /// Bytes of a `uint32` field: nothing when zero.
 #[inline]
 fn uint_len(value: u32) -> usize {
-    if value == 0 { 0 } else { 1 + varint_len(u64::from(value)) }
+    uint64_len(u64::from(value))
 }
 
+/// Bytes of a `uint64` field: nothing when zero.
 #[inline]
-fn put_field_header(out: &mut Vec<u8>, tag: u8, len: usize) {
+pub(super) fn uint64_len(value: u64) -> usize {
+    if value == 0 { 0 } else { 1 + varint_len(value) }
+}
+
+/// Writes the key and the length of length-delimited field `tag` holding `len` bytes.
+#[inline]
+pub(super) fn put_field_header(out: &mut Vec<u8>, tag: u8, len: usize) {
     out.push(key(tag, LEN));
     put_varint(out, len as u64);
 }
@@ -68,8 +76,9 @@ fn put_bytes(out: &mut Vec<u8>, tag: u8, value: &[u8]) {
     out.extend_from_slice(value);
 }
 
+/// Writes a string or bytes field, unless it is empty.
 #[inline]
-fn put_text(out: &mut Vec<u8>, tag: u8, value: &[u8]) {
+pub(super) fn put_text(out: &mut Vec<u8>, tag: u8, value: &[u8]) {
     if !value.is_empty() {
         put_bytes(out, tag, value);
     }
@@ -77,9 +86,15 @@ fn put_text(out: &mut Vec<u8>, tag: u8, value: &[u8]) {
 
 #[inline]
 fn put_uint(out: &mut Vec<u8>, tag: u8, value: u32) {
+    put_uint64(out, tag, u64::from(value));
+}
+
+/// Writes a `uint64` field, unless it is zero.
+#[inline]
+pub(super) fn put_uint64(out: &mut Vec<u8>, tag: u8, value: u64) {
     if value != 0 {
         out.push(key(tag, VARINT));
-        put_varint(out, u64::from(value));
+        put_varint(out, value);
     }
 }
 
