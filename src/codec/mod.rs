@@ -247,6 +247,16 @@ fn decode_message<M: Message + Default>(body: &[u8]) -> Result<M, CodecError> {
     M::decode(body).map_err(|_| CodecError::Protobuf)
 }
 
+/// An envelope storing its body plain: the header, then the `body_len` bytes `put_body` writes.
+fn plain_envelope(kind: u8, subject: u64, body_len: usize, put_body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body_len);
+    envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, Compression::None);
+    let header_len = out.len();
+    put_body(&mut out);
+    debug_assert_eq!(out.len() - header_len, body_len, "the body's length was computed before it was written");
+    out
+}
+
 /// The parts of an `AtomStarted` record, borrowed from the caller ([`Codec::encode_start`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StartParts<'a> {
@@ -347,19 +357,14 @@ impl Codec {
     /// Puts the body that `put_body` writes (`body_len` bytes) in an envelope, as
     /// [`Codec::wrap`] would: a body stored plain (below the compression threshold) is written
     /// straight after the envelope's header instead of apart and then copied.
-    fn wrap_written(&self, kind: u8, subject: u64, body_len: usize, put_body: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+    fn wrap_written(&self, kind: u8, subject: u64, body_len: usize, put_body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
         if body_len >= self.compress_from.0 {
             let mut body = Vec::with_capacity(body_len);
             put_body(&mut body);
             return self.wrap(kind, subject, &body, true);
         }
-        let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body_len);
-        envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, Compression::None);
-        let header_len = out.len();
-        put_body(&mut out);
-        debug_assert_eq!(out.len() - header_len, body_len, "the body's length was computed before it was written");
-        self.encoded_raw_bytes.fetch_add(body_len as u64, Ordering::Relaxed);
-        self.encoded_stored_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+        let out = plain_envelope(kind, subject, body_len, put_body);
+        self.count_encoded(body_len, out.len());
         out
     }
 
@@ -405,9 +410,14 @@ impl Codec {
     /// Puts `body` in an envelope, compressed when allowed and worthwhile.
     fn wrap(&self, kind: u8, subject: u64, body: &[u8], compressible: bool) -> Vec<u8> {
         let out = self.wrap_uncounted(kind, subject, body, compressible);
-        self.encoded_raw_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-        self.encoded_stored_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.count_encoded(body.len(), out.len());
         out
+    }
+
+    /// Counts an encoded body and the envelope it became ([`Codec::encoded_bytes`]).
+    fn count_encoded(&self, body_len: usize, stored_len: usize) {
+        self.encoded_raw_bytes.fetch_add(body_len as u64, Ordering::Relaxed);
+        self.encoded_stored_bytes.fetch_add(stored_len as u64, Ordering::Relaxed);
     }
 
     fn wrap_uncounted(&self, kind: u8, subject: u64, body: &[u8], compressible: bool) -> Vec<u8> {
@@ -417,10 +427,7 @@ impl Codec {
         {
             return out;
         }
-        let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body.len());
-        envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, Compression::None);
-        out.extend_from_slice(body);
-        out
+        plain_envelope(kind, subject, body.len(), |out| out.extend_from_slice(body))
     }
 
     /// The envelope with `body` compressed (with the current dictionary, if any) straight after

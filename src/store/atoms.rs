@@ -85,8 +85,17 @@ impl Store {
         idempotency_key: &str,
     ) -> Result<AtomId> {
         let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
-        let record = start_record(atom, run, agent, key, parents, idempotency_key, now_us());
-        let appended = self.append(&record, Durability::None);
+        let started_at_unix_us = now_us();
+        let record = self.shared.codec.encode_start(&StartParts {
+            atom: atom.0,
+            run: run.0,
+            agent,
+            key,
+            parents,
+            idempotency_key,
+            started_at_unix_us,
+        });
+        let appended = self.shared.log.append_with(&record, Durability::None);
         let mut index = self.shared.index.write();
         match appended {
             Ok(lsn) => {
@@ -590,27 +599,6 @@ impl Store {
         }
         self.begin_atom(run, agent, key, &[from], "")
     }
-}
-
-/// The `AtomStarted` record of `atom`.
-fn start_record(
-    atom: AtomId,
-    run: RunId,
-    agent: &str,
-    key: &str,
-    parents: &[AtomId],
-    idempotency_key: &str,
-    started_at_unix_us: u64,
-) -> StoreRecord {
-    StoreRecord::AtomStarted(proto::AtomStarted {
-        atom: atom.0,
-        run: run.0,
-        agent: agent.to_owned(),
-        key: key.to_owned(),
-        parents: parents.iter().map(|p| p.0).collect(),
-        idempotency_key: idempotency_key.to_owned(),
-        started_at_unix_us,
-    })
 }
 
 /// Frees the id and key [`Store::reserve_atom`] took for an atom whose start was not written.
