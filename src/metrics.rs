@@ -158,6 +158,8 @@ pub struct Metrics {
     snapshot_bytes: AtomicU64,
     snapshot_write_ns: Histogram,
     snapshot_fallbacks: AtomicU64,
+    rebuild_targeted_scans: AtomicU64,
+    rebuild_scan_fallbacks: AtomicU64,
     snapshot_lull_wait_ns: Histogram,
     snapshot_lull_timeouts: AtomicU64,
     index_rebuilds: AtomicU64,
@@ -204,6 +206,8 @@ impl Metrics {
             snapshot_bytes: AtomicU64::new(0),
             snapshot_write_ns: Histogram::default(),
             snapshot_fallbacks: AtomicU64::new(0),
+            rebuild_targeted_scans: AtomicU64::new(0),
+            rebuild_scan_fallbacks: AtomicU64::new(0),
             snapshot_lull_wait_ns: Histogram::default(),
             snapshot_lull_timeouts: AtomicU64::new(0),
             index_rebuilds: AtomicU64::new(0),
@@ -308,6 +312,15 @@ impl Metrics {
         add(&self.snapshot_fallbacks, count);
     }
 
+    /// A rebuild read its run's records at the LSNs its index holds for them; `fell_back`: the
+    /// log did not hold them all there, and it scanned the whole range instead.
+    pub(crate) fn record_targeted_scan(&self, fell_back: bool) {
+        add(&self.rebuild_targeted_scans, 1);
+        if fell_back {
+            add(&self.rebuild_scan_fallbacks, 1);
+        }
+    }
+
     /// The background thread waited `waited` for a lull in the appends before writing policy
     /// snapshots; `timed_out`: it gave up at its limit and wrote them anyway.
     pub(crate) fn record_snapshot_lull_wait(&self, waited: Duration, timed_out: bool) {
@@ -377,6 +390,8 @@ impl Metrics {
             snapshot_bytes: load(&self.snapshot_bytes),
             snapshot_write_ns: self.snapshot_write_ns.snapshot(),
             snapshot_fallbacks: load(&self.snapshot_fallbacks),
+            rebuild_targeted_scans: load(&self.rebuild_targeted_scans),
+            rebuild_scan_fallbacks: load(&self.rebuild_scan_fallbacks),
             snapshot_lull_wait_ns: self.snapshot_lull_wait_ns.snapshot(),
             snapshot_lull_timeouts: load(&self.snapshot_lull_timeouts),
             index_rebuilds: load(&self.index_rebuilds),
@@ -513,6 +528,13 @@ pub struct MetricsSnapshot {
     pub snapshot_write_ns: HistogramSnapshot,
     /// Snapshots a rebuild skipped because they failed verification.
     pub snapshot_fallbacks: u64,
+    /// Rebuild scans that read only their run's records, at the LSNs the store's index holds
+    /// for them, stepping over the other runs' (the run's records were at most half of the
+    /// range; docs/ARCHITECTURE.md, "Replay").
+    pub rebuild_targeted_scans: u64,
+    /// Those of them whose LSNs did not all hold the run's records (the index disagreed with
+    /// the log, which should never happen): each then scanned the whole range instead.
+    pub rebuild_scan_fallbacks: u64,
     /// How long the background thread waited for a lull in the appends before it wrote the
     /// policy snapshots it had taken (one value per wait).
     pub snapshot_lull_wait_ns: HistogramSnapshot,
@@ -560,7 +582,7 @@ impl MetricsSnapshot {
     /// `continuum_*_total`, histograms as summaries in seconds with 0.5 and 0.99 quantiles.
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, u64); 25] = [
+        let counters: [(&str, &str, u64); 27] = [
             ("records", "Records appended", self.records),
             ("record_bytes", "Bytes of frames appended (headers and padding included)", self.record_bytes),
             ("batches", "Batches appended", self.batches),
@@ -580,6 +602,12 @@ impl MetricsSnapshot {
             ("snapshot_writes", "Snapshot files written", self.snapshot_writes),
             ("snapshot_bytes", "Bytes of snapshot files written", self.snapshot_bytes),
             ("snapshot_fallbacks", "Snapshots skipped by rebuilds", self.snapshot_fallbacks),
+            ("rebuild_targeted_scans", "Rebuild scans that read only their run's records", self.rebuild_targeted_scans),
+            (
+                "rebuild_scan_fallbacks",
+                "Targeted rebuild scans that fell back to the whole range",
+                self.rebuild_scan_fallbacks,
+            ),
             (
                 "snapshot_lull_timeouts",
                 "Policy snapshot waits for a lull that reached their limit",

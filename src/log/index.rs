@@ -9,7 +9,7 @@ use bytes::Bytes;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
 use crate::log::inflated;
-use crate::log::record::{self, FRAME_HEADER_BYTES};
+use crate::log::record::{self, FRAME_HEADER_BYTES, FrameHeader};
 use crate::log::segment::SEGMENT_HEADER_BYTES;
 use crate::storage::{ReadView, StorageFile};
 
@@ -176,6 +176,38 @@ impl FrameCursor {
         };
         self.pos += header.frame_len() as u64;
         Ok(Some(FrameAt { first_lsn: header.first_lsn, record_count: header.record_count, payload }))
+    }
+
+    /// Moves forward to the last indexed frame at or before `lsn`, if that lies past the
+    /// cursor (never backward). A jump out of the read window starts the window small again,
+    /// so that hopping between scattered records reads little more than their frames.
+    pub fn skip_toward(&mut self, lsn: u64) {
+        let offset = self.meta.seek_offset(lsn);
+        if offset > self.pos {
+            if offset >= self.window_start + self.window.len() as u64 {
+                self.window_bytes = READ_WINDOW_BYTES_MIN;
+            }
+            self.pos = offset;
+        }
+    }
+
+    /// The next frame's header, verified, without reading its payload; `None` at the
+    /// published end. [`FrameCursor::next_frame`] reads that frame, [`FrameCursor::skip_frame`]
+    /// steps over it.
+    pub fn peek_header(&mut self) -> Result<Option<FrameHeader>> {
+        self.skip_gap();
+        if self.pos >= self.meta.data_end {
+            return Ok(None);
+        }
+        let (pos, salt) = (self.pos, self.meta.salt);
+        let header = record::decode_header(self.fetch(pos, FRAME_HEADER_BYTES)?, salt);
+        header.map(Some).map_err(|_| self.meta.corruption(pos, "frame header does not verify"))
+    }
+
+    /// Steps over the frame whose header [`FrameCursor::peek_header`] just returned, unread:
+    /// its payload is neither verified nor inflated.
+    pub fn skip_frame(&mut self, header: &FrameHeader) {
+        self.pos += header.frame_len() as u64;
     }
 
     /// The bytes the last frame's `payload` range indexes: the mapped segment, the read window

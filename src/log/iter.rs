@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use crate::error::Result;
 use crate::log::Lsn;
-use crate::log::index::{FrameCursor, ReadBatch, SegmentMeta};
+use crate::log::index::{FrameAt, FrameCursor, ReadBatch, SegmentMeta};
 use crate::log::record::read_u32_le;
 
 /// Iterator over `(LSN, record)` pairs, oldest first, up to the newest record published when
@@ -178,28 +178,92 @@ pub(crate) fn visit(
         }
         let mut cursor = FrameCursor::seek(meta, from);
         while let Some(frame) = cursor.next_frame()? {
-            let source = cursor.source();
-            let (mut at, mut lsn) = (frame.payload.start, frame.first_lsn);
-            for _ in 0..frame.record_count {
-                let Some(len) =
-                    source.get(at..at + RECORD_LEN_BYTES).filter(|_| at + RECORD_LEN_BYTES <= frame.payload.end)
-                else {
-                    return Err(cursor.corruption_here("a record runs past its frame"));
-                };
-                let start = at + RECORD_LEN_BYTES;
-                let end = start + read_u32_le(len, 0) as usize;
-                if end > frame.payload.end {
-                    return Err(cursor.corruption_here("a record runs past its frame"));
-                }
+            let go_on = frame_records(&cursor, &frame, |lsn, record| {
                 if lsn > to {
-                    return Ok(());
+                    return Ok(false);
                 }
-                if lsn >= from && !visit(lsn, RecordRef { source, start, end })? {
-                    return Ok(());
-                }
-                (at, lsn) = (end, lsn + 1);
+                if lsn >= from { visit(lsn, record) } else { Ok(true) }
+            })?;
+            if !go_on {
+                return Ok(());
             }
         }
     }
     Ok(())
+}
+
+/// Calls `visit` with the record at each of `lsns` (ascending, without repeats) that
+/// `segments` hold, in order, until it returns `Ok(false)`; returns how many it visited. Only
+/// the frames holding one of them are read and verified; every other frame is stepped over on
+/// its verified header, and a gap between two of them wider than the sparse index's stride is
+/// crossed by seeking. LSNs the log does not hold are passed over.
+pub(crate) fn visit_lsns(
+    segments: Vec<SegmentMeta>,
+    lsns: &[u64],
+    mut visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
+) -> Result<usize> {
+    let mut wanted = lsns.iter().copied().peekable();
+    let mut visited = 0;
+    for meta in segments {
+        // LSNs below this segment are in none (truncated, or a range recovery skipped).
+        while wanted.next_if(|lsn| *lsn < meta.first_lsn).is_some() {}
+        let Some(&first) = wanted.peek() else { break };
+        if first >= meta.next_lsn {
+            continue;
+        }
+        let segment_end = meta.next_lsn;
+        let mut cursor = FrameCursor::seek(meta, first);
+        while let Some(&lsn) = wanted.peek().filter(|lsn| **lsn < segment_end) {
+            cursor.skip_toward(lsn);
+            let Some(header) = cursor.peek_header()? else { break };
+            if header.next_lsn() <= lsn {
+                cursor.skip_frame(&header);
+                continue;
+            }
+            if header.first_lsn > lsn {
+                // In no frame: a range recovery skipped.
+                wanted.next();
+                continue;
+            }
+            let Some(frame) = cursor.next_frame()? else { break };
+            let go_on = frame_records(&cursor, &frame, |at, record| {
+                if wanted.next_if_eq(&at).is_none() {
+                    return Ok(true);
+                }
+                visited += 1;
+                visit(at, record)
+            })?;
+            if !go_on {
+                return Ok(visited);
+            }
+        }
+    }
+    Ok(visited)
+}
+
+/// Calls `visit` with each record of `frame`, the frame `cursor` just read, until it returns
+/// `Ok(false)`; returns whether it went to the end.
+fn frame_records(
+    cursor: &FrameCursor,
+    frame: &FrameAt,
+    mut visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
+) -> Result<bool> {
+    let source = cursor.source();
+    let (mut at, mut lsn) = (frame.payload.start, frame.first_lsn);
+    for _ in 0..frame.record_count {
+        let Some(len) = source.get(at..at + RECORD_LEN_BYTES).filter(|_| at + RECORD_LEN_BYTES <= frame.payload.end)
+        else {
+            return Err(cursor.corruption_here("a record runs past its frame"));
+        };
+        let start = at + RECORD_LEN_BYTES;
+        let end = start + read_u32_le(len, 0) as usize;
+        if end > frame.payload.end {
+            return Err(cursor.corruption_here("a record runs past its frame"));
+        }
+        if !visit(lsn, RecordRef { source, start, end })? {
+            return Ok(false);
+        }
+        (at, lsn) = (end, lsn + 1);
+    }
+    Ok(true)
 }

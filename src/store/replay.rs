@@ -19,7 +19,7 @@ use crate::codec::{CodecError, RecordKind, StoreRecord};
 use crate::context::{Context, Rotation};
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::log::{HeldRange, HeldSources, Lsn};
+use crate::log::{HeldRange, HeldSources, Lsn, RecordRef};
 use crate::snapshot::{self, NameDurability};
 use crate::store::Store;
 use crate::store::index::{AtomEntry, EntryState};
@@ -130,6 +130,20 @@ impl RunMembers {
 /// A scan part covers at least this many LSNs (smaller scans are not split).
 const SCAN_PART_LSNS_MIN: u64 = 4096;
 
+/// A rebuild reads only its run's records, at the LSNs the index holds for them, when they are
+/// at most one in this many of the range it would otherwise scan (a run among others running
+/// beside it): the frames between are stepped over on their headers.
+const TARGETED_RANGE_RATIO: u64 = 2;
+
+/// What one part of a scan reads.
+#[derive(Clone, Copy)]
+enum ScanSpan<'a> {
+    /// Every record with an LSN in `from..=to`.
+    Range(u64, u64),
+    /// The records at these LSNs (ascending): the run's, of the atoms beside them.
+    Lsns(&'a [u64], &'a [u64]),
+}
+
 /// What one thread's part of a scan found: `(atom, start, len)` of each start record's parents
 /// in `parents`, and each completion record, as a range of one of `sources` (the segment maps
 /// or read windows it lies in, each held once: no reference count per record).
@@ -139,6 +153,8 @@ struct ScanPart {
     parents: Vec<u64>,
     completions: Vec<ScannedCompletion>,
     sources: HeldSources,
+    /// Records of the run's atoms it visited (failures included).
+    matched: usize,
 }
 
 /// A completion (or reclaimed completion) record found by a scan: its atom, its LSN and its
@@ -437,7 +453,7 @@ impl Store {
         // Only atoms after the snapshot matter: the rebuild stops at the snapshot. Atoms after
         // `atom` do not matter; the run's atoms between the floor and it bound the scan.
         let floor = after.unwrap_or(0);
-        let (in_run, from_lsn, to_lsn) = {
+        let (in_run, from_lsn, to_lsn, mut lsns) = {
             let index = self.shared.index.read();
             let entry = index.atom(atom).filter(|e| e.started_lsn != 0).ok_or(Error::UnknownAtom { atom: atom.0 })?;
             let run = entry.run;
@@ -453,20 +469,31 @@ impl Store {
             let span = atom.0 - floor;
             let dense_len = || usize::try_from(span).map_err(|_| Error::UnknownAtom { atom: atom.0 });
             let mut first = None::<u64>;
-            let mut note_start = |e: &AtomEntry| {
+            // The LSNs of the members' records, for a run whose records are a small part of
+            // the scanned range (see `TARGETED_RANGE_RATIO`).
+            let mut lsns = Vec::new();
+            let mut note_start = |at: usize, e: &AtomEntry| {
                 if e.started_lsn != 0 {
                     first = Some(first.map_or(e.started_lsn, |f| f.min(e.started_lsn)));
+                    lsns.push((e.started_lsn, at));
+                }
+                if e.ended_lsn != 0 {
+                    lsns.push((e.ended_lsn, at));
                 }
             };
             // The index's read lock is held while the span is walked, and every appending
             // thread waits for it: a span known to be dense is walked once, not counted first.
             let in_run = if span <= DENSE_SPAN_IDS_MAX && !force_sparse() {
-                RunMembers::dense(floor, dense_len()?, in_span().inspect(|(_, e)| note_start(e)).map(|(at, _)| at))
+                RunMembers::dense(
+                    floor,
+                    dense_len()?,
+                    in_span().inspect(|(at, e)| note_start(*at, e)).map(|(at, _)| at),
+                )
             } else {
                 let mut count = 0u64;
-                for (_, e) in in_span() {
+                for (at, e) in in_span() {
                     count += 1;
-                    note_start(e);
+                    note_start(at, e);
                 }
                 if span <= count.saturating_mul(SPARSE_AFTER_RATIO) && !force_sparse() {
                     RunMembers::dense(floor, dense_len()?, in_span().map(|(at, _)| at))
@@ -476,21 +503,51 @@ impl Store {
                     RunMembers { members: vec![true; ids.len()], slots: Slots::Sparse { ids } }
                 }
             };
-            (in_run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn))
+            (in_run, first.unwrap_or(entry.started_lsn), entry.started_lsn.max(entry.ended_lsn), lsns)
+        };
+        lsns.retain(|(lsn, _)| (from_lsn..=to_lsn).contains(lsn));
+        let range_lsns = to_lsn - from_lsn + 1;
+        let found = if (lsns.len() as u64).saturating_mul(TARGETED_RANGE_RATIO) <= range_lsns
+            && !self.force_full_range()
+        {
+            lsns.sort_unstable();
+            lsns.dedup_by_key(|(lsn, _)| *lsn);
+            let (lsns, atoms): (Vec<u64>, Vec<u64>) = lsns.into_iter().map(|(lsn, at)| (lsn, at as u64 + 1)).unzip();
+            let found = self.scan_parts(pool, lsns.len() as u64, &in_run, |i, parts| {
+                let step = lsns.len().div_ceil(parts);
+                let part = i * step..((i + 1) * step).min(lsns.len());
+                ScanSpan::Lsns(lsns.get(part.clone()).unwrap_or_default(), atoms.get(part).unwrap_or_default())
+            });
+            // Every LSN the index gave must hold one of the run's records; if not, the index
+            // and the log disagree, and the scan of the whole range does not depend on it.
+            let matched = found.iter().map(|part| part.as_ref().map_or(0, |part| part.matched)).sum::<usize>();
+            let agreed = found.iter().any(Result::is_err) || matched == lsns.len();
+            self.shared.log.metrics_handle().record_targeted_scan(!agreed);
+            if agreed {
+                Some(found)
+            } else {
+                tracing::warn!(
+                    atom = atom.0,
+                    matched,
+                    expected = lsns.len(),
+                    "the index's LSNs of a run's records did not all hold them: scanning the whole range"
+                );
+                None
+            }
+        } else {
+            None
+        };
+        let found = match found {
+            Some(found) => found,
+            // Split the LSN range evenly over the pool's threads; each part seeks to its start
+            // through the segments' sparse index.
+            None => self.scan_parts(pool, range_lsns, &in_run, |i, parts| {
+                let step = range_lsns.div_ceil(parts as u64);
+                let from = from_lsn + i as u64 * step;
+                ScanSpan::Range(from, (from + step - 1).min(to_lsn))
+            }),
         };
         let mut scan = RunScan::new(in_run.slots.clone());
-        // Split the LSN range evenly over the pool's threads; each part seeks to its start
-        // through the segments' sparse index.
-        let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads) as u64;
-        let parts = if to_lsn - from_lsn < SCAN_PART_LSNS_MIN * 2 { 1 } else { threads.max(1) };
-        let step = (to_lsn - from_lsn + 1).div_ceil(parts);
-        let ranges: Vec<(u64, u64)> =
-            (0..parts).map(|i| (from_lsn + i * step, (from_lsn + (i + 1) * step - 1).min(to_lsn))).collect();
-        let scan_all = || ranges.par_iter().map(|(from, to)| self.scan_range(*from, *to, &in_run)).collect();
-        let found: Vec<Result<ScanPart>> = match pool {
-            Some(pool) if parts > 1 => pool.install(scan_all),
-            _ => ranges.iter().map(|(from, to)| self.scan_range(*from, *to, &in_run)).collect(),
-        };
         let too_many = || Error::InvalidConfig { reason: "a rebuild's history has over 4 billion records".into() };
         let mut numbered = 0u32;
         for part in found {
@@ -512,27 +569,74 @@ impl Store {
         Ok(scan)
     }
 
-    /// The start and completion records of the run's atoms with LSNs in `from..=to`.
-    fn scan_range(&self, from: u64, to: u64, in_run: &RunMembers) -> Result<ScanPart> {
+    /// Whether tests made this store's rebuilds scan whole ranges.
+    fn force_full_range(&self) -> bool {
+        #[cfg(test)]
+        return self.shared.force_full_range.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(test))]
+        false
+    }
+
+    /// Scans a span of `len` LSNs in parts: `span(i, n)` is part `i` of `n` (one part for a
+    /// short span, else one per thread of `pool`, run on it).
+    fn scan_parts<'a>(
+        &self,
+        pool: Option<&rayon::ThreadPool>,
+        len: u64,
+        in_run: &RunMembers,
+        span: impl Fn(usize, usize) -> ScanSpan<'a> + Sync,
+    ) -> Vec<Result<ScanPart>> {
+        let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
+        let parts = if len <= SCAN_PART_LSNS_MIN * 2 { 1 } else { threads.max(1) };
+        let scan_all = || (0..parts).into_par_iter().map(|i| self.scan_range(span(i, parts), in_run)).collect();
+        match pool {
+            Some(pool) if parts > 1 => pool.install(scan_all),
+            _ => (0..parts).map(|i| self.scan_range(span(i, parts), in_run)).collect(),
+        }
+    }
+
+    /// The start and completion records of the run's atoms in `span`.
+    fn scan_range(&self, span: ScanSpan<'_>, in_run: &RunMembers) -> Result<ScanPart> {
         // A run's atoms write two records each: reserve for all of the range being this run's,
         // so that the part's tables never grow by copying (bounded by the range).
-        let expected = usize::try_from((to - from).div_ceil(2)).unwrap_or(0).min(in_run.slots.len());
+        let span_lsns = match span {
+            ScanSpan::Range(from, to) => to - from + 1,
+            ScanSpan::Lsns(lsns, _) => lsns.len() as u64,
+        };
+        let expected = usize::try_from(span_lsns / 2).unwrap_or(0).min(in_run.slots.len());
         let mut part = ScanPart {
             starts: Vec::with_capacity(expected),
             parents: Vec::with_capacity(expected),
             completions: Vec::with_capacity(expected),
             sources: HeldSources::default(),
+            matched: 0,
         };
         let mut reader = self.shared.codec.body_reader();
         let mut scratch = Vec::new();
         let mut parents = Vec::new();
-        self.shared.log.visit(Lsn::new(from), Lsn::new(to), |lsn, record| {
+        let mut matched = 0;
+        let visit = |lsn, record: RecordRef<'_>| {
             let bytes = record.bytes();
             let codec_error = |source: CodecError| Error::Codec { lsn, source };
             let (kind, subject) = self.shared.codec.peek(bytes).map_err(codec_error)?;
-            if !matches!(kind, RecordKind::AtomStarted | RecordKind::AtomCompleted | RecordKind::AtomReclaimed)
-                || !in_run.contains(subject)
-            {
+            let atom_record = matches!(
+                kind,
+                RecordKind::AtomStarted
+                    | RecordKind::AtomCompleted
+                    | RecordKind::AtomReclaimed
+                    | RecordKind::AtomFailed
+            );
+            if !atom_record || !in_run.contains(subject) {
+                return Ok(true);
+            }
+            // A targeted part counts only the records of the atoms the index named.
+            matched += match span {
+                ScanSpan::Range(..) => 1,
+                ScanSpan::Lsns(lsns, atoms) => {
+                    usize::from(lsns.binary_search(&lsn).ok().and_then(|i| atoms.get(i)) == Some(&subject))
+                }
+            };
+            if kind == RecordKind::AtomFailed {
                 return Ok(true);
             }
             if kind != RecordKind::AtomStarted {
@@ -554,7 +658,14 @@ impl Store {
             part.starts.push((subject, part.parents.len(), parents.len()));
             part.parents.extend_from_slice(&parents);
             Ok(true)
-        })?;
+        };
+        match span {
+            ScanSpan::Range(from, to) => self.shared.log.visit(Lsn::new(from), Lsn::new(to), visit)?,
+            ScanSpan::Lsns(lsns, _) => {
+                self.shared.log.visit_lsns(lsns, visit)?;
+            }
+        }
+        part.matched = matched;
         Ok(part)
     }
 
@@ -831,6 +942,126 @@ mod tests {
         assert_eq!(rebuilt.atoms_applied, 2);
         assert_eq!(rebuilt.context.encode(), expected.encode());
         assert!(store.index_heap_bytes() < 64 << 20);
+    }
+
+    /// Every atom's rebuild (its context and atom count, or its error) with this thread's
+    /// scans targeted or over the whole range.
+    fn rebuild_all(store: &Store, atoms: &[AtomId], full_range: bool) -> Vec<String> {
+        store.shared.force_full_range.store(full_range, std::sync::atomic::Ordering::Relaxed);
+        let rebuilt = atoms
+            .iter()
+            .map(|atom| match store.rebuild_context(*atom) {
+                Ok(rebuilt) => {
+                    format!("{:?} {} {:?}", rebuilt.snapshot, rebuilt.atoms_applied, rebuilt.context.encode())
+                }
+                Err(error) => error.to_string(),
+            })
+            .collect();
+        store.shared.force_full_range.store(false, std::sync::atomic::Ordering::Relaxed);
+        rebuilt
+    }
+
+    /// The store's targeted scans, and those that fell back to the whole range.
+    fn targeted_scans(store: &Store) -> (u64, u64) {
+        let metrics = store.log().metrics();
+        (metrics.rebuild_targeted_scans, metrics.rebuild_scan_fallbacks)
+    }
+
+    /// Four runs interleaved, run 0 writing one atom in ten, with forks, failures, an atom left
+    /// running and a snapshot; 64 KiB segments, so that compaction compresses the sealed ones.
+    fn interleaved_store(dir: &std::path::Path) -> (Store, Vec<AtomId>) {
+        let store = Store::builder(dir)
+            .segment_bytes(64 * 1024)
+            .snapshot_policy(SnapshotPolicy::NEVER)
+            .background(false)
+            .open()
+            .expect("open");
+        let runs: Vec<_> = (0..4).map(|r| store.create_run(RunSpec::new(format!("r{r}"))).expect("run")).collect();
+        let mut transcript = crate::synthetic::Transcript::new(17);
+        let mut heads = [None; 4];
+        let mut atoms = Vec::new();
+        for i in 0..900u64 {
+            let r = if i % 10 == 0 { 0 } else { 1 + (i % 3) as usize };
+            let parents: Vec<AtomId> = match i % 90 {
+                // A fork from the run's first atom.
+                40 => atoms.iter().find(|(run, _)| *run == r).map(|(_, a)| *a).into_iter().collect(),
+                _ => heads[r].into_iter().collect(),
+            };
+            let key = i.to_string();
+            let output = AtomOutput { delta: transcript.next_delta(200), result: Vec::new() };
+            let atom = if i % 4 == 0 {
+                store.record_atom(runs[r], "agent", &key, &parents, "", &output).expect("record")
+            } else {
+                let atom = store.begin_atom(runs[r], "agent", &key, &parents, "").expect("begin");
+                match i % 70 {
+                    30 => {
+                        let failure = crate::AtomFailure { message: "tool failed".into(), retryable: false };
+                        store.fail_atom(atom, &failure).expect("fail");
+                    }
+                    // Left running: its start record only.
+                    50 if r == 0 => {}
+                    _ => store.complete_atom(atom, &output).expect("complete"),
+                }
+                atom
+            };
+            if i == 420 {
+                store.snapshot_now(atom).expect("snapshot");
+            }
+            heads[r] = Some(atom);
+            atoms.push((r, atom));
+        }
+        (store, atoms.into_iter().map(|(_, atom)| atom).collect())
+    }
+
+    #[test]
+    fn targeted_scans_rebuild_the_same_contexts_as_scans_of_the_whole_range() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, atoms) = interleaved_store(dir.path());
+        let check = |store: &Store, when: &str| {
+            let full = rebuild_all(store, &atoms, true);
+            let before = targeted_scans(store);
+            let targeted = rebuild_all(store, &atoms, false);
+            let (scans, fallbacks) = targeted_scans(store);
+            // Run 0's atoms (one in ten) are rebuilt by targeted scans, without a fallback.
+            assert!(scans - before.0 >= 80, "{when}: {} targeted scans", scans - before.0);
+            assert_eq!(fallbacks, before.1, "{when}: a targeted scan fell back");
+            for ((full, targeted), atom) in full.iter().zip(&targeted).zip(&atoms) {
+                assert_eq!(full, targeted, "{when}: atom {atom:?}");
+            }
+            // Rebuilds from the snapshot are among them (and every atom, finished or not, has
+            // the context of its ancestry).
+            let from_snapshot = full.iter().filter(|r| r.starts_with("Some(")).count();
+            assert!(from_snapshot >= 5, "{when}: {from_snapshot} rebuilds from the snapshot");
+        };
+        check(&store, "as appended");
+        store.compact().expect("compact");
+        assert!(store.log().segments().iter().any(|s| s.compressed), "compaction compresses sealed segments");
+        check(&store, "compressed");
+        drop(store);
+        let store = Store::builder(dir.path()).segment_bytes(64 * 1024).background(false).open().expect("reopen");
+        check(&store, "reopened");
+    }
+
+    #[test]
+    fn a_targeted_scan_the_log_disagrees_with_falls_back_to_the_whole_range() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, atoms) = interleaved_store(dir.path());
+        // Atom 861 is run 0's, child of 851, which forked from run 0's first atom.
+        let head = atoms[860];
+        let expected = rebuild_all(&store, &[head], false);
+        assert!(expected[0].starts_with("None 3 "), "{}", &expected[0][..40]);
+        // Its parent's completion, which the index now places at another run's record.
+        let (victim, other) = (atoms[850], atoms[851]);
+        {
+            let mut index = store.shared.index.write();
+            let wrong = index.atom(other).expect("other").ended_lsn;
+            index.atom_slot(victim).ended_lsn = wrong;
+        }
+        let before = targeted_scans(&store);
+        assert_eq!(rebuild_all(&store, &[head], false), expected);
+        let after = targeted_scans(&store);
+        let (scans, fallbacks) = (after.0 - before.0, after.1 - before.1);
+        assert!(fallbacks >= 1 && scans == fallbacks, "{scans} targeted scans, {fallbacks} fallen back");
     }
 
     #[test]
