@@ -13,7 +13,12 @@
 //! decompress, so the replayer's sequential part weighs more against its bound. And a full
 //! replay of 200,000 default-layout atoms before and after cold compression rewrote them.
 //!
-//! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000).
+//! It also rebuilds one agent among 16 and among 256 that wrote in turn, as the store does it
+//! (reading only the agent's own records when they are few enough in the range) and, side by
+//! side, scanning every agent's records (as every rebuild did before session 14).
+//!
+//! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000);
+//! `cargo bench --bench replay -- interleaved` runs only the interleaved part.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -58,22 +63,7 @@ fn write_history(store: &Store, count: u64, snapshot_every: Option<u64>) -> Vec<
     let mut transcript = Transcript::new(1);
     let mut ids: Vec<AtomId> = Vec::with_capacity(count as usize);
     for i in 0..count {
-        let mut delta = transcript.next_delta(500);
-        delta.drop_oldest_messages = u32::from(i >= 40);
-        // A bounded context, as the issue describes it: tool outputs and intermediate results
-        // are keyed by one of 1,000 slots (the generator's own keys are unique per step, which
-        // would grow the context by one entry per atom).
-        for output in &mut delta.tool_outputs {
-            output.tool_call_id = format!("call-{}", i % 1000);
-        }
-        for result in &mut delta.intermediate_results {
-            result.name = format!("step-{}.summary", i % 1000);
-        }
-        for message in &mut delta.messages {
-            if let Some(call) = &mut message.tool_call {
-                call.id = format!("call-{}", i % 1000);
-            }
-        }
+        let delta = bounded_delta(&mut transcript, i);
         let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
         let atom = store.begin_atom(run, "agent", &i.to_string(), &parents, "").expect("begin");
         store.complete_atom(atom, &AtomOutput { delta, result: Vec::new() }).expect("complete");
@@ -83,6 +73,61 @@ fn write_history(store: &Store, count: u64, snapshot_every: Option<u64>) -> Vec<
         ids.push(atom);
     }
     ids
+}
+
+/// The `i`-th delta of an agent whose context stays bounded, as the issue describes it: it
+/// drops its oldest message once it holds 40, and tool outputs and intermediate results are
+/// keyed by one of 1,000 slots (the generator's own keys are unique per step, which would grow
+/// the context by one entry per atom).
+fn bounded_delta(transcript: &mut Transcript, i: u64) -> continuum::Delta {
+    let mut delta = transcript.next_delta(500);
+    delta.drop_oldest_messages = u32::from(i >= 40);
+    for output in &mut delta.tool_outputs {
+        output.tool_call_id = format!("call-{}", i % 1000);
+    }
+    for result in &mut delta.intermediate_results {
+        result.name = format!("step-{}.summary", i % 1000);
+    }
+    for message in &mut delta.messages {
+        if let Some(call) = &mut message.tool_call {
+            call.id = format!("call-{}", i % 1000);
+        }
+    }
+    delta
+}
+
+/// One agent among `agents` writing in turn (`per_agent` atoms each, default layout, no
+/// snapshots): the full replay of its head as the store does it (reading only its run's
+/// records if they are few enough in the range), and with every rebuild scanning the whole
+/// range (every agent's records), alternating; medians of `repeats` each, and the deltas
+/// applied.
+fn interleaved_replay(root: &Path, agents: usize, per_agent: u64, repeats: usize) -> (Duration, Duration, usize) {
+    let dir = tempfile::tempdir_in(root).expect("dir");
+    let store = open(dir.path(), continuum::limits::COMPRESSION_MIN_BYTES);
+    let runs: Vec<_> =
+        (0..agents).map(|a| store.create_run(RunSpec::new(format!("agent-{a}"))).expect("run")).collect();
+    let mut transcripts: Vec<Transcript> = (0..agents).map(|a| Transcript::new(a as u64 + 1)).collect();
+    let mut heads: Vec<Option<AtomId>> = vec![None; agents];
+    for i in 0..per_agent {
+        for (a, run) in runs.iter().enumerate() {
+            let output = AtomOutput { delta: bounded_delta(&mut transcripts[a], i), result: Vec::new() };
+            let parents: Vec<AtomId> = heads[a].into_iter().collect();
+            heads[a] = Some(store.record_atom(*run, "agent", &i.to_string(), &parents, "", &output).expect("record"));
+        }
+    }
+    let head = heads[0].expect("atoms");
+    let applied = store.rebuild_context(head).expect("rebuild").atoms_applied;
+    let (mut targeted, mut whole) = (Vec::new(), Vec::new());
+    for _ in 0..repeats {
+        for (on, times) in [(true, &mut targeted), (false, &mut whole)] {
+            store.set_targeted_scans(on);
+            let started = Instant::now();
+            drop(store.rebuild_context(head).expect("rebuild"));
+            times.push(started.elapsed());
+        }
+    }
+    store.set_targeted_scans(true);
+    (median(targeted), median(whole), applied)
 }
 
 /// Full replay and the read-only pass over a default-layout history of `count` atoms, as
@@ -144,6 +189,24 @@ fn main() {
         .unwrap_or(if test_mode { 20_000 } else { 1_000_000 });
     let small = 10_000u64.min(big);
     let mut lines = Vec::new();
+
+    // One agent among 16 and among 256 writing in turn: its rebuild reads only its own records
+    // when they are few enough in the range (`interleaved` alone runs just this part).
+    let interleaved_atoms = if test_mode { 8_192 } else { 160_000 };
+    for agents in [16, 256] {
+        let per_agent = interleaved_atoms / agents as u64;
+        let (targeted, whole, applied) = interleaved_replay(&root, agents, per_agent, if test_mode { 1 } else { 15 });
+        lines.push(format!(
+            "one agent of {agents} writing in turn, {per_agent} atoms each (default layout, no snapshot): full replay ({applied} deltas) {:.2} ms, {:.2} ms scanning every agent's records; {:.2}x",
+            targeted.as_secs_f64() * 1e3,
+            whole.as_secs_f64() * 1e3,
+            whole.as_secs_f64() / targeted.as_secs_f64()
+        ));
+    }
+    if std::env::args().skip(1).any(|arg| arg == "interleaved") {
+        print_summary(&lines);
+        return;
+    }
 
     let (small_dir, small_ids) = build(&root, small, None, COMPRESSED);
     let store = open(small_dir.path(), COMPRESSED);
@@ -250,12 +313,16 @@ fn main() {
         total.as_secs_f64() * 1e3 / picks as f64,
         worst.as_secs_f64() * 1e3
     ));
+    print_summary(&lines);
+    criterion.final_summary();
+}
+
+fn print_summary(lines: &[String]) {
     eprintln!("==== summary: replay ====");
     for line in lines {
         eprintln!("  {line}");
     }
     eprintln!("==== end replay ====");
-    criterion.final_summary();
 }
 
 /// Whether criterion runs in test mode (`cargo test --benches`, or `cargo bench -- --test`):

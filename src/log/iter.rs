@@ -213,8 +213,13 @@ pub(crate) fn visit_lsns(
         }
         let segment_end = meta.next_lsn;
         let mut cursor = FrameCursor::seek(meta, first);
+        // The LSN the cursor last sought through the sparse index.
+        let mut sought = first;
         while let Some(&lsn) = wanted.peek().filter(|lsn| **lsn < segment_end) {
-            cursor.skip_toward(lsn);
+            if lsn != sought {
+                cursor.skip_toward(lsn);
+                sought = lsn;
+            }
             let Some(header) = cursor.peek_header()? else { break };
             if header.next_lsn() <= lsn {
                 cursor.skip_frame(&header);

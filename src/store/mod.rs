@@ -210,8 +210,7 @@ impl Shared {
             last_compaction: Mutex::new(None),
             index_checkpoint,
             unsynced_snapshots: Mutex::new(std::collections::BTreeSet::new()),
-            #[cfg(test)]
-            force_full_range: std::sync::atomic::AtomicBool::new(false),
+            targeted_scans: std::sync::atomic::AtomicBool::new(true),
         })
     }
 }
@@ -437,10 +436,8 @@ pub(crate) struct Shared {
     /// names are not durable yet, so compaction does not rely on them. Held while the
     /// directory syncs.
     unsynced_snapshots: Mutex<std::collections::BTreeSet<u64>>,
-    /// Tests make this store's rebuilds scan their whole range instead of their run's records
-    /// only, which must give the same contexts.
-    #[cfg(test)]
-    force_full_range: std::sync::atomic::AtomicBool,
+    /// Whether rebuilds may read only their run's records (see `Store::set_targeted_scans`).
+    targeted_scans: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
