@@ -144,7 +144,8 @@ const TARGETED_RANGE_RATIO: u64 = 128;
 enum ScanSpan<'a> {
     /// Every record with an LSN in `from..=to`.
     Range(u64, u64),
-    /// The records at these LSNs (ascending): the run's, of the atoms beside them.
+    /// The records at these LSNs (ascending), the run's: of the atoms in the second list, in
+    /// the same order.
     Lsns(&'a [u64], &'a [u64]),
 }
 
@@ -583,10 +584,10 @@ impl Store {
         Ok(scan)
     }
 
-    /// Lets rebuilds read only their run's records when those are at most half of the range
-    /// they span (`on`, the default), or makes every rebuild scan its whole range (the way
-    /// they all did before; they give the same contexts). For benchmarks and tests comparing
-    /// the two, not a tuning knob.
+    /// Lets rebuilds read only their run's records when those are at most one in 128 of the
+    /// range they span (`on`, the default), or makes every rebuild scan its whole range (the
+    /// way they all did before; both give the same contexts). For benchmarks and tests
+    /// comparing the two, not a tuning knob.
     #[doc(hidden)]
     pub fn set_targeted_scans(&self, on: bool) {
         self.shared.targeted_scans.store(on, std::sync::atomic::Ordering::Relaxed);
@@ -963,8 +964,8 @@ mod tests {
         assert!(store.index_heap_bytes() < 64 << 20);
     }
 
-    /// Every atom's rebuild (its context and atom count, or its error) with this thread's
-    /// scans targeted or over the whole range.
+    /// Every atom's rebuild (its context and atom count, or its error) with the store's scans
+    /// targeted where they pay, or all over their whole range.
     fn rebuild_all(store: &Store, atoms: &[AtomId], full_range: bool) -> Vec<String> {
         store.set_targeted_scans(!full_range);
         let rebuilt = atoms
