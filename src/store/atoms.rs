@@ -84,17 +84,7 @@ impl Store {
         parents: &[AtomId],
         idempotency_key: &str,
     ) -> Result<AtomId> {
-        let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
-        let started_at_unix_us = now_us();
-        let record = self.shared.codec.encode_start(&StartParts {
-            atom: atom.0,
-            run: run.0,
-            agent,
-            key,
-            parents,
-            idempotency_key,
-            started_at_unix_us,
-        });
+        let (atom, run32, record, _) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
         let appended = self.shared.log.append_with(&record, Durability::None);
         let mut index = self.shared.index.write();
         match appended {
@@ -147,17 +137,7 @@ impl Store {
         idempotency_key: &str,
         output: &AtomOutput,
     ) -> Result<AtomId> {
-        let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
-        let now = now_us();
-        let started = self.shared.codec.encode_start(&StartParts {
-            atom: atom.0,
-            run: run.0,
-            agent,
-            key,
-            parents,
-            idempotency_key,
-            started_at_unix_us: now,
-        });
+        let (atom, run32, started, now) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
         // Sampled before encoding, as `complete_atom` does: a dictionary trained here is
         // appended before the records it compresses.
         self.sample_for_dictionary(&output.delta);
@@ -181,6 +161,30 @@ impl Store {
                 Err(error)
             }
         }
+    }
+
+    /// Reserves a new atom ([`Store::reserve_atom`]) and encodes its start record, stamped now:
+    /// the atom, its run's 32-bit id, the record and the time (Unix microseconds).
+    fn reserve_and_encode_start(
+        &self,
+        run: RunId,
+        agent: &str,
+        key: &str,
+        parents: &[AtomId],
+        idempotency_key: &str,
+    ) -> Result<(AtomId, u32, Vec<u8>, u64)> {
+        let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
+        let started_at_unix_us = now_us();
+        let record = self.shared.codec.encode_start(&StartParts {
+            atom: atom.0,
+            run: run.0,
+            agent,
+            key,
+            parents,
+            idempotency_key,
+            started_at_unix_us,
+        });
+        Ok((atom, run32, record, started_at_unix_us))
     }
 
     /// Validates a new atom and reserves its id and key, so that no other thread can take them.
