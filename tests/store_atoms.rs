@@ -391,3 +391,65 @@ fn by_default_only_large_records_are_compressed_as_they_are_appended() {
     assert_eq!(store.atom(b).expect("b").output, Some(large));
     assert_eq!(store.atom(a).expect("a").output, Some(small));
 }
+
+#[test]
+fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
+    // Run "early" writes throughout, "late" is created half-way and "burst" writes one short
+    // stretch: each query walks only its run's span of the atom table, so it must find the
+    // same atoms as the test's own record, live, after a reopen that folds the log, and after
+    // one that starts from an index checkpoint.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::builder(dir.path()).background(false).open().expect("open");
+    let early = store.create_run(RunSpec::new("early")).expect("early");
+    let mut late = None;
+    let mut burst = None;
+    let mut written = std::collections::BTreeMap::<(u64, &str), Vec<continuum::AtomId>>::new();
+    let mut running = std::collections::BTreeMap::<u64, Vec<continuum::AtomId>>::new();
+    for i in 0..600u64 {
+        if i == 300 {
+            late = Some(store.create_run(RunSpec::new("late")).expect("late"));
+        }
+        if i == 200 {
+            burst = Some(store.create_run(RunSpec::new("burst")).expect("burst"));
+        }
+        let (run, agent) = match i % 4 {
+            0 if late.is_some() => (late.expect("late"), "a"),
+            1 if (200..260).contains(&i) => (burst.expect("burst"), "b"),
+            2 => (early, "x"),
+            _ => (early, "y"),
+        };
+        let key = i.to_string();
+        let atom = if i % 7 == 0 {
+            let atom = store.begin_atom(run, agent, &key, &[], "").expect("begin");
+            running.entry(run.get()).or_default().push(atom);
+            atom
+        } else {
+            store.record_atom(run, agent, &key, &[], "", &output(i)).expect("record")
+        };
+        written.entry((run.get(), agent)).or_default().push(atom);
+    }
+    let check = |store: &Store, when: &str| {
+        for run in [Some(early), late, burst].into_iter().flatten() {
+            let mut all: Vec<_> =
+                written.iter().filter(|((r, _), _)| *r == run.get()).flat_map(|(_, a)| a.clone()).collect();
+            all.sort();
+            assert_eq!(store.run_atoms(run), all, "{when}: run_atoms of run {}", run.get());
+            for ((_, agent), atoms) in written.iter().filter(|((r, _), _)| *r == run.get()) {
+                assert_eq!(&store.agent_atoms(run, agent), atoms, "{when}: agent_atoms of {agent}");
+            }
+            let incomplete = running.get(&run.get()).cloned().unwrap_or_default();
+            assert_eq!(store.incomplete_atoms(run), incomplete, "{when}: incomplete_atoms of run {}", run.get());
+        }
+    };
+    check(&store, "live");
+    store.checkpoint_index().expect("checkpoint");
+    drop(store);
+    let store = Store::builder(dir.path()).background(false).open().expect("reopen from the checkpoint");
+    assert!(store.index_checkpoint().opened_from.is_some());
+    check(&store, "reopened from a checkpoint");
+    drop(store);
+    std::fs::remove_file(dir.path().join("index.ckpt")).expect("remove the checkpoint");
+    let store = Store::builder(dir.path()).background(false).open().expect("reopen");
+    assert!(store.index_checkpoint().opened_from.is_none());
+    check(&store, "reopened by a whole fold");
+}

@@ -220,6 +220,7 @@ impl Store {
         let id = u32::try_from(atom.0).map_err(|_| Error::KeyCollision { key: key.to_owned() })?;
         index.atom_keys.insert(hash, id);
         *index.atom_slot(atom) = AtomEntry::new(0, run32, agent_id, EntryState::Starting);
+        index.note_run_atom(run32, id);
         Ok((atom, run32))
     }
 

@@ -468,7 +468,8 @@ fn get_run(input: &mut Reader<'_>) -> Option<RunEntry> {
         }
         _ => return None,
     };
-    Some(RunEntry { name, status, snapshot_policy, ended_at_unix_us: input.varint()? })
+    // The atom spans are set from the atom table when the open finishes the index.
+    Some(RunEntry { name, status, snapshot_policy, ended_at_unix_us: input.varint()?, atom_span: (0, 0) })
 }
 
 const STATES: [EntryState; 7] = [

@@ -88,6 +88,11 @@ pub(crate) struct RunEntry {
     pub snapshot_policy: Option<crate::store::SnapshotPolicy>,
     /// When it finished (0 while running).
     pub ended_at_unix_us: u64,
+    /// Ids of its first and last atoms (0, 0 while it has none): the part of the atom table
+    /// that walks over the run's atoms read, not the whole table. Exact after an open
+    /// ([`StoreIndex::note_atom_spans`]); while the store runs, it may also cover a released
+    /// reservation.
+    pub atom_span: (u32, u32),
 }
 
 /// One guarded side effect.
@@ -259,12 +264,44 @@ impl StoreIndex {
         self.agents.get(agent as usize - 1).map_or("", |(_, name)| name)
     }
 
-    /// Ids of every atom of `run` whose start is durable, in id order.
+    /// Ids of every atom of `run` whose start is durable, in id order: the entries of its atom
+    /// span only.
     pub fn run_atoms(&self, run: RunId) -> impl Iterator<Item = (AtomId, &AtomEntry)> {
+        let (first, last) = self.run(run).map_or((0, 0), |entry| entry.atom_span);
+        let (from, to) = (first.saturating_sub(1) as usize, last as usize);
         self.atoms
-            .iter()
+            .iter_from(from)
+            .take_while(move |(at, _)| *at < to)
             .filter(move |(_, entry)| u64::from(entry.run) == run.0 && entry.state.status().is_some())
             .map(|(at, entry)| (AtomId(at as u64 + 1), entry))
+    }
+
+    /// Widens the atom span of `run` to cover atom `id`.
+    pub fn note_run_atom(&mut self, run: u32, id: u32) {
+        if let Some(entry) = self.runs.get_mut((run as usize).wrapping_sub(1)) {
+            let (first, last) = &mut entry.atom_span;
+            if *first == 0 || id < *first {
+                *first = id;
+            }
+            *last = (*last).max(id);
+        }
+    }
+
+    /// Sets every run's atom span from the atom table: one pass, when an open has built the
+    /// index (a fold, or a checkpoint and the records after it).
+    pub fn note_atom_spans(&mut self) {
+        for run in &mut self.runs {
+            run.atom_span = (0, 0);
+        }
+        let atoms: Vec<(u32, u32)> = self
+            .atoms
+            .iter()
+            .filter(|(_, entry)| entry.state != EntryState::Vacant)
+            .filter_map(|(at, entry)| Some((entry.run, u32::try_from(at + 1).ok()?)))
+            .collect();
+        for (run, id) in atoms {
+            self.note_run_atom(run, id);
+        }
     }
 
     /// Marks every atom of (`run`, `agent`) after `after` abandoned; returns them.
@@ -296,6 +333,9 @@ impl StoreIndex {
         }
         for (_, atom) in self.atoms.iter_mut().filter(|(_, atom)| u64::from(atom.run) == run.0) {
             *atom = AtomEntry::VACANT;
+        }
+        if let Some(entry) = self.run_mut(run) {
+            entry.atom_span = (0, 0);
         }
         if let Some(floor) = next_atom.checked_sub(1).and_then(|n| usize::try_from(n).ok()) {
             self.atoms.extend_to(floor);

@@ -502,6 +502,7 @@ impl Store {
             status: RunStatus::Running,
             snapshot_policy: spec.snapshot_policy,
             ended_at_unix_us: 0,
+            atom_span: (0, 0),
         });
         Ok(RunId(run))
     }

@@ -42,6 +42,7 @@ impl FoldState {
     pub fn finish(self) -> Result<StoreIndex> {
         let mut index = self.index;
         self.orphans.check(&index)?;
+        index.note_atom_spans();
         // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
         index.atoms.shrink_to_fit();
         index.runs.shrink_to_fit();
@@ -304,6 +305,7 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
                 status: RunStatus::Running,
                 snapshot_policy,
                 ended_at_unix_us: 0,
+                atom_span: (0, 0),
             });
         }
         StoreRecord::AtomStarted(started) => {
