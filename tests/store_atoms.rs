@@ -399,12 +399,15 @@ fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
     // same atoms as the test's own record, live, after a reopen that folds the log, and after
     // one that starts from an index checkpoint.
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::builder(dir.path()).background(false).open().expect("open");
+    // No snapshots: the late run's rebuild folds its whole chain.
+    let open = || Store::builder(dir.path()).snapshot_policy(continuum::SnapshotPolicy::NEVER).background(false).open();
+    let store = open().expect("open");
     let early = store.create_run(RunSpec::new("early")).expect("early");
     let mut late = None;
     let mut burst = None;
     let mut written = std::collections::BTreeMap::<(u64, &str), Vec<continuum::AtomId>>::new();
     let mut running = std::collections::BTreeMap::<u64, Vec<continuum::AtomId>>::new();
+    let mut late_context = continuum::Context::new();
     for i in 0..600u64 {
         if i == 300 {
             late = Some(store.create_run(RunSpec::new("late")).expect("late"));
@@ -419,15 +422,23 @@ fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
             _ => (early, "y"),
         };
         let key = i.to_string();
-        let atom = if i % 7 == 0 {
-            let atom = store.begin_atom(run, agent, &key, &[], "").expect("begin");
+        // The late run's atoms form one chain, whose head's context the test folds itself.
+        let late_head =
+            if Some(run) == late { written.get(&(run.get(), agent)).and_then(|a| a.last().copied()) } else { None };
+        let parents: Vec<_> = late_head.into_iter().collect();
+        let atom = if i % 7 == 0 && Some(run) != late {
+            let atom = store.begin_atom(run, agent, &key, &parents, "").expect("begin");
             running.entry(run.get()).or_default().push(atom);
             atom
         } else {
-            store.record_atom(run, agent, &key, &[], "", &output(i)).expect("record")
+            if Some(run) == late {
+                late_context.apply(&output(i).delta);
+            }
+            store.record_atom(run, agent, &key, &parents, "", &output(i)).expect("record")
         };
         written.entry((run.get(), agent)).or_default().push(atom);
     }
+    let late_head = *written.get(&(late.expect("late").get(), "a")).and_then(|a| a.last()).expect("late atoms");
     let check = |store: &Store, when: &str| {
         for run in [Some(early), late, burst].into_iter().flatten() {
             let mut all: Vec<_> =
@@ -440,16 +451,20 @@ fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
             let incomplete = running.get(&run.get()).cloned().unwrap_or_default();
             assert_eq!(store.incomplete_atoms(run), incomplete, "{when}: incomplete_atoms of run {}", run.get());
         }
+        // Its rebuild walks the index from the late run's first atom on.
+        let rebuilt = store.rebuild_context(late_head).expect("rebuild the late run's head");
+        assert_eq!(rebuilt.atoms_applied, 75, "{when}");
+        assert_eq!(rebuilt.context.encode(), late_context.encode(), "{when}: the late run's context");
     };
     check(&store, "live");
     store.checkpoint_index().expect("checkpoint");
     drop(store);
-    let store = Store::builder(dir.path()).background(false).open().expect("reopen from the checkpoint");
+    let store = open().expect("reopen from the checkpoint");
     assert!(store.index_checkpoint().opened_from.is_some());
     check(&store, "reopened from a checkpoint");
     drop(store);
     std::fs::remove_file(dir.path().join("index.ckpt")).expect("remove the checkpoint");
-    let store = Store::builder(dir.path()).background(false).open().expect("reopen");
+    let store = open().expect("reopen");
     assert!(store.index_checkpoint().opened_from.is_none());
     check(&store, "reopened by a whole fold");
 }

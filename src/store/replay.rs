@@ -23,7 +23,7 @@ use crate::log::{HeldRange, HeldSources, Lsn, RecordRef};
 use crate::snapshot::{self, NameDurability};
 use crate::store::Store;
 use crate::store::index::{AtomEntry, EntryState};
-use crate::store::types::{AtomId, AtomStatus};
+use crate::store::types::{AtomId, AtomStatus, RunId};
 
 /// The result of [`Store::rebuild_context`].
 #[derive(Clone, Debug, PartialEq)]
@@ -457,12 +457,15 @@ impl Store {
         // Which atoms up to `atom` belong to the run, taken once so that the scan holds no lock.
         // Only atoms after the snapshot matter: the rebuild stops at the snapshot. Atoms after
         // `atom` do not matter; the run's atoms between the floor and it bound the scan.
-        let floor = after.unwrap_or(0);
         let targeted_scans = self.shared.targeted_scans.load(std::sync::atomic::Ordering::Relaxed);
         let (in_run, from_lsn, to_lsn, mut lsns) = {
             let index = self.shared.index.read();
             let entry = index.atom(atom).filter(|e| e.started_lsn != 0).ok_or(Error::UnknownAtom { atom: atom.0 })?;
             let run = entry.run;
+            // No atom of the run lies below its span (parents are of the same run), so a run
+            // begun after many others' atoms does not walk them.
+            let span_floor = index.run(RunId(u64::from(run))).map_or(0, |r| u64::from(r.atom_span.0).saturating_sub(1));
+            let floor = after.unwrap_or(0).max(span_floor).min(atom.0 - 1);
             // The run's atoms in the span, read from the index's written pages only.
             let range = usize::try_from(floor).unwrap_or(usize::MAX)..usize::try_from(atom.0).unwrap_or(usize::MAX);
             let in_span = || {
