@@ -99,6 +99,24 @@ impl AtomTable {
         )
     }
 
+    /// [`AtomTable::iter_from`], mutably.
+    pub fn iter_mut_from(&mut self, at: usize) -> impl Iterator<Item = (usize, &mut AtomEntry)> {
+        let len = self.len;
+        let first_page = at / PAGE_ATOMS;
+        self.pages
+            .iter_mut()
+            .enumerate()
+            .skip(first_page)
+            .filter_map(|(p, page)| Some((p, page.as_mut()?)))
+            .flat_map(move |(p, page)| {
+                page.iter_mut()
+                    .enumerate()
+                    .map(move |(i, entry)| (p * PAGE_ATOMS + i, entry))
+                    .filter(move |(i, _)| *i < len)
+            })
+            .skip_while(move |(i, _)| *i < at)
+    }
+
     /// Every written page: its number and entries (entry `i` of page `p` is at
     /// `p * PAGE_ATOMS + i`), in order.
     pub fn written_pages(&self) -> impl Iterator<Item = (usize, &[AtomEntry])> {

@@ -425,6 +425,9 @@ fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
         orphans.rollbacks.push((input.varint()?, RunId(input.varint()?)));
     }
     orphans.dropped_below = input.varint()?;
+    // The records after the checkpoint are folded into runs whose spans must already cover
+    // their atoms (a rollback walks its run's span).
+    index.note_atom_spans();
     Some(FoldState { index, orphans, dictionary_lsns, next_lsn: 0 })
 }
 
@@ -468,7 +471,7 @@ fn get_run(input: &mut Reader<'_>) -> Option<RunEntry> {
         }
         _ => return None,
     };
-    // The atom spans are set from the atom table when the open finishes the index.
+    // The atom spans are set from the atom table once the atoms are read.
     Some(RunEntry { name, status, snapshot_policy, ended_at_unix_us: input.varint()?, atom_span: (0, 0) })
 }
 

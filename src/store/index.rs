@@ -89,9 +89,9 @@ pub(crate) struct RunEntry {
     /// When it finished (0 while running).
     pub ended_at_unix_us: u64,
     /// Ids of its first and last atoms (0, 0 while it has none): the part of the atom table
-    /// that walks over the run's atoms read, not the whole table. Exact after an open
-    /// ([`StoreIndex::note_atom_spans`]); while the store runs, it may also cover a released
-    /// reservation.
+    /// that walks over the run's atoms read, not the whole table. Widened as atoms are
+    /// reserved or folded, and exact after an open ([`StoreIndex::note_atom_spans`]); while the
+    /// store runs, it may also cover a released reservation.
     pub atom_span: (u32, u32),
 }
 
@@ -304,17 +304,14 @@ impl StoreIndex {
         }
     }
 
-    /// Marks every atom of (`run`, `agent`) after `after` abandoned; returns them.
+    /// Marks every atom of (`run`, `agent`) after `after` abandoned; returns them. Walks the
+    /// run's atom span after `after` only.
     pub fn abandon_after(&mut self, run: u32, agent: u32, after: u64) -> Vec<AtomId> {
-        let from = usize::try_from(after).unwrap_or(usize::MAX);
+        let (first, last) = self.runs.get((run as usize).wrapping_sub(1)).map_or((0, 0), |entry| entry.atom_span);
+        let from = usize::try_from(after).unwrap_or(usize::MAX).max(first.saturating_sub(1) as usize);
         let mut abandoned = Vec::new();
-        for (at, entry) in self.atoms.iter_mut() {
-            if at >= from
-                && entry.run == run
-                && entry.agent == agent
-                && entry.state != EntryState::Vacant
-                && !entry.abandoned
-            {
+        for (at, entry) in self.atoms.iter_mut_from(from).take_while(|(at, _)| *at < last as usize) {
+            if entry.run == run && entry.agent == agent && entry.state != EntryState::Vacant && !entry.abandoned {
                 entry.abandoned = true;
                 abandoned.push(AtomId(at as u64 + 1));
             }

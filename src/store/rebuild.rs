@@ -369,6 +369,7 @@ fn start_atom(index: &mut StoreIndex, lsn: u64, atom: u64, run: u64, agent: &str
     let hash = index.identity.atom_key(run32, agent, key);
     index.atom_keys.insert(hash, id);
     *index.atom_slot(AtomId(atom)) = index::AtomEntry::new(lsn, run32, agent, EntryState::Running);
+    index.note_run_atom(run32, id);
     Ok(())
 }
 
