@@ -62,10 +62,7 @@ impl AtomTable {
     /// `(index, entry)` of every entry in a written page, in index order (unwritten pages hold
     /// only vacant entries).
     pub fn iter(&self) -> impl Iterator<Item = (usize, &AtomEntry)> {
-        let len = self.len;
-        self.pages.iter().enumerate().filter_map(|(p, page)| Some((p, page.as_ref()?))).flat_map(move |(p, page)| {
-            page.iter().enumerate().map(move |(i, entry)| (p * PAGE_ATOMS + i, entry)).filter(move |(at, _)| *at < len)
-        })
+        self.iter_from(0)
     }
 
     /// [`AtomTable::iter`] from entry `at` on.
@@ -88,15 +85,7 @@ impl AtomTable {
 
     /// [`AtomTable::iter`], mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut AtomEntry)> {
-        let len = self.len;
-        self.pages.iter_mut().enumerate().filter_map(|(p, page)| Some((p, page.as_mut()?))).flat_map(
-            move |(p, page)| {
-                page.iter_mut()
-                    .enumerate()
-                    .map(move |(i, entry)| (p * PAGE_ATOMS + i, entry))
-                    .filter(move |(at, _)| *at < len)
-            },
-        )
+        self.iter_mut_from(0)
     }
 
     /// [`AtomTable::iter_from`], mutably.
