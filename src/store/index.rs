@@ -290,17 +290,20 @@ impl StoreIndex {
     /// Sets every run's atom span from the atom table: one pass, when an open has built the
     /// index (a fold, or a checkpoint and the records after it).
     pub fn note_atom_spans(&mut self) {
-        for run in &mut self.runs {
-            run.atom_span = (0, 0);
+        let mut spans = vec![(0u32, 0u32); self.runs.len()];
+        for (at, entry) in self.atoms.iter().filter(|(_, entry)| entry.state != EntryState::Vacant) {
+            let (Some(span), Ok(id)) = (spans.get_mut((entry.run as usize).wrapping_sub(1)), u32::try_from(at + 1))
+            else {
+                continue;
+            };
+            // Ids come in ascending order: the first seen is the run's first.
+            if span.0 == 0 {
+                span.0 = id;
+            }
+            span.1 = id;
         }
-        let atoms: Vec<(u32, u32)> = self
-            .atoms
-            .iter()
-            .filter(|(_, entry)| entry.state != EntryState::Vacant)
-            .filter_map(|(at, entry)| Some((entry.run, u32::try_from(at + 1).ok()?)))
-            .collect();
-        for (run, id) in atoms {
-            self.note_run_atom(run, id);
+        for (run, span) in self.runs.iter_mut().zip(spans) {
+            run.atom_span = span;
         }
     }
 
