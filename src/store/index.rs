@@ -90,8 +90,9 @@ pub(crate) struct RunEntry {
     pub ended_at_unix_us: u64,
     /// Ids of its first and last atoms (0, 0 while it has none): the part of the atom table
     /// that walks over the run's atoms read, not the whole table. Widened as atoms are
-    /// reserved or folded, and exact after an open ([`StoreIndex::note_atom_spans`]); while the
-    /// store runs, it may also cover a released reservation.
+    /// reserved or folded (a fold never empties an entry but a dropped run's, whose span it
+    /// clears), set from the atoms a checkpoint loads ([`StoreIndex::note_atom_spans`]), so
+    /// exact after an open; while the store runs, it may also cover a released reservation.
     pub atom_span: (u32, u32),
 }
 
@@ -287,8 +288,8 @@ impl StoreIndex {
         }
     }
 
-    /// Sets every run's atom span from the atom table: one pass, when an open has built the
-    /// index (a fold, or a checkpoint and the records after it).
+    /// Sets every run's atom span from the atom table: one pass, when an open has loaded an
+    /// index checkpoint (which does not store them).
     pub fn note_atom_spans(&mut self) {
         let mut spans = vec![(0u32, 0u32); self.runs.len()];
         for (at, entry) in self.atoms.iter().filter(|(_, entry)| entry.state != EntryState::Vacant) {

@@ -42,7 +42,6 @@ impl FoldState {
     pub fn finish(self) -> Result<StoreIndex> {
         let mut index = self.index;
         self.orphans.check(&index)?;
-        index.note_atom_spans();
         // Rebuilding grew these by doubling; a long-lived index keeps only what it holds.
         index.atoms.shrink_to_fit();
         index.runs.shrink_to_fit();
