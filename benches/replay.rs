@@ -18,7 +18,8 @@
 //! side, scanning every agent's records (as every rebuild did before session 14).
 //!
 //! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000);
-//! `cargo bench --bench replay -- interleaved` runs only the interleaved part.
+//! `cargo bench --bench replay -- interleaved` runs only the interleaved part, and the queries
+//! and replay of a run begun after everything else against one spread across the store.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -130,6 +131,44 @@ fn interleaved_replay(root: &Path, agents: usize, per_agent: u64, repeats: usize
     (median(targeted), median(whole), applied)
 }
 
+/// Two runs of `run_atoms` atoms each in a store of `total` atoms: one written across the
+/// whole store (one of its atoms every `total / run_atoms`, among a bulk run's), so its atom
+/// span covers the whole table, and one begun after all of them. Medians over `repeats` of
+/// `agent_atoms` + `incomplete_atoms`, and of the full replay of the run's head: (spread
+/// queries, late queries, spread replay, late replay).
+fn late_run_queries(root: &Path, total: u64, run_atoms: u64, repeats: usize) -> [Duration; 4] {
+    let dir = tempfile::tempdir_in(root).expect("dir");
+    let store = open(dir.path(), continuum::limits::COMPRESSION_MIN_BYTES);
+    let [bulk, spread] = ["bulk", "spread"].map(|name| store.create_run(RunSpec::new(name)).expect("run"));
+    let mut transcript = Transcript::new(7);
+    let mut write = |run, count: u64, every: u64| {
+        let mut head = None;
+        for i in 0..count {
+            let output = AtomOutput { delta: bounded_delta(&mut transcript, i), result: Vec::new() };
+            let (run, parents): (_, Vec<AtomId>) =
+                if i % every == 0 { (run, head.into_iter().collect()) } else { (bulk, Vec::new()) };
+            let atom = store.record_atom(run, "agent", &i.to_string(), &parents, "", &output).expect("record");
+            if run != bulk {
+                head = Some(atom);
+            }
+        }
+        head.expect("atoms")
+    };
+    let spread_head = write(spread, total - run_atoms, (total - run_atoms) / run_atoms);
+    let late = store.create_run(RunSpec::new("late")).expect("late run");
+    let late_head = write(late, run_atoms, 1);
+    let measure = |run, head| {
+        let queries = time(repeats, || {
+            std::hint::black_box((store.agent_atoms(run, "agent"), store.incomplete_atoms(run)));
+        });
+        let replay = time(repeats, || drop(store.rebuild_context(head).expect("rebuild")));
+        (queries, replay)
+    };
+    let (spread_queries, spread_replay) = measure(spread, spread_head);
+    let (late_queries, late_replay) = measure(late, late_head);
+    [spread_queries, late_queries, spread_replay, late_replay]
+}
+
 /// Full replay and the read-only pass over a default-layout history of `count` atoms, as
 /// appended and after one compaction round has cold-compressed its sealed segments (8 MiB, so
 /// that most of the history is sealed): (replay, read only) before, the round's time, and
@@ -203,6 +242,18 @@ fn main() {
             whole.as_secs_f64() / targeted.as_secs_f64()
         ));
     }
+    // A run begun after everything else walks only its own span of the index.
+    let (total, run_atoms) = if test_mode { (8_192, 64) } else { (160_000, 100) };
+    let [spread_q, late_q, spread_r, late_r] =
+        late_run_queries(&root, total, run_atoms, if test_mode { 1 } else { 15 });
+    lines.push(format!(
+        "a run of {run_atoms} atoms in a store of {total}: agent_atoms + incomplete_atoms {:.3} ms spread across the store, {:.3} ms begun after it ({:.0}x); its full replay {:.2} ms and {:.2} ms",
+        spread_q.as_secs_f64() * 1e3,
+        late_q.as_secs_f64() * 1e3,
+        spread_q.as_secs_f64() / late_q.as_secs_f64(),
+        spread_r.as_secs_f64() * 1e3,
+        late_r.as_secs_f64() * 1e3
+    ));
     if std::env::args().skip(1).any(|arg| arg == "interleaved") {
         print_summary(&lines);
         return;
