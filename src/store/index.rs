@@ -268,8 +268,7 @@ impl StoreIndex {
     /// Ids of every atom of `run` whose start is durable, in id order: the entries of its atom
     /// span only.
     pub fn run_atoms(&self, run: RunId) -> impl Iterator<Item = (AtomId, &AtomEntry)> {
-        let (first, last) = self.run(run).map_or((0, 0), |entry| entry.atom_span);
-        let (from, to) = (first.saturating_sub(1) as usize, last as usize);
+        let (from, to) = self.atom_span(run);
         self.atoms
             .iter_from(from)
             .take_while(move |(at, _)| *at < to)
@@ -277,9 +276,16 @@ impl StoreIndex {
             .map(|(at, entry)| (AtomId(at as u64 + 1), entry))
     }
 
+    /// The atom-table entries `from..to` the atoms of `run` lie in (empty for a run without
+    /// atoms, or an unknown one).
+    pub fn atom_span(&self, run: RunId) -> (usize, usize) {
+        let (first, last) = self.run(run).map_or((0, 0), |entry| entry.atom_span);
+        (first.saturating_sub(1) as usize, last as usize)
+    }
+
     /// Widens the atom span of `run` to cover atom `id`.
     pub fn note_run_atom(&mut self, run: u32, id: u32) {
-        if let Some(entry) = self.runs.get_mut((run as usize).wrapping_sub(1)) {
+        if let Some(entry) = self.run_mut(RunId(u64::from(run))) {
             let (first, last) = &mut entry.atom_span;
             if *first == 0 || id < *first {
                 *first = id;
@@ -311,10 +317,10 @@ impl StoreIndex {
     /// Marks every atom of (`run`, `agent`) after `after` abandoned; returns them. Walks the
     /// run's atom span after `after` only.
     pub fn abandon_after(&mut self, run: u32, agent: u32, after: u64) -> Vec<AtomId> {
-        let (first, last) = self.runs.get((run as usize).wrapping_sub(1)).map_or((0, 0), |entry| entry.atom_span);
-        let from = usize::try_from(after).unwrap_or(usize::MAX).max(first.saturating_sub(1) as usize);
+        let (first, last) = self.atom_span(RunId(u64::from(run)));
+        let from = usize::try_from(after).unwrap_or(usize::MAX).max(first);
         let mut abandoned = Vec::new();
-        for (at, entry) in self.atoms.iter_mut_from(from).take_while(|(at, _)| *at < last as usize) {
+        for (at, entry) in self.atoms.iter_mut_from(from).take_while(|(at, _)| *at < last) {
             if entry.run == run && entry.agent == agent && entry.state != EntryState::Vacant && !entry.abandoned {
                 entry.abandoned = true;
                 abandoned.push(AtomId(at as u64 + 1));

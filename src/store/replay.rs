@@ -464,7 +464,7 @@ impl Store {
             let run = entry.run;
             // No atom of the run lies below its span (parents are of the same run), so a run
             // begun after many others' atoms does not walk them.
-            let span_floor = index.run(RunId(u64::from(run))).map_or(0, |r| u64::from(r.atom_span.0).saturating_sub(1));
+            let span_floor = index.atom_span(RunId(u64::from(run))).0 as u64;
             let floor = after.unwrap_or(0).max(span_floor).min(atom.0 - 1);
             // The run's atoms in the span, read from the index's written pages only.
             let range = usize::try_from(floor).unwrap_or(usize::MAX)..usize::try_from(atom.0).unwrap_or(usize::MAX);
