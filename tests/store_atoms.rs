@@ -393,6 +393,84 @@ fn by_default_only_large_records_are_compressed_as_they_are_appended() {
 }
 
 #[test]
+fn last_agent_atom_is_the_newest_atom_a_rollback_left_in_place() {
+    // Three runs and three agents written in a random interleaving of completed atoms, atoms
+    // left running and rollbacks: after every step, and after reopening from an index
+    // checkpoint and by a whole fold, each agent's last_agent_atom must be the newest of its
+    // atoms the test's own record says no rollback abandoned (and agent_atoms every atom).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = || Store::builder(dir.path()).snapshot_policy(continuum::SnapshotPolicy::NEVER).background(false).open();
+    let store = open().expect("open");
+    let runs: Vec<_> =
+        ["r0", "r1", "r2"].iter().map(|name| store.create_run(RunSpec::new(*name)).expect("run")).collect();
+    let agents = ["planner", "coder", "critic"];
+    // (run index, agent index) -> every atom, with whether a rollback abandoned it.
+    let mut written = std::collections::BTreeMap::<(usize, usize), Vec<(continuum::AtomId, bool)>>::new();
+    let check = |store: &Store,
+                 written: &std::collections::BTreeMap<(usize, usize), Vec<(continuum::AtomId, bool)>>,
+                 when: &str| {
+        for (r, run) in runs.iter().enumerate() {
+            for (a, agent) in agents.iter().enumerate() {
+                let atoms = written.get(&(r, a)).cloned().unwrap_or_default();
+                let head = atoms.iter().rev().find(|(_, abandoned)| !abandoned).map(|(atom, _)| *atom);
+                assert_eq!(store.last_agent_atom(*run, agent), head, "{when}: head of {agent} in run {r}");
+                let all: Vec<_> = atoms.iter().map(|(atom, _)| *atom).collect();
+                assert_eq!(store.agent_atoms(*run, agent), all, "{when}: atoms of {agent} in run {r}");
+            }
+            assert_eq!(store.last_agent_atom(*run, "nobody"), None, "{when}");
+        }
+        assert_eq!(store.last_agent_atom(continuum::RunId::from_raw(99), "planner"), None, "{when}");
+    };
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |bound: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % bound
+    };
+    for step in 0..400 {
+        let (r, a) = (next(3) as usize, next(3) as usize);
+        let (run, agent) = (runs[r], agents[a]);
+        let atoms = written.entry((r, a)).or_default();
+        let live: Vec<_> = atoms.iter().filter(|(_, abandoned)| !abandoned).map(|(atom, _)| *atom).collect();
+        match next(10) {
+            0 if !live.is_empty() => {
+                let to = live[next(live.len() as u64) as usize];
+                let abandoned = store.rollback(run, agent, to, "retry").expect("rollback");
+                let mut expected = Vec::new();
+                for (atom, gone) in atoms.iter_mut().filter(|(atom, gone)| *atom > to && !*gone) {
+                    *gone = true;
+                    expected.push(*atom);
+                }
+                assert_eq!(abandoned, expected, "step {step}: rollback of {agent} in run {r}");
+            }
+            1 => {
+                let atom = store.begin_atom(run, agent, &format!("{step}"), &[], "").expect("begin");
+                atoms.push((atom, false));
+            }
+            _ => {
+                let parents: Vec<_> = live.last().copied().into_iter().collect();
+                let atom =
+                    store.record_atom(run, agent, &format!("{step}"), &parents, "", &output(step)).expect("record");
+                atoms.push((atom, false));
+            }
+        }
+        check(&store, &written, &format!("step {step}"));
+    }
+    assert!(written.values().flatten().any(|(_, abandoned)| *abandoned), "the interleaving rolled something back");
+    store.checkpoint_index().expect("checkpoint");
+    drop(store);
+    let store = open().expect("reopen from the checkpoint");
+    assert!(store.index_checkpoint().opened_from.is_some());
+    check(&store, &written, "reopened from a checkpoint");
+    drop(store);
+    std::fs::remove_file(dir.path().join("index.ckpt")).expect("remove the checkpoint");
+    let store = open().expect("reopen");
+    assert!(store.index_checkpoint().opened_from.is_none());
+    check(&store, &written, "reopened by a whole fold");
+}
+
+#[test]
 fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
     // Run "early" writes throughout, "late" is created half-way and "burst" writes one short
     // stretch: each query walks only its run's span of the atom table, so it must find the

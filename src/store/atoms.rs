@@ -446,6 +446,32 @@ impl Store {
         index.run_atoms(run).filter(|(_, entry)| entry.agent == agent_id).map(|(atom, _)| atom).collect()
     }
 
+    /// The newest atom of `agent` in `run` that no rollback abandoned: the agent's head, where
+    /// it resumes from, or what a checkpointer's "latest checkpoint of this thread" asks for.
+    /// After [`Store::rollback`] to `to` it is `to` until the agent records another atom. The
+    /// run's atoms are walked from its newest back to the agent's, so an agent that is its
+    /// run's only one, or among its latest, is found at once, however long the run.
+    ///
+    /// ```
+    /// # use continuum::{AtomOutput, RunSpec, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::open(dir.path())?;
+    /// let run = store.create_run(RunSpec::new("triage"))?;
+    /// assert_eq!(store.last_agent_atom(run, "planner"), None);
+    /// let first = store.record_atom(run, "planner", "step-1", &[], "", &AtomOutput::default())?;
+    /// let second = store.record_atom(run, "planner", "step-2", &[first], "", &AtomOutput::default())?;
+    /// store.record_atom(run, "critic", "review-1", &[second], "", &AtomOutput::default())?;
+    /// assert_eq!(store.last_agent_atom(run, "planner"), Some(second));
+    /// store.rollback(run, "planner", first, "try step 2 again")?;
+    /// assert_eq!(store.last_agent_atom(run, "planner"), Some(first));
+    /// # Ok::<(), continuum::Error>(())
+    /// ```
+    pub fn last_agent_atom(&self, run: RunId, agent: &str) -> Option<AtomId> {
+        let index = self.shared.index.read();
+        let agent_id = u32::try_from(run.0).ok().and_then(|run32| index.agent_id(run32, agent))?;
+        index.last_run_atom(run, |entry| entry.agent == agent_id && !entry.abandoned)
+    }
+
     /// Atoms of `run` that started and did not complete (running, or failed retryably).
     pub fn incomplete_atoms(&self, run: RunId) -> Vec<AtomId> {
         let index = self.shared.index.read();

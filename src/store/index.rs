@@ -276,6 +276,18 @@ impl StoreIndex {
             .map(|(at, entry)| (AtomId(at as u64 + 1), entry))
     }
 
+    /// The newest atom of `run` (highest id, durable start) whose entry satisfies `wanted`:
+    /// the run's atom span walked from its end, so the cost is the entries after the match,
+    /// not the run's size.
+    pub fn last_run_atom(&self, run: RunId, mut wanted: impl FnMut(&AtomEntry) -> bool) -> Option<AtomId> {
+        let (from, to) = self.atom_span(run);
+        (from..to).rev().find_map(|at| {
+            let entry = self.atoms.get(at)?;
+            let found = u64::from(entry.run) == run.0 && entry.state.status().is_some() && wanted(entry);
+            found.then_some(AtomId(at as u64 + 1))
+        })
+    }
+
     /// The atom-table entries `from..to` the atoms of `run` lie in (empty for a run without
     /// atoms, or an unknown one).
     pub fn atom_span(&self, run: RunId) -> (usize, usize) {
