@@ -160,6 +160,7 @@ pub struct Metrics {
     snapshot_fallbacks: AtomicU64,
     rebuild_targeted_scans: AtomicU64,
     rebuild_scan_fallbacks: AtomicU64,
+    rebuild_shared_scans: AtomicU64,
     snapshot_lull_wait_ns: Histogram,
     snapshot_lull_timeouts: AtomicU64,
     index_rebuilds: AtomicU64,
@@ -208,6 +209,7 @@ impl Metrics {
             snapshot_fallbacks: AtomicU64::new(0),
             rebuild_targeted_scans: AtomicU64::new(0),
             rebuild_scan_fallbacks: AtomicU64::new(0),
+            rebuild_shared_scans: AtomicU64::new(0),
             snapshot_lull_wait_ns: Histogram::default(),
             snapshot_lull_timeouts: AtomicU64::new(0),
             index_rebuilds: AtomicU64::new(0),
@@ -321,6 +323,12 @@ impl Metrics {
         }
     }
 
+    /// `rebuilds` rebuilds (policy snapshots of several agents) read the log in one shared
+    /// pass.
+    pub(crate) fn record_shared_scan(&self, rebuilds: u64) {
+        add(&self.rebuild_shared_scans, rebuilds);
+    }
+
     /// The background thread waited `waited` for a lull in the appends before writing policy
     /// snapshots; `timed_out`: it gave up at its limit and wrote them anyway.
     pub(crate) fn record_snapshot_lull_wait(&self, waited: Duration, timed_out: bool) {
@@ -392,6 +400,7 @@ impl Metrics {
             snapshot_fallbacks: load(&self.snapshot_fallbacks),
             rebuild_targeted_scans: load(&self.rebuild_targeted_scans),
             rebuild_scan_fallbacks: load(&self.rebuild_scan_fallbacks),
+            rebuild_shared_scans: load(&self.rebuild_shared_scans),
             snapshot_lull_wait_ns: self.snapshot_lull_wait_ns.snapshot(),
             snapshot_lull_timeouts: load(&self.snapshot_lull_timeouts),
             index_rebuilds: load(&self.index_rebuilds),
@@ -529,12 +538,16 @@ pub struct MetricsSnapshot {
     /// Snapshots a rebuild skipped because they failed verification.
     pub snapshot_fallbacks: u64,
     /// Rebuild scans that read only their run's records, at the LSNs the store's index holds
-    /// for them, stepping over the other runs' (the run's records were at most half of the
-    /// range; docs/ARCHITECTURE.md, "Replay").
+    /// for them, stepping over the other runs' (the run's records were at most one in 128 of
+    /// the range; docs/ARCHITECTURE.md, "Replay").
     pub rebuild_targeted_scans: u64,
     /// Those of them whose LSNs did not all hold the run's records (the index disagreed with
     /// the log, which should never happen): each then scanned the whole range instead.
     pub rebuild_scan_fallbacks: u64,
+    /// Rebuilds for policy snapshots whose records were read in one pass over the log shared
+    /// with other agents' due at the same time, instead of one pass each (docs/ARCHITECTURE.md,
+    /// "Snapshot policy").
+    pub rebuild_shared_scans: u64,
     /// How long the background thread waited for a lull in the appends before it wrote the
     /// policy snapshots it had taken (one value per wait).
     pub snapshot_lull_wait_ns: HistogramSnapshot,
@@ -582,7 +595,7 @@ impl MetricsSnapshot {
     /// `continuum_*_total`, histograms as summaries in seconds with 0.5 and 0.99 quantiles.
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, u64); 27] = [
+        let counters: [(&str, &str, u64); 28] = [
             ("records", "Records appended", self.records),
             ("record_bytes", "Bytes of frames appended (headers and padding included)", self.record_bytes),
             ("batches", "Batches appended", self.batches),
@@ -607,6 +620,11 @@ impl MetricsSnapshot {
                 "rebuild_scan_fallbacks",
                 "Targeted rebuild scans that fell back to the whole range",
                 self.rebuild_scan_fallbacks,
+            ),
+            (
+                "rebuild_shared_scans",
+                "Policy-snapshot rebuilds that shared one pass over the log",
+                self.rebuild_shared_scans,
             ),
             (
                 "snapshot_lull_timeouts",

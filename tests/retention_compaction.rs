@@ -129,6 +129,54 @@ fn the_background_thread_writes_policy_snapshots() {
 }
 
 #[test]
+fn agents_half_way_to_a_snapshot_join_a_round_whose_rebuilds_share_one_read() {
+    // Eight agents, each its own run, write side by side, round robin: agents 5-7 ten atoms
+    // each (their snapshots fall due at the tenth, in the last round), agents 0-4 five to
+    // nine (half way or more, none due). The round the background thread writes after the
+    // burst takes agents 0-4 too, at their newest atoms, and the rebuilds share a read of the
+    // log. Every snapshot must hold exactly its agent's fold.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::builder(dir.path()).snapshot_policy(every(10)).open().expect("open");
+    let totals = [5, 6, 7, 8, 9, 10, 10, 10];
+    let runs: Vec<_> =
+        (0..totals.len()).map(|k| store.create_run(RunSpec::new(format!("agent-{k}"))).expect("run")).collect();
+    let mut transcript = Transcript::new(41);
+    let mut heads: Vec<Vec<(AtomId, Delta)>> = vec![Vec::new(); totals.len()];
+    for round in 0..10 {
+        for (k, total) in totals.iter().enumerate() {
+            if round >= *total {
+                continue;
+            }
+            let parents: Vec<AtomId> = heads[k].last().map(|(atom, _)| *atom).into_iter().collect();
+            let delta = transcript.next_delta(400);
+            let atom = store
+                .record_atom(runs[k], "agent", &format!("step-{round}"), &parents, "", &output(delta.clone()))
+                .expect("record");
+            heads[k].push((atom, delta));
+        }
+    }
+    let lasts: BTreeSet<AtomId> = heads.iter().map(|chain| chain.last().expect("atoms").0).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.snapshots().len() < totals.len() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let snapshots: BTreeSet<AtomId> = store.snapshots().into_iter().collect();
+    assert_eq!(snapshots, lasts, "one snapshot per agent, at its newest atom");
+    let shared = store.log().metrics().rebuild_shared_scans;
+    assert!(shared >= 6, "{shared} rebuilds shared a read of the log");
+    for chain in &heads {
+        let (last, _) = chain.last().expect("atoms");
+        let rebuilt = store.rebuild_context(*last).expect("rebuild");
+        assert_eq!(rebuilt.snapshot, Some(*last), "the rebuild starts from the snapshot itself");
+        let mut expected = Context::new();
+        for (_, delta) in chain {
+            expected.apply(delta);
+        }
+        assert_eq!(rebuilt.context.encode(), expected.encode(), "the snapshot of {last:?}");
+    }
+}
+
+#[test]
 fn a_clean_close_writes_the_snapshots_still_due() {
     let dir = tempfile::tempdir().expect("tempdir");
     let open = |background: bool| {

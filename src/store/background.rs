@@ -178,6 +178,20 @@ fn run(
             let timed_out = !found && !stopping.load(Ordering::Acquire);
             store.shared.log.metrics_handle().record_snapshot_lull_wait(started.elapsed(), timed_out);
             take_newer(due, &mut ready);
+            // The agents half way to their next snapshot join this round (see
+            // `Store::take_half_due`), except those written within the interval.
+            let half_due = store.take_half_due(|agent| {
+                recent.written.contains_key(&agent) || ready.iter().any(|(taken, _)| *taken == agent)
+            });
+            // A request of theirs still waiting is for an older atom than this one's.
+            let mut waiting = due.lock();
+            for (agent, atom) in &half_due {
+                if waiting.get(agent).is_some_and(|older| older <= atom) {
+                    waiting.remove(agent);
+                }
+            }
+            drop(waiting);
+            ready.extend(half_due);
         }
         write_snapshots(&store, ready, Pace::Yielding(stopping), &mut recent);
     }
@@ -214,14 +228,27 @@ enum Pace<'a> {
 /// of each agent, so snapshots then come less often than the policy asks, never in a backlog.
 const SNAPSHOT_YIELD_FACTOR: u32 = 3;
 
+/// Policy snapshots written together, their rebuilds sharing one read of the log where their
+/// agents' records interleave (`Store::policy_snapshots`); the pause after them is paced on
+/// their time together.
+const SNAPSHOTS_TOGETHER_MAX: usize = 32;
+
 /// Writes the policy snapshots of `due` (agent, atom) and notes when each agent's began; a
 /// failure is logged and the others are still written.
 fn write_snapshots(store: &Store, due: Vec<(u32, AtomId)>, pace: Pace, recent: &mut RecentSnapshots) {
-    for (agent, atom) in due {
+    for chunk in due.chunks(SNAPSHOTS_TOGETHER_MAX) {
         let started = Instant::now();
-        recent.written.insert(agent, started);
-        if let Err(error) = store.policy_snapshot(atom) {
-            tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+        let atoms: Vec<AtomId> = chunk
+            .iter()
+            .map(|(agent, atom)| {
+                recent.written.insert(*agent, started);
+                *atom
+            })
+            .collect();
+        for (atom, result) in atoms.iter().zip(store.policy_snapshots(&atoms)) {
+            if let Err(error) = result {
+                tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+            }
         }
         std::thread::sleep(pause_after(started.elapsed(), pace));
     }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::log::FrameCompression;
+use crate::store::types::AtomId;
 
 /// When a full snapshot of an agent's context is written: after `every_atoms` completed atoms
 /// of the agent, or `every` of wall time since its last snapshot, whichever comes first
@@ -144,11 +145,15 @@ impl Policies {
 pub(crate) struct SnapshotClock {
     pub atoms: u32,
     pub since: Instant,
+    /// The agent's newest completed atom counted since the last snapshot.
+    pub last: Option<AtomId>,
+    /// The policy its run follows (the store's, or the run's own).
+    pub policy: SnapshotPolicy,
 }
 
 impl SnapshotClock {
-    pub fn new() -> Self {
-        Self { atoms: 0, since: Instant::now() }
+    pub fn new(policy: SnapshotPolicy) -> Self {
+        Self { atoms: 0, since: Instant::now(), last: None, policy }
     }
 }
 

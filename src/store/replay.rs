@@ -106,6 +106,8 @@ struct RunMembers {
     slots: Slots,
     /// Whether the atom at each slot is the run's (all of them, for sparse slots).
     members: Vec<bool>,
+    /// How many are.
+    count: usize,
 }
 
 impl RunMembers {
@@ -114,12 +116,20 @@ impl RunMembers {
     fn dense(floor: u64, len: usize, members_at: impl Iterator<Item = usize>) -> Self {
         let slots = Slots::Dense { floor, len };
         let mut members = vec![false; len];
+        let mut count = 0;
         for at in members_at {
             if let Some(slot) = slots.slot(at as u64 + 1) {
+                count += usize::from(!members[slot]);
                 members[slot] = true;
             }
         }
-        Self { slots, members }
+        Self { slots, members, count }
+    }
+
+    /// Sparse slots: exactly the members `ids` (ascending).
+    fn sparse(ids: Vec<u64>) -> Self {
+        let count = ids.len();
+        Self { members: vec![true; count], slots: Slots::Sparse { ids }, count }
     }
 
     fn contains(&self, atom: u64) -> bool {
@@ -171,11 +181,106 @@ struct ScannedCompletion {
 }
 
 impl ScanPart {
+    /// An empty part for a span of `span_lsns` LSNs of the run `in_run`. A run's atoms write
+    /// two records each: its tables are reserved for all of the span being the run's, or all
+    /// of the run's atoms being in it, whichever is fewer, so that they never grow by copying.
+    fn for_span(span_lsns: u64, in_run: &RunMembers) -> Self {
+        let expected = usize::try_from(span_lsns / 2).unwrap_or(0).min(in_run.count);
+        ScanPart {
+            starts: Vec::with_capacity(expected),
+            parents: Vec::with_capacity(expected),
+            completions: Vec::with_capacity(expected),
+            sources: HeldSources::default(),
+            matched: 0,
+        }
+    }
+
     /// The record `completion` of this part: its LSN and bytes.
     fn completion(&self, completion: &ScannedCompletion) -> Completion<'_> {
         (completion.lsn, self.sources.bytes(completion.record))
     }
 }
+
+/// What the scan of one rebuild reads ([`Store::plan_scan`]): the run's atoms after the floor,
+/// the LSN range from the first one's start record to the rebuilt atom's last record, and,
+/// when the run's records are at most one in [`TARGETED_RANGE_RATIO`] of that range, their
+/// LSNs (ascending) and atoms, to read instead of the range.
+struct ScanPlan {
+    in_run: RunMembers,
+    from_lsn: u64,
+    to_lsn: u64,
+    targeted: Option<(Vec<u64>, Vec<u64>)>,
+}
+
+/// A scan's reading of the records it visits, with the buffers it reuses from one to the next.
+struct Reading<'s> {
+    store: &'s Store,
+    reader: crate::codec::BodyReader<'s>,
+    scratch: Vec<u8>,
+    parents: Vec<u64>,
+}
+
+impl<'s> Reading<'s> {
+    fn new(store: &'s Store) -> Self {
+        Self { store, reader: store.shared.codec.body_reader(), scratch: Vec::new(), parents: Vec::new() }
+    }
+
+    /// The kind and atom of `record` if it is an atom's start, completion, reclaimed
+    /// completion or failure; `None` for any other record.
+    fn peek_atom(&self, lsn: u64, record: &RecordRef<'_>) -> Result<Option<(RecordKind, u64)>> {
+        let (kind, subject) =
+            self.store.shared.codec.peek(record.bytes()).map_err(|source| Error::Codec { lsn, source })?;
+        let atom_record = matches!(
+            kind,
+            RecordKind::AtomStarted | RecordKind::AtomCompleted | RecordKind::AtomReclaimed | RecordKind::AtomFailed
+        );
+        Ok(atom_record.then_some((kind, subject)))
+    }
+
+    /// Keeps an atom record of `kind` about `subject` in `part`: a start record's parents, or
+    /// a completion (or reclaimed completion) held where it lies, for decoding later. A
+    /// failure adds nothing.
+    fn keep(
+        &mut self,
+        part: &mut ScanPart,
+        kind: RecordKind,
+        subject: u64,
+        lsn: u64,
+        record: &RecordRef<'_>,
+    ) -> Result<()> {
+        let codec_error = |source: CodecError| Error::Codec { lsn, source };
+        match kind {
+            RecordKind::AtomFailed => {}
+            RecordKind::AtomStarted => {
+                let bytes = record.bytes();
+                let body = self.reader.body(bytes, &mut self.scratch).map_err(codec_error)?;
+                if delta_view::read_start_parents(body, subject, &mut self.parents).is_err() {
+                    // Not the plain encoding the fast reader expects: let prost decide.
+                    match self.store.shared.codec.decode(bytes).map_err(codec_error)? {
+                        StoreRecord::AtomStarted(started) => self.parents = started.parents,
+                        _ => return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
+                    }
+                }
+                part.starts.push((subject, part.parents.len(), self.parents.len()));
+                part.parents.extend_from_slice(&self.parents);
+            }
+            _ => {
+                let record = part
+                    .sources
+                    .hold(record)
+                    .ok_or(Error::InconsistentLog { lsn, reason: "a record lies past 4 GiB of its segment" })?;
+                part.completions.push(ScannedCompletion { atom: subject, lsn, record });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// At most this many rebuilds share one pass over the log (each record is offered to every
+/// one of them), and their planned tables stop growing past this many atom ids (about 18
+/// bytes each, as for one rebuild's dense span).
+const SHARED_SCAN_PLANS_MAX: usize = 64;
+const SHARED_SCAN_IDS_MAX: usize = 1 << 22;
 
 /// Snapshots tried before a rebuild falls back to the log from the start.
 const SNAPSHOT_CANDIDATES_MAX: usize = 8;
@@ -213,6 +318,30 @@ impl RunScan {
             parts: Vec::new(),
             part_starts: Vec::new(),
         }
+    }
+
+    /// The scan of `slots` from the parts that found its records, in LSN order.
+    fn assemble(slots: Slots, found: Vec<Result<ScanPart>>) -> Result<Self> {
+        let mut scan = RunScan::new(slots);
+        let too_many = || Error::InvalidConfig { reason: "a rebuild's history has over 4 billion records".into() };
+        let mut numbered = 0u32;
+        for part in found {
+            let part = part?;
+            for &(atom, start, len) in &part.starts {
+                if let Some(slot) = scan.slot(atom) {
+                    scan.set_parents(slot, part.parents.get(start..start + len).unwrap_or_default())?;
+                }
+            }
+            scan.part_starts.push(numbered);
+            for completion in &part.completions {
+                if let Some(slot) = scan.slot(completion.atom) {
+                    scan.completions[slot] = numbered;
+                }
+                numbered = numbered.checked_add(1).filter(|n| *n != NO_COMPLETION).ok_or_else(too_many)?;
+            }
+            scan.parts.push(part);
+        }
+        Ok(scan)
     }
 
     /// The completion record of the atom at `slot`, if the scan saw one.
@@ -333,6 +462,109 @@ impl Store {
         }
     }
 
+    /// Rebuilds `atoms` on this thread for policy snapshots, handing each result to `done`
+    /// (with the atom's position in `atoms`) as soon as it is ready, so that at most one
+    /// rebuilt context is held at a time. Each result is what [`Store::rebuild_context`]
+    /// returns for its atom. Each rebuild starts from its atom's newest snapshot (or the
+    /// log's start); the scans of rebuilds whose LSN ranges overlap, agents writing side by
+    /// side, are one pass over the log ([`Store::scan_shared`]) instead of one each. A rebuild
+    /// that reads only its run's records (`TARGETED_RANGE_RATIO`), or whose shared scan cannot
+    /// start it (its snapshot failed verification or is not on its path, or the pass failed),
+    /// is done on its own, the ordinary way.
+    pub(crate) fn rebuild_several(&self, atoms: &[AtomId], mut done: impl FnMut(usize, Result<Rebuilt>)) {
+        let mut alone = Vec::new();
+        let mut next = 0;
+        while next < atoms.len() {
+            // Plan the next atoms until their tables reach the budget.
+            let mut planned: Vec<(usize, Option<u64>, ScanPlan)> = Vec::new();
+            let mut ids = 0;
+            while next < atoms.len() && planned.len() < SHARED_SCAN_PLANS_MAX && ids < SHARED_SCAN_IDS_MAX {
+                let (at, atom) = (next, atoms[next]);
+                next += 1;
+                let candidate = self.snapshot_candidates(atom).first().copied();
+                match self.plan_scan(atom, candidate) {
+                    Ok(plan) if plan.targeted.is_none() => {
+                        ids += plan.in_run.slots.len();
+                        planned.push((at, candidate, plan));
+                    }
+                    _ => alone.push(at),
+                }
+            }
+            // Plans whose ranges overlap (or touch) share a pass: the union of their ranges
+            // is then one interval, every LSN of which some plan needs.
+            planned.sort_by_key(|(_, _, plan)| plan.from_lsn);
+            let mut planned = planned.into_iter().peekable();
+            while let Some(first) = planned.next() {
+                let mut to_lsn = first.2.to_lsn;
+                let mut group = vec![first];
+                while let Some(joining) = planned.next_if(|(_, _, plan)| plan.from_lsn <= to_lsn.saturating_add(1)) {
+                    to_lsn = to_lsn.max(joining.2.to_lsn);
+                    group.push(joining);
+                }
+                let started = std::time::Instant::now();
+                let plans: Vec<&ScanPlan> = group.iter().map(|(_, _, plan)| plan).collect();
+                let Ok(parts) = self.scan_shared(&plans) else {
+                    alone.extend(group.iter().map(|(at, _, _)| *at));
+                    continue;
+                };
+                let (rebuilds, mut finished) = (group.len() as u64, 0);
+                for ((at, candidate, plan), part) in group.into_iter().zip(parts) {
+                    match self.rebuild_from_part(atoms[at], candidate, plan, part) {
+                        Some(rebuilt) => {
+                            finished += 1;
+                            self.record_rebuild(&rebuilt, started);
+                            done(at, rebuilt);
+                        }
+                        None => alone.push(at),
+                    }
+                }
+                if rebuilds > 1 {
+                    self.shared.log.metrics_handle().record_shared_scan(finished);
+                }
+            }
+        }
+        for at in alone {
+            done(at, self.rebuild_recorded(atoms[at], None));
+        }
+    }
+
+    /// The rebuild of `atom` from the snapshot `candidate` (the log's start for `None`), given
+    /// what the scan planned by `plan` found; `None` if the snapshot cannot start it (not on
+    /// its path, or it failed verification: the ordinary rebuild then falls back and reports
+    /// it).
+    fn rebuild_from_part(
+        &self,
+        atom: AtomId,
+        candidate: Option<u64>,
+        plan: ScanPlan,
+        part: ScanPart,
+    ) -> Option<Result<Rebuilt>> {
+        let scan = match RunScan::assemble(plan.in_run.slots, vec![Ok(part)]) {
+            Ok(scan) => scan,
+            Err(error) => return Some(Err(error)),
+        };
+        let (mut context, pending) = match candidate {
+            Some(candidate) => {
+                let pending = scan.after_snapshot(atom.0, candidate)?;
+                match self.load_snapshot(candidate) {
+                    Ok(Ok(context)) => (context, pending),
+                    Ok(Err(_)) => return None,
+                    Err(error) => return Some(Err(error)),
+                }
+            }
+            None => match scan.ancestry(atom.0) {
+                Ok(pending) => (Context::new(), pending),
+                Err(error) => return Some(Err(error)),
+            },
+        };
+        Some(apply_deltas(self, &scan, &mut context, &pending, None).map(|atoms_applied| Rebuilt {
+            context,
+            snapshot: candidate.map(AtomId),
+            fallbacks: Vec::new(),
+            atoms_applied,
+        }))
+    }
+
     /// [`Store::rebuild_context`] decoding on `threads` threads (for measuring the speedup).
     #[doc(hidden)]
     pub fn rebuild_context_with_threads(&self, atom: AtomId, threads: usize) -> Result<Rebuilt> {
@@ -421,15 +653,29 @@ impl Store {
         name: NameDurability,
         pool: Option<&rayon::ThreadPool>,
     ) -> Result<()> {
+        self.snapshottable(atom)?;
+        let rebuilt = self.rebuild_recorded(atom, pool)?;
+        self.publish_snapshot(atom, &rebuilt.context, name)
+    }
+
+    /// Whether `atom` may have a snapshot: it must have completed.
+    ///
+    /// # Errors
+    /// [`Error::UnknownAtom`], or [`Error::InvalidTransition`] if it has not completed.
+    pub(crate) fn snapshottable(&self, atom: AtomId) -> Result<()> {
         let status = self.shared.index.read().atom(atom).and_then(|entry| entry.state.status());
         match status {
-            Some(AtomStatus::Completed) => {}
-            Some(_) => return Err(Error::InvalidTransition { atom: atom.0, from: "unfinished", to: "snapshotted" }),
-            None => return Err(Error::UnknownAtom { atom: atom.0 }),
+            Some(AtomStatus::Completed) => Ok(()),
+            Some(_) => Err(Error::InvalidTransition { atom: atom.0, from: "unfinished", to: "snapshotted" }),
+            None => Err(Error::UnknownAtom { atom: atom.0 }),
         }
-        let rebuilt = self.rebuild_recorded(atom, pool)?;
+    }
+
+    /// Writes `context`, rebuilt as of `atom`, as `atom`'s snapshot file, adds it to the set
+    /// and applies retention to its agent's snapshots.
+    pub(crate) fn publish_snapshot(&self, atom: AtomId, context: &Context, name: NameDurability) -> Result<()> {
         let started = std::time::Instant::now();
-        let bytes = snapshot::encode(atom.0, &rebuilt.context)?;
+        let bytes = snapshot::encode(atom.0, context)?;
         snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes)?;
         match name {
             // IMPORTANT: the rename is durable only once the directory is synced.
@@ -454,7 +700,31 @@ impl Store {
     /// (all of them for `None`) to `atom`'s last record, keeping the start records' parents
     /// and the completion records of the run's atoms.
     fn scan_run(&self, atom: AtomId, after: Option<u64>, pool: Option<&rayon::ThreadPool>) -> Result<RunScan> {
-        // Which atoms up to `atom` belong to the run, taken once so that the scan holds no lock.
+        let plan = self.plan_scan(atom, after)?;
+        let found = match &plan.targeted {
+            Some((lsns, atoms)) => self.scan_targeted(atom, &plan.in_run, lsns, atoms, pool),
+            None => None,
+        };
+        let found = match found {
+            Some(found) => found,
+            // Split the LSN range evenly over the pool's threads; each part seeks to its start
+            // through the segments' sparse index.
+            None => {
+                let (from_lsn, to_lsn) = (plan.from_lsn, plan.to_lsn);
+                let range_lsns = to_lsn - from_lsn + 1;
+                self.scan_parts(pool, range_lsns, &plan.in_run, |i, parts| {
+                    let step = range_lsns.div_ceil(parts as u64);
+                    let from = from_lsn + i as u64 * step;
+                    ScanSpan::Range(from, (from + step - 1).min(to_lsn))
+                })
+            }
+        };
+        RunScan::assemble(plan.in_run.slots, found)
+    }
+
+    /// What the scan of `atom`'s rebuild from the snapshot `after` (the log's start for `None`)
+    /// reads: taken from the index under its read lock, so that the scan itself holds none.
+    fn plan_scan(&self, atom: AtomId, after: Option<u64>) -> Result<ScanPlan> {
         // Only atoms after the snapshot matter: the rebuild stops at the snapshot. Atoms after
         // `atom` do not matter; the run's atoms between the floor and it bound the scan.
         let targeted_scans = self.shared.targeted_scans.load(std::sync::atomic::Ordering::Relaxed);
@@ -519,74 +789,53 @@ impl Store {
                     RunMembers::dense(floor, dense_len()?, in_span().map(|(at, _)| at))
                 } else {
                     // Every id listed is a member.
-                    let ids: Vec<u64> = in_span().map(|(at, _)| at as u64 + 1).collect();
-                    RunMembers { members: vec![true; ids.len()], slots: Slots::Sparse { ids } }
+                    RunMembers::sparse(in_span().map(|(at, _)| at as u64 + 1).collect())
                 }
             };
             (in_run, first.unwrap_or(entry.started_lsn), to_lsn, lsns)
         };
         lsns.retain(|(lsn, _)| (from_lsn..=to_lsn).contains(lsn));
         let range_lsns = to_lsn - from_lsn + 1;
-        let found = if !lsns.is_empty() && (lsns.len() as u64).saturating_mul(TARGETED_RANGE_RATIO) <= range_lsns {
-            lsns.sort_unstable();
-            lsns.dedup_by_key(|(lsn, _)| *lsn);
-            let (lsns, atoms): (Vec<u64>, Vec<u64>) = lsns.into_iter().map(|(lsn, at)| (lsn, at as u64 + 1)).unzip();
-            let found = self.scan_parts(pool, lsns.len() as u64, &in_run, |i, parts| {
-                let step = lsns.len().div_ceil(parts);
-                let part = i * step..((i + 1) * step).min(lsns.len());
-                ScanSpan::Lsns(lsns.get(part.clone()).unwrap_or_default(), atoms.get(part).unwrap_or_default())
+        let targeted = (!lsns.is_empty() && (lsns.len() as u64).saturating_mul(TARGETED_RANGE_RATIO) <= range_lsns)
+            .then(|| {
+                lsns.sort_unstable();
+                lsns.dedup_by_key(|(lsn, _)| *lsn);
+                lsns.into_iter().map(|(lsn, at)| (lsn, at as u64 + 1)).unzip()
             });
-            // Every LSN the index gave must hold one of the run's records; if not, the index
-            // and the log disagree, and the scan of the whole range does not depend on it.
-            let matched = found.iter().map(|part| part.as_ref().map_or(0, |part| part.matched)).sum::<usize>();
-            let agreed = found.iter().any(Result::is_err) || matched == lsns.len();
-            self.shared.log.metrics_handle().record_targeted_scan(!agreed);
-            if agreed {
-                Some(found)
-            } else {
-                tracing::warn!(
-                    atom = atom.0,
-                    matched,
-                    expected = lsns.len(),
-                    "the index's LSNs of a run's records did not all hold them: scanning the whole range"
-                );
-                None
-            }
-        } else {
-            None
-        };
-        let found = match found {
-            Some(found) => found,
-            // Split the LSN range evenly over the pool's threads; each part seeks to its start
-            // through the segments' sparse index.
-            None => self.scan_parts(pool, range_lsns, &in_run, |i, parts| {
-                let step = range_lsns.div_ceil(parts as u64);
-                let from = from_lsn + i as u64 * step;
-                ScanSpan::Range(from, (from + step - 1).min(to_lsn))
-            }),
-        };
-        let mut scan = RunScan::new(in_run.slots.clone());
-        let too_many = || Error::InvalidConfig { reason: "a rebuild's history has over 4 billion records".into() };
-        let mut numbered = 0u32;
-        for part in found {
-            let part = part?;
-            for &(atom, start, len) in &part.starts {
-                if let Some(slot) = scan.slot(atom) {
-                    scan.set_parents(slot, part.parents.get(start..start + len).unwrap_or_default())?;
-                }
-            }
-            scan.part_starts.push(numbered);
-            for completion in &part.completions {
-                if let Some(slot) = scan.slot(completion.atom) {
-                    scan.completions[slot] = numbered;
-                }
-                numbered = numbered.checked_add(1).filter(|n| *n != NO_COMPLETION).ok_or_else(too_many)?;
-            }
-            scan.parts.push(part);
-        }
-        Ok(scan)
+        Ok(ScanPlan { in_run, from_lsn, to_lsn, targeted })
     }
 
+    /// Reads only the run's records, at the LSNs the index gave (`atoms[i]`'s at `lsns[i]`);
+    /// `None` if they do not all hold them (the index and the log disagree), in which case
+    /// the caller scans the whole range, which does not depend on the index's LSNs.
+    fn scan_targeted(
+        &self,
+        atom: AtomId,
+        in_run: &RunMembers,
+        lsns: &[u64],
+        atoms: &[u64],
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Option<Vec<Result<ScanPart>>> {
+        let found = self.scan_parts(pool, lsns.len() as u64, in_run, |i, parts| {
+            let step = lsns.len().div_ceil(parts);
+            let part = i * step..((i + 1) * step).min(lsns.len());
+            ScanSpan::Lsns(lsns.get(part.clone()).unwrap_or_default(), atoms.get(part).unwrap_or_default())
+        });
+        // Every LSN the index gave must hold one of the run's records.
+        let matched = found.iter().map(|part| part.as_ref().map_or(0, |part| part.matched)).sum::<usize>();
+        let agreed = found.iter().any(Result::is_err) || matched == lsns.len();
+        self.shared.log.metrics_handle().record_targeted_scan(!agreed);
+        if agreed {
+            return Some(found);
+        }
+        tracing::warn!(
+            atom = atom.0,
+            matched,
+            expected = lsns.len(),
+            "the index's LSNs of a run's records did not all hold them: scanning the whole range"
+        );
+        None
+    }
     /// Lets rebuilds read only their run's records when those are at most one in 128 of the
     /// range they span (`on`, the default), or makes every rebuild scan its whole range (the
     /// way they all did before; both give the same contexts). For benchmarks and tests
@@ -616,36 +865,16 @@ impl Store {
 
     /// The start and completion records of the run's atoms in `span`.
     fn scan_range(&self, span: ScanSpan<'_>, in_run: &RunMembers) -> Result<ScanPart> {
-        // A run's atoms write two records each: reserve for all of the range being this run's,
-        // so that the part's tables never grow by copying (bounded by the range).
         let span_lsns = match span {
             ScanSpan::Range(from, to) => to - from + 1,
             ScanSpan::Lsns(lsns, _) => lsns.len() as u64,
         };
-        let expected = usize::try_from(span_lsns / 2).unwrap_or(0).min(in_run.slots.len());
-        let mut part = ScanPart {
-            starts: Vec::with_capacity(expected),
-            parents: Vec::with_capacity(expected),
-            completions: Vec::with_capacity(expected),
-            sources: HeldSources::default(),
-            matched: 0,
-        };
-        let mut reader = self.shared.codec.body_reader();
-        let mut scratch = Vec::new();
-        let mut parents = Vec::new();
+        let mut part = ScanPart::for_span(span_lsns, in_run);
+        let mut reading = Reading::new(self);
         let (mut matched, mut next_wanted) = (0, 0);
         let visit = |lsn, record: RecordRef<'_>| {
-            let bytes = record.bytes();
-            let codec_error = |source: CodecError| Error::Codec { lsn, source };
-            let (kind, subject) = self.shared.codec.peek(bytes).map_err(codec_error)?;
-            let atom_record = matches!(
-                kind,
-                RecordKind::AtomStarted
-                    | RecordKind::AtomCompleted
-                    | RecordKind::AtomReclaimed
-                    | RecordKind::AtomFailed
-            );
-            if !atom_record || !in_run.contains(subject) {
+            let Some((kind, subject)) = reading.peek_atom(lsn, &record)? else { return Ok(true) };
+            if !in_run.contains(subject) {
                 return Ok(true);
             }
             // A targeted part counts only the records of the atoms the index named (its records
@@ -659,27 +888,7 @@ impl Store {
                     usize::from(lsns.get(next_wanted) == Some(&lsn) && atoms.get(next_wanted) == Some(&subject))
                 }
             };
-            if kind == RecordKind::AtomFailed {
-                return Ok(true);
-            }
-            if kind != RecordKind::AtomStarted {
-                let record = part
-                    .sources
-                    .hold(&record)
-                    .ok_or(Error::InconsistentLog { lsn, reason: "a record lies past 4 GiB of its segment" })?;
-                part.completions.push(ScannedCompletion { atom: subject, lsn, record });
-                return Ok(true);
-            }
-            let body = reader.body(bytes, &mut scratch).map_err(codec_error)?;
-            if delta_view::read_start_parents(body, subject, &mut parents).is_err() {
-                // Not the plain encoding the fast reader expects: let prost decide.
-                match self.shared.codec.decode(bytes).map_err(codec_error)? {
-                    StoreRecord::AtomStarted(started) => parents = started.parents,
-                    _ => return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
-                }
-            }
-            part.starts.push((subject, part.parents.len(), parents.len()));
-            part.parents.extend_from_slice(&parents);
+            reading.keep(&mut part, kind, subject, lsn, &record)?;
             Ok(true)
         };
         match span {
@@ -692,6 +901,29 @@ impl Store {
         Ok(part)
     }
 
+    /// The scans of several plans' ranges in one pass on this thread: over the union of the
+    /// ranges, each atom record given to every plan whose run it is of and whose range holds
+    /// it. Each plan's part is what [`Store::scan_range`] of its range alone finds; where the
+    /// plans' runs interleave in the log (agents writing side by side), the log is read once
+    /// instead of once per plan.
+    fn scan_shared(&self, plans: &[&ScanPlan]) -> Result<Vec<ScanPart>> {
+        let Some(from) = plans.iter().map(|plan| plan.from_lsn).min() else { return Ok(Vec::new()) };
+        let to = plans.iter().map(|plan| plan.to_lsn).max().unwrap_or(from);
+        let mut parts: Vec<ScanPart> =
+            plans.iter().map(|plan| ScanPart::for_span(plan.to_lsn - plan.from_lsn + 1, &plan.in_run)).collect();
+        let mut reading = Reading::new(self);
+        self.shared.log.visit(Lsn::new(from), Lsn::new(to), |lsn, record| {
+            let Some((kind, subject)) = reading.peek_atom(lsn, &record)? else { return Ok(true) };
+            for (plan, part) in plans.iter().zip(&mut parts) {
+                if (plan.from_lsn..=plan.to_lsn).contains(&lsn) && plan.in_run.contains(subject) {
+                    part.matched += 1;
+                    reading.keep(part, kind, subject, lsn, &record)?;
+                }
+            }
+            Ok(true)
+        })?;
+        Ok(parts)
+    }
     /// Reads and decompresses every completion record of `atom`'s run up to it on one thread,
     /// without decoding or applying anything: the bound a rebuild is measured against.
     #[doc(hidden)]
@@ -995,7 +1227,7 @@ mod tests {
 
     /// Four runs interleaved: run 0 writes one atom in `RUN_0_EVERY` (40 in all: a few fork
     /// from its first atom, one fails, one is left running, one is snapshotted), the other
-    /// three the rest in turn. 64 KiB segments, so that compaction compresses the sealed ones.
+    /// three the rest in turn (one of them snapshotted every 1,000 atoms). 64 KiB segments, so that compaction compresses the sealed ones.
     /// Returns run 0's atoms and every 97th of the others'.
     fn interleaved_store(dir: &std::path::Path) -> (Store, Vec<AtomId>, Vec<AtomId>) {
         let store = Store::builder(dir)
@@ -1031,7 +1263,8 @@ mod tests {
                 }
                 atom
             };
-            if r == 0 && k == 20 {
+            // Run 0 has one snapshot; the others one each in turn every 1,000 atoms.
+            if (r == 0 && k == 20) || (r != 0 && i % 1000 == 4) {
                 store.snapshot_now(atom).expect("snapshot");
             }
             heads[r] = Some(atom);
@@ -1097,6 +1330,71 @@ mod tests {
         let after = targeted_scans(&store);
         let (scans, fallbacks) = (after.0 - before.0, after.1 - before.1);
         assert!(fallbacks >= 1 && scans == fallbacks, "{scans} targeted scans, {fallbacks} fallen back");
+    }
+
+    /// A rebuild's result, or its error, as text to compare.
+    fn describe(rebuilt: Result<Rebuilt>) -> String {
+        match rebuilt {
+            Ok(r) => format!("{:?} {:?} {} {:?}", r.snapshot, r.fallbacks, r.atoms_applied, r.context.encode()),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn rebuilds_that_share_a_scan_give_what_each_gives_alone() {
+        // The interleaved store's atoms rebuilt together (two batches of plans; the runs'
+        // ranges overlap, so most share a pass) and one by one must agree exactly, with scans
+        // targeted where they pay (run 0's, which then go alone) and with none targeted (run
+        // 0's then share too, and its forks from before its snapshot cannot start from it).
+        // One snapshot of another run is damaged: the rebuilds it would start go alone and
+        // report the fallback.
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, run_0, others) = interleaved_store(dir.path());
+        let run_of = |atom: u64| store.shared.index.read().atom(AtomId(atom)).map(|e| e.run);
+        let damaged = *store
+            .snapshots()
+            .iter()
+            .filter(|snapshot| run_of(snapshot.get()) != run_of(run_0[0].get()))
+            .nth(4)
+            .expect("a snapshot of another run");
+        let path = snapshot::path(dir.path(), damaged.get());
+        let mut bytes = std::fs::read(&path).expect("read the snapshot");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x40;
+        std::fs::write(&path, bytes).expect("damage the snapshot");
+        // Run 0's atoms, every other one of the others' (several of each run), one atom twice:
+        // more than one batch of plans.
+        let others: Vec<AtomId> = others.iter().step_by(2).copied().collect();
+        let mut atoms: Vec<AtomId> = run_0.iter().chain(&others).copied().collect();
+        atoms.push(others[3]);
+        assert!(atoms.len() > SHARED_SCAN_PLANS_MAX);
+        let check = |store: &Store, when: &str, modes: &[bool]| {
+            for &targeted in modes {
+                store.set_targeted_scans(targeted);
+                let alone: Vec<String> = atoms.iter().map(|atom| describe(store.rebuild_context(*atom))).collect();
+                let before = store.log().metrics().rebuild_shared_scans;
+                let mut together = vec![None; atoms.len()];
+                store.rebuild_several(&atoms, |at, rebuilt| {
+                    assert!(together[at].is_none(), "{when}: atom {at} handed over twice");
+                    together[at] = Some(describe(rebuilt));
+                });
+                let shared = store.log().metrics().rebuild_shared_scans - before;
+                for ((alone, together), atom) in alone.iter().zip(&together).zip(&atoms) {
+                    assert_eq!(Some(alone), together.as_ref(), "{when}, targeted {targeted}: atom {atom:?}");
+                }
+                let fell_back = alone.iter().filter(|r| r.contains("SnapshotFallback")).count();
+                assert!(fell_back >= 1, "{when}: the damaged snapshot is met");
+                let least = others.len() + 1 - fell_back + if targeted { 0 } else { run_0.len() / 2 };
+                assert!(shared as usize >= least, "{when}, targeted {targeted}: {shared} shared, want {least}");
+            }
+            store.set_targeted_scans(true);
+        };
+        check(&store, "as appended", &[true, false]);
+        store.compact().expect("compact");
+        check(&store, "compressed", &[false]);
+        drop(store);
+        let store = Store::builder(dir.path()).segment_bytes(64 * 1024).background(false).open().expect("reopen");
+        check(&store, "reopened", &[true]);
     }
 
     #[test]

@@ -18,13 +18,15 @@ impl Store {
     pub(crate) fn after_completion(&self, atom: AtomId, agent: u32, policy: SnapshotPolicy) {
         let due = {
             let mut clocks = self.shared.snapshot_clock.lock();
-            let clock = clocks.entry(agent).or_insert_with(SnapshotClock::new);
+            let clock = clocks.entry(agent).or_insert_with(|| SnapshotClock::new(policy));
             clock.atoms += 1;
+            clock.last = Some(atom);
+            clock.policy = policy;
             // The clock is read only if the policy has a time limit.
             let elapsed = if policy.every.is_zero() { std::time::Duration::ZERO } else { clock.since.elapsed() };
             let due = policy.is_due(clock.atoms, elapsed);
             if due {
-                *clock = SnapshotClock::new();
+                *clock = SnapshotClock::new(policy);
             }
             due
         };
@@ -41,6 +43,28 @@ impl Store {
         }
     }
 
+    /// The agents at least half way to their next policy snapshot (by their run's policy's
+    /// count or its clock), except those `skip` names, each with its newest completed atom; their clocks
+    /// start again as if the snapshot were due. The background thread writes these with the
+    /// snapshots due when it writes a round, so that the agents writing side by side come due
+    /// together from then on and their rebuilds share one read of the log instead of each
+    /// reading all of the others' records since its last snapshot (`docs/ARCHITECTURE.md`,
+    /// "Snapshot policy").
+    pub(crate) fn take_half_due(&self, skip: impl Fn(u32) -> bool) -> Vec<(u32, AtomId)> {
+        let mut clocks = self.shared.snapshot_clock.lock();
+        let mut taken = Vec::new();
+        for (agent, clock) in clocks.iter_mut() {
+            let Some(last) = clock.last else { continue };
+            let policy = clock.policy;
+            let elapsed = if policy.every.is_zero() { std::time::Duration::ZERO } else { clock.since.elapsed() };
+            if !skip(*agent) && policy.is_due(clock.atoms.saturating_mul(2), elapsed.saturating_mul(2)) {
+                *clock = SnapshotClock::new(policy);
+                taken.push((*agent, last));
+            }
+        }
+        taken
+    }
+
     /// Writes the policy snapshot of `atom` (unless its agent has moved on to a rollback, or
     /// the atom is gone) and applies retention to its agent's snapshots.
     pub(crate) fn policy_snapshot(&self, atom: AtomId) -> Result<()> {
@@ -48,6 +72,31 @@ impl Store {
         // Rebuilt on the calling thread (the background thread, at a lower priority): on the
         // replay pool, whose threads run at normal priority, its decoding took the agents' cores.
         if usable { self.write_snapshot(atom, NameDurability::Deferred, None) } else { Ok(()) }
+    }
+
+    /// [`Store::policy_snapshot`] of each of `atoms` (one result each, in order), their
+    /// rebuilds on this thread sharing their reads of the log where their agents' records
+    /// interleave (`Store::rebuild_several`).
+    pub(crate) fn policy_snapshots(&self, atoms: &[AtomId]) -> Vec<Result<()>> {
+        let mut results: Vec<Result<()>> = atoms.iter().map(|_| Ok(())).collect();
+        let usable: Vec<usize> = {
+            let index = self.shared.index.read();
+            (0..atoms.len()).filter(|at| index.atom(atoms[*at]).is_some_and(|entry| !entry.abandoned)).collect()
+        };
+        let mut wanted = Vec::with_capacity(usable.len());
+        for at in usable {
+            match self.snapshottable(atoms[at]) {
+                Ok(()) => wanted.push(at),
+                Err(error) => results[at] = Err(error),
+            }
+        }
+        let to_rebuild: Vec<AtomId> = wanted.iter().map(|at| atoms[*at]).collect();
+        self.rebuild_several(&to_rebuild, |i, rebuilt| {
+            let (at, atom) = (wanted[i], to_rebuild[i]);
+            results[at] =
+                rebuilt.and_then(|rebuilt| self.publish_snapshot(atom, &rebuilt.context, NameDurability::Deferred));
+        });
+        results
     }
 
     /// Deletes the snapshots of `atom`'s agent beyond the newest `snapshots_per_agent`.
