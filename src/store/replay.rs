@@ -1397,6 +1397,71 @@ mod tests {
         check(&store, "reopened", &[true]);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..proptest::prelude::ProptestConfig::default() })]
+
+        /// Random runs written side by side (forks from any earlier atom of the run, failures,
+        /// atoms left running, snapshots here and there, small segments): rebuilding all of
+        /// them together gives, atom for atom, what each rebuild alone gives, with scans
+        /// targeted where they pay and with none targeted.
+        #[test]
+        fn rebuilds_together_agree_with_rebuilds_alone_on_random_histories(
+            seed in proptest::prelude::any::<u64>(),
+            runs in 1usize..5,
+            count in 20usize..220,
+        ) {
+            let storage = crate::storage::sim::SimStorage::new(seed);
+            let store = Store::builder(std::path::Path::new("/store"))
+                .storage(std::sync::Arc::new(storage))
+                .segment_bytes(32 * 1024)
+                .snapshot_policy(SnapshotPolicy::NEVER)
+                .background(false)
+                .open()
+                .expect("open");
+            let run_ids: Vec<_> =
+                (0..runs).map(|r| store.create_run(RunSpec::new(format!("r{r}"))).expect("run")).collect();
+            let mut random = crate::synthetic::SplitMix64::new(seed);
+            let mut transcript = crate::synthetic::Transcript::new(seed);
+            let mut completed: Vec<Vec<AtomId>> = vec![Vec::new(); runs];
+            let mut atoms = Vec::new();
+            for i in 0..count {
+                // Skewed: run 0 writes most, so that the others are sparse in its ranges.
+                let r = if random.next_u64().is_multiple_of(4) { (random.next_u64() % runs as u64) as usize } else { 0 };
+                let done = &completed[r];
+                let parents: Vec<AtomId> = match (done.len(), random.next_u64() % 8) {
+                    (0, _) => Vec::new(),
+                    (n, 0) => vec![done[(random.next_u64() % n as u64) as usize]],
+                    (n, _) => vec![done[n - 1]],
+                };
+                let atom = store.begin_atom(run_ids[r], "agent", &i.to_string(), &parents, "").expect("begin");
+                match random.next_u64() % 16 {
+                    0 => {}
+                    1 => store
+                        .fail_atom(atom, &crate::AtomFailure { message: "no".into(), retryable: false })
+                        .expect("fail"),
+                    _ => {
+                        let output = AtomOutput { delta: transcript.next_delta(120), result: Vec::new() };
+                        store.complete_atom(atom, &output).expect("complete");
+                        completed[r].push(atom);
+                        if random.next_u64().is_multiple_of(13) {
+                            store.snapshot_now(atom).expect("snapshot");
+                        }
+                    }
+                }
+                atoms.push(atom);
+            }
+            for targeted in [true, false] {
+                store.set_targeted_scans(targeted);
+                let alone: Vec<String> = atoms.iter().map(|atom| describe(store.rebuild_context(*atom))).collect();
+                let mut together = vec![None; atoms.len()];
+                store.rebuild_several(&atoms, |at, rebuilt| together[at] = Some(describe(rebuilt)));
+                for ((alone, together), atom) in alone.iter().zip(&together).zip(&atoms) {
+                    proptest::prop_assert_eq!(Some(alone), together.as_ref(), "targeted {}: atom {:?}", targeted, atom);
+                }
+            }
+        }
+    }
+
     #[test]
     fn sparse_slots_rebuild_the_same_contexts_as_dense_ones() {
         let dir = tempfile::tempdir().expect("dir");
