@@ -15,7 +15,9 @@
 //!
 //! It also rebuilds one agent among 16 and among 256 that wrote in turn, as the store does it
 //! (reading only the agent's own records when they are few enough in the range) and, side by
-//! side, scanning every agent's records (as every rebuild did before session 14).
+//! side, scanning every agent's records (as every rebuild did before session 14); and every
+//! agent's head, one by one and all together through `rebuild_contexts`, whose scans are
+//! shared (session 15).
 //!
 //! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000);
 //! `cargo bench --bench replay -- interleaved` runs only the interleaved part, and the queries
@@ -97,12 +99,25 @@ fn bounded_delta(transcript: &mut Transcript, i: u64) -> continuum::Delta {
     delta
 }
 
+/// What [`interleaved_replay`] measured.
+struct Interleaved {
+    /// One agent's full replay as the store does it, and scanning every agent's records.
+    targeted: Duration,
+    whole: Duration,
+    /// Deltas that replay applies.
+    applied: usize,
+    /// Every agent's head rebuilt one by one (`rebuild_context` each), and all together
+    /// (`rebuild_contexts`, their scans shared).
+    one_by_one: Duration,
+    together: Duration,
+}
+
 /// One agent among `agents` writing in turn (`per_agent` atoms each, default layout, no
 /// snapshots): the full replay of its head as the store does it (reading only its run's
 /// records if they are few enough in the range), and with every rebuild scanning the whole
-/// range (every agent's records), alternating; medians of `repeats` each, and the deltas
-/// applied.
-fn interleaved_replay(root: &Path, agents: usize, per_agent: u64, repeats: usize) -> (Duration, Duration, usize) {
+/// range (every agent's records), alternating; then every agent's head, one by one and all
+/// together, alternating; medians of `repeats` each (of a third as many for all the heads).
+fn interleaved_replay(root: &Path, agents: usize, per_agent: u64, repeats: usize) -> Interleaved {
     let dir = tempfile::tempdir_in(root).expect("dir");
     let store = open(dir.path(), continuum::limits::COMPRESSION_MIN_BYTES);
     let runs: Vec<_> =
@@ -128,7 +143,27 @@ fn interleaved_replay(root: &Path, agents: usize, per_agent: u64, repeats: usize
         }
     }
     store.set_targeted_scans(true);
-    (median(targeted), median(whole), applied)
+    let heads: Vec<AtomId> = heads.into_iter().flatten().collect();
+    let (mut one_by_one, mut together) = (Vec::new(), Vec::new());
+    for _ in 0..repeats.div_ceil(3) {
+        let started = Instant::now();
+        for head in &heads {
+            drop(store.rebuild_context(*head).expect("rebuild"));
+        }
+        one_by_one.push(started.elapsed());
+        let started = Instant::now();
+        for rebuilt in store.rebuild_contexts(&heads) {
+            drop(rebuilt.expect("rebuild"));
+        }
+        together.push(started.elapsed());
+    }
+    Interleaved {
+        targeted: median(targeted),
+        whole: median(whole),
+        applied,
+        one_by_one: median(one_by_one),
+        together: median(together),
+    }
 }
 
 /// Two runs of `run_atoms` atoms each in a store of `total` atoms: one written across the
@@ -234,12 +269,19 @@ fn main() {
     let interleaved_atoms = if test_mode { 8_192 } else { 160_000 };
     for agents in [16, 256] {
         let per_agent = interleaved_atoms / agents as u64;
-        let (targeted, whole, applied) = interleaved_replay(&root, agents, per_agent, if test_mode { 1 } else { 15 });
+        let found = interleaved_replay(&root, agents, per_agent, if test_mode { 1 } else { 15 });
         lines.push(format!(
-            "one agent of {agents} writing in turn, {per_agent} atoms each (default layout, no snapshot): full replay ({applied} deltas) {:.2} ms, {:.2} ms scanning every agent's records; {:.2}x",
-            targeted.as_secs_f64() * 1e3,
-            whole.as_secs_f64() * 1e3,
-            whole.as_secs_f64() / targeted.as_secs_f64()
+            "one agent of {agents} writing in turn, {per_agent} atoms each (default layout, no snapshot): full replay ({} deltas) {:.2} ms, {:.2} ms scanning every agent's records; {:.2}x",
+            found.applied,
+            found.targeted.as_secs_f64() * 1e3,
+            found.whole.as_secs_f64() * 1e3,
+            found.whole.as_secs_f64() / found.targeted.as_secs_f64()
+        ));
+        lines.push(format!(
+            "all {agents} agents' heads: rebuild_contexts (scans shared) {:.1} ms, one by one {:.1} ms; {:.2}x",
+            found.together.as_secs_f64() * 1e3,
+            found.one_by_one.as_secs_f64() * 1e3,
+            found.one_by_one.as_secs_f64() / found.together.as_secs_f64()
         ));
     }
     // A run begun after everything else walks only its own span of the index.

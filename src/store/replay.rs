@@ -276,6 +276,33 @@ impl<'s> Reading<'s> {
     }
 }
 
+/// What a targeted read of one LSN costs, in LSNs of a scan of the whole range: measured
+/// (`cargo bench --bench replay -- interleaved`, session 14) at 1.8x faster than the whole
+/// range at one record in 128, 3.1x at one in 256 and 5.6x at one in 512, i.e. 70-90 LSNs.
+const TARGETED_READ_COST_LSNS: u64 = 80;
+
+/// Whether the targeted reads of `plans` cost more than one scan of the union of their
+/// ranges (many runs each sparse in the same stretch of the log: one agent in hundreds,
+/// all of them rebuilt together).
+fn targeted_reads_cost_more(plans: &[(usize, Option<u64>, ScanPlan)]) -> bool {
+    let reads: u64 = plans
+        .iter()
+        .map(|(_, _, plan)| plan.targeted.as_ref().map_or(0, |(lsns, _)| lsns.len() as u64))
+        .sum::<u64>()
+        .saturating_mul(TARGETED_READ_COST_LSNS);
+    let mut ranges: Vec<(u64, u64)> = plans.iter().map(|(_, _, plan)| (plan.from_lsn, plan.to_lsn)).collect();
+    ranges.sort_unstable();
+    let (mut union, mut reach) = (0u64, 0u64);
+    for (from, to) in ranges {
+        let from = from.max(reach);
+        if to >= from {
+            union += to - from + 1;
+            reach = to + 1;
+        }
+    }
+    plans.len() > 1 && reads >= union
+}
+
 /// At most this many rebuilds share one pass over the log (each record is offered to every
 /// one of them), and their planned tables stop growing past this many atom ids (about 18
 /// bytes each, as for one rebuild's dense span).
@@ -453,42 +480,74 @@ impl Store {
     /// (a fork and its original, or the agents of a run) — in parallel on the replay pool, each
     /// rebuild's own decoding spread over the pool too. Results come back in `atoms` order,
     /// each exactly what `rebuild_context` returns for it.
+    ///
+    /// Their scans are shared: where the heads' LSN ranges overlap (agents writing side by
+    /// side), the log is read once for all of them, in parallel parts, and each fold then
+    /// decodes in parallel in turn (see `Store::rebuild_several`).
     pub fn rebuild_contexts(&self, atoms: &[AtomId]) -> Vec<Result<Rebuilt>> {
         let pool = replay_pool();
-        let rebuild = |atom: &AtomId| self.rebuild_recorded(*atom, pool);
+        let mut results: Vec<Option<Result<Rebuilt>>> = atoms.iter().map(|_| None).collect();
+        let mut rebuild = || self.rebuild_several(atoms, pool, |at, rebuilt| results[at] = Some(rebuilt));
         match pool {
-            Some(pool) => pool.install(|| atoms.par_iter().map(rebuild).collect()),
-            None => atoms.iter().map(rebuild).collect(),
+            // The whole of it on the pool, so that its threads stay awake from the scan on.
+            Some(pool) if pool.current_thread_index().is_none() => pool.install(rebuild),
+            _ => rebuild(),
         }
+        results
+            .into_iter()
+            .zip(atoms)
+            .map(|(rebuilt, atom)| rebuilt.unwrap_or(Err(Error::UnknownAtom { atom: atom.0 })))
+            .collect()
     }
 
-    /// Rebuilds `atoms` on this thread for policy snapshots, handing each result to `done`
+    /// Rebuilds `atoms` on `pool` (`None`: on this thread, as policy snapshots do), handing each result to `done`
     /// (with the atom's position in `atoms`) as soon as it is ready, so that at most one
     /// rebuilt context is held at a time. Each result is what [`Store::rebuild_context`]
     /// returns for its atom. Each rebuild starts from its atom's newest snapshot (or the
     /// log's start); the scans of rebuilds whose LSN ranges overlap, agents writing side by
     /// side, are one pass over the log ([`Store::scan_shared`]) instead of one each. A rebuild
-    /// that reads only its run's records (`TARGETED_RANGE_RATIO`), or whose shared scan cannot
+    /// that would read only its run's records (`TARGETED_RANGE_RATIO`) joins them only when
+    /// enough of them do that one read of their ranges costs less than all of theirs
+    /// (`targeted_reads_cost_more`). A rebuild that does not join, or whose shared scan cannot
     /// start it (its snapshot failed verification or is not on its path, or the pass failed),
     /// is done on its own, the ordinary way.
-    pub(crate) fn rebuild_several(&self, atoms: &[AtomId], mut done: impl FnMut(usize, Result<Rebuilt>)) {
+    pub(crate) fn rebuild_several(
+        &self,
+        atoms: &[AtomId],
+        pool: Option<&rayon::ThreadPool>,
+        mut done: impl FnMut(usize, Result<Rebuilt>),
+    ) {
         let mut alone = Vec::new();
         let mut next = 0;
         while next < atoms.len() {
             // Plan the next atoms until their tables reach the budget.
             let mut planned: Vec<(usize, Option<u64>, ScanPlan)> = Vec::new();
+            let mut targeted: Vec<(usize, Option<u64>, ScanPlan)> = Vec::new();
             let mut ids = 0;
-            while next < atoms.len() && planned.len() < SHARED_SCAN_PLANS_MAX && ids < SHARED_SCAN_IDS_MAX {
+            while next < atoms.len()
+                && planned.len() + targeted.len() < SHARED_SCAN_PLANS_MAX
+                && ids < SHARED_SCAN_IDS_MAX
+            {
                 let (at, atom) = (next, atoms[next]);
                 next += 1;
                 let candidate = self.snapshot_candidates(atom).first().copied();
                 match self.plan_scan(atom, candidate) {
-                    Ok(plan) if plan.targeted.is_none() => {
+                    Ok(plan) => {
                         ids += plan.in_run.slots.len();
-                        planned.push((at, candidate, plan));
+                        match plan.targeted {
+                            Some(_) => targeted.push((at, candidate, plan)),
+                            None => planned.push((at, candidate, plan)),
+                        }
                     }
-                    _ => alone.push(at),
+                    Err(_) => alone.push(at),
                 }
+            }
+            // Plans that would read only their run's records do so alone, unless there are so
+            // many that reading their ranges once costs less than all their targeted reads.
+            if targeted_reads_cost_more(&targeted) {
+                planned.append(&mut targeted);
+            } else {
+                alone.extend(targeted.iter().map(|(at, _, _)| *at));
             }
             // Plans whose ranges overlap (or touch) share a pass: the union of their ranges
             // is then one interval, every LSN of which some plan needs.
@@ -503,13 +562,13 @@ impl Store {
                 }
                 let started = std::time::Instant::now();
                 let plans: Vec<&ScanPlan> = group.iter().map(|(_, _, plan)| plan).collect();
-                let Ok(parts) = self.scan_shared(&plans) else {
+                let Ok(parts) = self.scan_shared(&plans, pool) else {
                     alone.extend(group.iter().map(|(at, _, _)| *at));
                     continue;
                 };
                 let (rebuilds, mut finished) = (group.len() as u64, 0);
                 for ((at, candidate, plan), part) in group.into_iter().zip(parts) {
-                    match self.rebuild_from_part(atoms[at], candidate, plan, part) {
+                    match self.rebuild_from_parts(atoms[at], candidate, plan, part, pool) {
                         Some(rebuilt) => {
                             finished += 1;
                             self.record_rebuild(&rebuilt, started);
@@ -524,22 +583,23 @@ impl Store {
             }
         }
         for at in alone {
-            done(at, self.rebuild_recorded(atoms[at], None));
+            done(at, self.rebuild_recorded(atoms[at], pool));
         }
     }
 
     /// The rebuild of `atom` from the snapshot `candidate` (the log's start for `None`), given
-    /// what the scan planned by `plan` found; `None` if the snapshot cannot start it (not on
-    /// its path, or it failed verification: the ordinary rebuild then falls back and reports
-    /// it).
-    fn rebuild_from_part(
+    /// what the scan planned by `plan` found (`parts`, in LSN order), its deltas decoded on
+    /// `pool`; `None` if the snapshot cannot start it (not on its path, or it failed
+    /// verification: the ordinary rebuild then falls back and reports it).
+    fn rebuild_from_parts(
         &self,
         atom: AtomId,
         candidate: Option<u64>,
         plan: ScanPlan,
-        part: ScanPart,
+        parts: Vec<ScanPart>,
+        pool: Option<&rayon::ThreadPool>,
     ) -> Option<Result<Rebuilt>> {
-        let scan = match RunScan::assemble(plan.in_run.slots, vec![Ok(part)]) {
+        let scan = match RunScan::assemble(plan.in_run.slots, parts.into_iter().map(Ok).collect()) {
             Ok(scan) => scan,
             Err(error) => return Some(Err(error)),
         };
@@ -557,7 +617,7 @@ impl Store {
                 Err(error) => return Some(Err(error)),
             },
         };
-        Some(apply_deltas(self, &scan, &mut context, &pending, None).map(|atoms_applied| Rebuilt {
+        Some(apply_deltas(self, &scan, &mut context, &pending, pool).map(|atoms_applied| Rebuilt {
             context,
             snapshot: candidate.map(AtomId),
             fallbacks: Vec::new(),
@@ -901,16 +961,49 @@ impl Store {
         Ok(part)
     }
 
-    /// The scans of several plans' ranges in one pass on this thread: over the union of the
-    /// ranges, each atom record given to every plan whose run it is of and whose range holds
-    /// it. Each plan's part is what [`Store::scan_range`] of its range alone finds; where the
-    /// plans' runs interleave in the log (agents writing side by side), the log is read once
-    /// instead of once per plan.
-    fn scan_shared(&self, plans: &[&ScanPlan]) -> Result<Vec<ScanPart>> {
+    /// The scans of several plans' ranges in one pass: over the union of the ranges, split
+    /// evenly over `pool`'s threads when it is long enough, each atom record given to every
+    /// plan whose run it is of and whose range holds it. Returns each plan's parts, in LSN
+    /// order: together, what [`Store::scan_range`] of its range alone finds. Where the plans'
+    /// runs interleave in the log (agents writing side by side), the log is read once instead
+    /// of once per plan.
+    fn scan_shared(&self, plans: &[&ScanPlan], pool: Option<&rayon::ThreadPool>) -> Result<Vec<Vec<ScanPart>>> {
         let Some(from) = plans.iter().map(|plan| plan.from_lsn).min() else { return Ok(Vec::new()) };
         let to = plans.iter().map(|plan| plan.to_lsn).max().unwrap_or(from);
-        let mut parts: Vec<ScanPart> =
-            plans.iter().map(|plan| ScanPart::for_span(plan.to_lsn - plan.from_lsn + 1, &plan.in_run)).collect();
+        let len = to - from + 1;
+        let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
+        let parts = if len <= SCAN_PART_LSNS_MIN * 2 { 1 } else { threads.max(1) };
+        let step = len.div_ceil(parts as u64);
+        let scan_part = |i: usize| {
+            let start = from + i as u64 * step;
+            self.scan_shared_range(plans, start, (start + step - 1).min(to))
+        };
+        let found: Vec<Result<Vec<ScanPart>>> = match pool {
+            Some(pool) if parts > 1 => pool.install(|| (0..parts).into_par_iter().map(scan_part).collect()),
+            _ => (0..parts).map(scan_part).collect(),
+        };
+        let mut per_plan: Vec<Vec<ScanPart>> = plans.iter().map(|_| Vec::with_capacity(parts)).collect();
+        for found in found {
+            for (plan, part) in per_plan.iter_mut().zip(found?) {
+                plan.push(part);
+            }
+        }
+        Ok(per_plan)
+    }
+
+    /// One part of [`Store::scan_shared`]: the LSNs `from..=to` (none if `from > to`), one
+    /// part for each plan.
+    fn scan_shared_range(&self, plans: &[&ScanPlan], from: u64, to: u64) -> Result<Vec<ScanPart>> {
+        let mut parts: Vec<ScanPart> = plans
+            .iter()
+            .map(|plan| {
+                let overlap = to.min(plan.to_lsn).saturating_add(1).saturating_sub(from.max(plan.from_lsn));
+                ScanPart::for_span(overlap, &plan.in_run)
+            })
+            .collect();
+        if from > to {
+            return Ok(parts);
+        }
         let mut reading = Reading::new(self);
         self.shared.log.visit(Lsn::new(from), Lsn::new(to), |lsn, record| {
             let Some((kind, subject)) = reading.peek_atom(lsn, &record)? else { return Ok(true) };
@@ -924,6 +1017,7 @@ impl Store {
         })?;
         Ok(parts)
     }
+
     /// Reads and decompresses every completion record of `atom`'s run up to it on one thread,
     /// without decoding or applying anything: the bound a rebuild is measured against.
     #[doc(hidden)]
@@ -1374,13 +1468,16 @@ mod tests {
                 let alone: Vec<String> = atoms.iter().map(|atom| describe(store.rebuild_context(*atom))).collect();
                 let before = store.log().metrics().rebuild_shared_scans;
                 let mut together = vec![None; atoms.len()];
-                store.rebuild_several(&atoms, |at, rebuilt| {
+                store.rebuild_several(&atoms, None, |at, rebuilt| {
                     assert!(together[at].is_none(), "{when}: atom {at} handed over twice");
                     together[at] = Some(describe(rebuilt));
                 });
                 let shared = store.log().metrics().rebuild_shared_scans - before;
-                for ((alone, together), atom) in alone.iter().zip(&together).zip(&atoms) {
+                // The same on the replay pool, the shared scans in parallel parts.
+                let on_pool: Vec<String> = store.rebuild_contexts(&atoms).into_iter().map(describe).collect();
+                for (((alone, together), on_pool), atom) in alone.iter().zip(&together).zip(&on_pool).zip(&atoms) {
                     assert_eq!(Some(alone), together.as_ref(), "{when}, targeted {targeted}: atom {atom:?}");
+                    assert_eq!(alone, on_pool, "{when}, targeted {targeted}, on the pool: atom {atom:?}");
                 }
                 let fell_back = alone.iter().filter(|r| r.contains("SnapshotFallback")).count();
                 assert!(fell_back >= 1, "{when}: the damaged snapshot is met");
@@ -1454,12 +1551,49 @@ mod tests {
                 store.set_targeted_scans(targeted);
                 let alone: Vec<String> = atoms.iter().map(|atom| describe(store.rebuild_context(*atom))).collect();
                 let mut together = vec![None; atoms.len()];
-                store.rebuild_several(&atoms, |at, rebuilt| together[at] = Some(describe(rebuilt)));
-                for ((alone, together), atom) in alone.iter().zip(&together).zip(&atoms) {
+                store.rebuild_several(&atoms, None, |at, rebuilt| together[at] = Some(describe(rebuilt)));
+                let on_pool: Vec<String> = store.rebuild_contexts(&atoms).into_iter().map(describe).collect();
+                for (((alone, together), on_pool), atom) in alone.iter().zip(&together).zip(&on_pool).zip(&atoms) {
                     proptest::prop_assert_eq!(Some(alone), together.as_ref(), "targeted {}: atom {:?}", targeted, atom);
+                    proptest::prop_assert_eq!(alone, on_pool, "targeted {}, on the pool: atom {:?}", targeted, atom);
                 }
             }
         }
+    }
+
+    #[test]
+    fn targeted_plans_share_a_scan_only_when_their_reads_would_cost_more() {
+        // `count` plans, each reading `lsns` LSNs within the same range of `range` LSNs.
+        let plans = |count: usize, lsns: u64, range: u64| -> Vec<(usize, Option<u64>, ScanPlan)> {
+            (0..count)
+                .map(|i| {
+                    let read: Vec<u64> = (0..lsns).map(|n| 1 + n * (range / lsns)).collect();
+                    let plan = ScanPlan {
+                        in_run: RunMembers::sparse(Vec::new()),
+                        from_lsn: 1,
+                        to_lsn: range,
+                        targeted: Some((read.clone(), read)),
+                    };
+                    (i, None, plan)
+                })
+                .collect()
+        };
+        // Two agents among hundreds: their reads (2 x 100 x 80) are far below the range.
+        assert!(!targeted_reads_cost_more(&plans(2, 100, 100_000)));
+        // Hundreds of them: one pass over the range is cheaper.
+        assert!(targeted_reads_cost_more(&plans(300, 100, 100_000)));
+        // One alone never shares.
+        assert!(!targeted_reads_cost_more(&plans(1, 10_000, 100_000)));
+        // Ranges apart do not add up: twenty plans over twenty separate stretches.
+        let mut apart = plans(20, 10, 10_000);
+        for (i, (_, _, plan)) in apart.iter_mut().enumerate() {
+            plan.from_lsn += i as u64 * 10_000;
+            plan.to_lsn += i as u64 * 10_000;
+        }
+        assert!(!targeted_reads_cost_more(&apart));
+        // The same twenty over one stretch: 16,000 LSNs of reads against 10,000 of range (the
+        // union of the ranges, not their 200,000 sum).
+        assert!(targeted_reads_cost_more(&plans(20, 10, 10_000)));
     }
 
     #[test]

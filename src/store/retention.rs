@@ -91,7 +91,7 @@ impl Store {
             }
         }
         let to_rebuild: Vec<AtomId> = wanted.iter().map(|at| atoms[*at]).collect();
-        self.rebuild_several(&to_rebuild, |i, rebuilt| {
+        self.rebuild_several(&to_rebuild, None, |i, rebuilt| {
             let (at, atom) = (wanted[i], to_rebuild[i]);
             results[at] =
                 rebuilt.and_then(|rebuilt| self.publish_snapshot(atom, &rebuilt.context, NameDurability::Deferred));
