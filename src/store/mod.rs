@@ -203,7 +203,7 @@ impl Shared {
             training: Mutex::new(training),
             snapshots: Mutex::new(snapshots),
             policies,
-            snapshot_clock: Mutex::new(std::collections::HashMap::new()),
+            snapshot_clock: Mutex::new(policy::SnapshotClocks::default()),
             compacting: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
@@ -422,7 +422,7 @@ pub(crate) struct Shared {
     snapshots: Mutex<std::collections::BTreeSet<u64>>,
     policies: policy::Policies,
     /// Per agent: completed atoms and time since its last snapshot.
-    snapshot_clock: Mutex<std::collections::HashMap<u32, policy::SnapshotClock>>,
+    snapshot_clock: Mutex<policy::SnapshotClocks>,
     /// Compaction runs one at a time.
     compacting: Mutex<()>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.

@@ -147,14 +147,27 @@ pub(crate) struct SnapshotClock {
     pub since: Instant,
     /// The agent's newest completed atom counted since the last snapshot.
     pub last: Option<AtomId>,
-    /// The policy its run follows (the store's, or the run's own).
-    pub policy: SnapshotPolicy,
+    /// The `every_atoms` of the policy its run follows (the store's, or the run's own).
+    pub every_atoms: u32,
 }
 
 impl SnapshotClock {
-    pub fn new(policy: SnapshotPolicy) -> Self {
-        Self { atoms: 0, since: Instant::now(), last: None, policy }
+    pub fn new(every_atoms: u32) -> Self {
+        Self { atoms: 0, since: Instant::now(), last: None, every_atoms }
     }
+
+    /// Whether it has counted at least half of its policy's atoms.
+    pub fn half_way(&self) -> bool {
+        self.every_atoms > 0 && self.atoms.saturating_mul(2) >= self.every_atoms
+    }
+}
+
+/// Every agent's [`SnapshotClock`], and the agents whose count reached half way since the
+/// background thread last looked (so that it looks at those, not at every agent's clock).
+#[derive(Debug, Default)]
+pub(crate) struct SnapshotClocks {
+    pub clocks: std::collections::HashMap<u32, SnapshotClock>,
+    pub half_way: Vec<u32>,
 }
 
 /// Milliseconds of `duration`, saturating.

@@ -7,7 +7,7 @@ use crate::codec::proto;
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::snapshot::{self, NameDurability};
-use crate::store::policy::{SnapshotClock, SnapshotPolicy};
+use crate::store::policy::{SnapshotClock, SnapshotClocks, SnapshotPolicy};
 use crate::store::types::{AtomId, RunId, RunStatus};
 use crate::store::{Store, now_us};
 
@@ -18,15 +18,19 @@ impl Store {
     pub(crate) fn after_completion(&self, atom: AtomId, agent: u32, policy: SnapshotPolicy) {
         let due = {
             let mut clocks = self.shared.snapshot_clock.lock();
-            let clock = clocks.entry(agent).or_insert_with(|| SnapshotClock::new(policy));
+            let clock = clocks.clocks.entry(agent).or_insert_with(|| SnapshotClock::new(policy.every_atoms));
             clock.atoms += 1;
             clock.last = Some(atom);
-            clock.policy = policy;
+            clock.every_atoms = policy.every_atoms;
             // The clock is read only if the policy has a time limit.
             let elapsed = if policy.every.is_zero() { std::time::Duration::ZERO } else { clock.since.elapsed() };
             let due = policy.is_due(clock.atoms, elapsed);
             if due {
-                *clock = SnapshotClock::new(policy);
+                *clock = SnapshotClock::new(policy.every_atoms);
+            } else if self.worker.is_some() && clock.every_atoms > 0 && clock.atoms == clock.every_atoms.div_ceil(2) {
+                // It just reached half way: the background thread's next round may take it
+                // (`Store::take_half_due`).
+                clocks.half_way.push(agent);
             }
             due
         };
@@ -43,25 +47,31 @@ impl Store {
         }
     }
 
-    /// The agents at least half way to their next policy snapshot (by their run's policy's
-    /// count or its clock), except those `skip` names, each with its newest completed atom; their clocks
+    /// The agents at least half way to their next policy snapshot by their run's policy's
+    /// count, except those `skip` names, each with its newest completed atom; their clocks
     /// start again as if the snapshot were due. The background thread writes these with the
     /// snapshots due when it writes a round, so that the agents writing side by side come due
     /// together from then on and their rebuilds share one read of the log instead of each
-    /// reading all of the others' records since its last snapshot (`docs/ARCHITECTURE.md`,
-    /// "Snapshot policy").
+    /// reading all of the others' records since its last snapshot (`docs/ARCHITECTURE.md`, "A
+    /// round of policy snapshots reads the log once"). Only the agents that reached half way
+    /// since the last call are looked at (skipped ones are kept for the next), not every
+    /// agent's clock.
     pub(crate) fn take_half_due(&self, skip: impl Fn(u32) -> bool) -> Vec<(u32, AtomId)> {
-        let mut clocks = self.shared.snapshot_clock.lock();
+        let mut guard = self.shared.snapshot_clock.lock();
+        let SnapshotClocks { clocks, half_way } = &mut *guard;
         let mut taken = Vec::new();
-        for (agent, clock) in clocks.iter_mut() {
-            let Some(last) = clock.last else { continue };
-            let policy = clock.policy;
-            let elapsed = if policy.every.is_zero() { std::time::Duration::ZERO } else { clock.since.elapsed() };
-            if !skip(*agent) && policy.is_due(clock.atoms.saturating_mul(2), elapsed.saturating_mul(2)) {
-                *clock = SnapshotClock::new(policy);
-                taken.push((*agent, last));
+        half_way.retain(|agent| {
+            let Some(clock) = clocks.get_mut(agent) else { return false };
+            let Some(last) = clock.last.filter(|_| clock.half_way()) else { return false };
+            if skip(*agent) {
+                return true;
             }
-        }
+            *clock = SnapshotClock::new(clock.every_atoms);
+            taken.push((*agent, last));
+            false
+        });
+        // An agent listed twice (it came due and reached half way again) is taken once: its
+        // clock started again at the first.
         taken
     }
 
@@ -209,5 +219,66 @@ impl Store {
         drop(index);
         tracing::info!(run = run.get(), snapshots = snapshots.len(), "retention dropped a finished run");
         self.delete_snapshots(&snapshots)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::store::types::RunId;
+    use crate::{AtomOutput, RunSpec, SnapshotPolicy, Store};
+
+    fn store(dir: &std::path::Path, background: bool) -> Store {
+        let policy = SnapshotPolicy { every_atoms: 10, every: Duration::ZERO };
+        Store::builder(dir).snapshot_policy(policy).background(background).open().expect("open")
+    }
+
+    /// Records `count` more atoms of `agent` in `run`, each the child of the one before; returns
+    /// them.
+    fn record(store: &Store, run: RunId, agent: &str, count: usize) -> Vec<crate::AtomId> {
+        let mut atoms: Vec<crate::AtomId> = Vec::new();
+        let before = store.agent_atoms(run, agent).len();
+        for i in before..before + count {
+            let parents: Vec<_> = store.last_agent_atom(run, agent).into_iter().collect();
+            let key = format!("{agent}-{i}");
+            atoms.push(store.record_atom(run, agent, &key, &parents, "", &AtomOutput::default()).expect("record"));
+        }
+        atoms
+    }
+
+    #[test]
+    fn only_agents_half_way_are_taken_and_a_skipped_one_waits_for_the_next_round() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store(dir.path(), false);
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        record(&store, run, "early", 4);
+        let half = record(&store, run, "half", 5);
+        let skipped = record(&store, run, "skipped", 7);
+        let id = |name: &str| store.shared.index.read().agent_id(1, name).expect("agent");
+        // Without a background thread nothing is listed (nothing would ever take them).
+        assert!(store.shared.snapshot_clock.lock().half_way.is_empty());
+        store.shared.snapshot_clock.lock().half_way.extend([id("early"), id("half"), id("skipped")]);
+        let taken = store.take_half_due(|agent| agent == id("skipped"));
+        assert_eq!(taken, vec![(id("half"), half[4])]);
+        assert_eq!(store.shared.snapshot_clock.lock().half_way, vec![id("skipped")]);
+        // Taken, its clock started again: it is not half way any more.
+        store.shared.snapshot_clock.lock().half_way.push(id("half"));
+        let taken = store.take_half_due(|_| false);
+        assert_eq!(taken, vec![(id("skipped"), skipped[6])]);
+        assert!(store.shared.snapshot_clock.lock().half_way.is_empty());
+    }
+
+    #[test]
+    fn with_a_background_thread_an_agent_is_listed_once_each_time_it_reaches_half_way() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store(dir.path(), true);
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        record(&store, run, "a", 4);
+        assert!(store.shared.snapshot_clock.lock().half_way.is_empty());
+        record(&store, run, "a", 1);
+        assert_eq!(store.shared.snapshot_clock.lock().half_way.len(), 1);
+        record(&store, run, "a", 3);
+        assert_eq!(store.shared.snapshot_clock.lock().half_way.len(), 1, "listed when it reaches half way, not after");
     }
 }
