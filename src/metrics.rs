@@ -323,8 +323,8 @@ impl Metrics {
         }
     }
 
-    /// `rebuilds` rebuilds (policy snapshots of several agents) read the log in one shared
-    /// pass.
+    /// `rebuilds` rebuilds (a round of policy snapshots, or `rebuild_contexts`) read the log
+    /// in one shared pass.
     pub(crate) fn record_shared_scan(&self, rebuilds: u64) {
         add(&self.rebuild_shared_scans, rebuilds);
     }
@@ -544,9 +544,9 @@ pub struct MetricsSnapshot {
     /// Those of them whose LSNs did not all hold the run's records (the index disagreed with
     /// the log, which should never happen): each then scanned the whole range instead.
     pub rebuild_scan_fallbacks: u64,
-    /// Rebuilds for policy snapshots whose records were read in one pass over the log shared
-    /// with other agents' due at the same time, instead of one pass each (docs/ARCHITECTURE.md,
-    /// "Snapshot policy").
+    /// Rebuilds whose records were read in one pass over the log shared with others (a round
+    /// of policy snapshots, `Store::rebuild_contexts`), instead of one pass each
+    /// (docs/ARCHITECTURE.md, "A round of policy snapshots reads the log once").
     pub rebuild_shared_scans: u64,
     /// How long the background thread waited for a lull in the appends before it wrote the
     /// policy snapshots it had taken (one value per wait).
@@ -623,7 +623,7 @@ impl MetricsSnapshot {
             ),
             (
                 "rebuild_shared_scans",
-                "Policy-snapshot rebuilds that shared one pass over the log",
+                "Rebuilds that shared one pass over the log with others",
                 self.rebuild_shared_scans,
             ),
             (
