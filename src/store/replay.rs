@@ -132,6 +132,11 @@ impl RunMembers {
         Self { members: vec![true; count], slots: Slots::Sparse { ids }, count }
     }
 
+    /// The members' atom ids, ascending.
+    fn ids(&self) -> impl DoubleEndedIterator<Item = u64> + '_ {
+        (0..self.slots.len()).filter(|slot| self.members[*slot]).map(|slot| self.slots.id(slot))
+    }
+
     fn contains(&self, atom: u64) -> bool {
         self.slots.slot(atom).and_then(|slot| self.members.get(slot)).copied().unwrap_or(false)
     }
@@ -206,11 +211,65 @@ impl ScanPart {
 /// when the run's records are at most one in [`TARGETED_RANGE_RATIO`] of that range, their
 /// LSNs (ascending) and atoms, to read instead of the range.
 struct ScanPlan {
+    run: u32,
     in_run: RunMembers,
     from_lsn: u64,
     to_lsn: u64,
     targeted: Option<(Vec<u64>, Vec<u64>)>,
 }
+
+/// Which plans of a shared scan an atom's records go to: the plans grouped by run (runs share
+/// no atom), and each atom id of the plans' members mapped to its run's group, so that a record
+/// is offered to the plans of its run only, not to every plan.
+struct PlanRouter {
+    /// The smallest member id; `owner[id - first]` is the id's group plus one (0: no plan's).
+    first: u64,
+    owner: Vec<u8>,
+    /// Per group, the indices of its plans.
+    groups: Vec<Vec<usize>>,
+}
+
+impl PlanRouter {
+    /// The router of `plans`, or `None` if their members span too many ids for a table of a
+    /// byte per id (the scan then offers each record to every plan).
+    fn new(plans: &[&ScanPlan]) -> Option<Self> {
+        let first = plans.iter().filter_map(|plan| plan.in_run.ids().next()).min()?;
+        let last = plans.iter().filter_map(|plan| plan.in_run.ids().next_back()).max()?;
+        let span = usize::try_from(last - first + 1).ok().filter(|span| *span <= PLAN_ROUTER_IDS_MAX)?;
+        let mut runs: Vec<u32> = Vec::new();
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut owner = vec![0u8; span];
+        for (index, plan) in plans.iter().enumerate() {
+            let group = match runs.iter().position(|run| *run == plan.run) {
+                Some(group) => group,
+                None => {
+                    runs.push(plan.run);
+                    groups.push(Vec::new());
+                    runs.len() - 1
+                }
+            };
+            groups[group].push(index);
+            let mark = u8::try_from(group + 1).ok()?;
+            for id in plan.in_run.ids() {
+                owner[(id - first) as usize] = mark;
+            }
+        }
+        Some(Self { first, owner, groups })
+    }
+
+    /// The indices of the plans atom `id` may belong to.
+    fn plans_of(&self, id: u64) -> &[usize] {
+        let group =
+            id.checked_sub(self.first).and_then(|at| usize::try_from(at).ok()).and_then(|at| self.owner.get(at));
+        match group {
+            Some(&mark) if mark > 0 => &self.groups[usize::from(mark) - 1],
+            _ => &[],
+        }
+    }
+}
+
+/// The most atom ids a [`PlanRouter`]'s table spans (a byte each).
+const PLAN_ROUTER_IDS_MAX: usize = 1 << 24;
 
 /// A scan's reading of the records it visits, with the buffers it reuses from one to the next.
 struct Reading<'s> {
@@ -788,7 +847,7 @@ impl Store {
         // Only atoms after the snapshot matter: the rebuild stops at the snapshot. Atoms after
         // `atom` do not matter; the run's atoms between the floor and it bound the scan.
         let targeted_scans = self.shared.targeted_scans.load(std::sync::atomic::Ordering::Relaxed);
-        let (in_run, from_lsn, to_lsn, mut lsns) = {
+        let (run, in_run, from_lsn, to_lsn, mut lsns) = {
             let index = self.shared.index.read();
             let entry = index.atom(atom).filter(|e| e.started_lsn != 0).ok_or(Error::UnknownAtom { atom: atom.0 })?;
             let run = entry.run;
@@ -852,7 +911,7 @@ impl Store {
                     RunMembers::sparse(in_span().map(|(at, _)| at as u64 + 1).collect())
                 }
             };
-            (in_run, first.unwrap_or(entry.started_lsn), to_lsn, lsns)
+            (run, in_run, first.unwrap_or(entry.started_lsn), to_lsn, lsns)
         };
         lsns.retain(|(lsn, _)| (from_lsn..=to_lsn).contains(lsn));
         let range_lsns = to_lsn - from_lsn + 1;
@@ -862,7 +921,7 @@ impl Store {
                 lsns.dedup_by_key(|(lsn, _)| *lsn);
                 lsns.into_iter().map(|(lsn, at)| (lsn, at as u64 + 1)).unzip()
             });
-        Ok(ScanPlan { in_run, from_lsn, to_lsn, targeted })
+        Ok(ScanPlan { run, in_run, from_lsn, to_lsn, targeted })
     }
 
     /// Reads only the run's records, at the LSNs the index gave (`atoms[i]`'s at `lsns[i]`);
@@ -974,9 +1033,10 @@ impl Store {
         let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
         let parts = if len <= SCAN_PART_LSNS_MIN * 2 { 1 } else { threads.max(1) };
         let step = len.div_ceil(parts as u64);
+        let router = if plans.len() > 1 { PlanRouter::new(plans) } else { None };
         let scan_part = |i: usize| {
             let start = from + i as u64 * step;
-            self.scan_shared_range(plans, start, (start + step - 1).min(to))
+            self.scan_shared_range(plans, router.as_ref(), start, (start + step - 1).min(to))
         };
         let found: Vec<Result<Vec<ScanPart>>> = match pool {
             Some(pool) if parts > 1 => pool.install(|| (0..parts).into_par_iter().map(scan_part).collect()),
@@ -992,8 +1052,15 @@ impl Store {
     }
 
     /// One part of [`Store::scan_shared`]: the LSNs `from..=to` (none if `from > to`), one
-    /// part for each plan.
-    fn scan_shared_range(&self, plans: &[&ScanPlan], from: u64, to: u64) -> Result<Vec<ScanPart>> {
+    /// part for each plan; each record offered to the plans `router` gives for its atom (to
+    /// every plan without one).
+    fn scan_shared_range(
+        &self,
+        plans: &[&ScanPlan],
+        router: Option<&PlanRouter>,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<ScanPart>> {
         let mut parts: Vec<ScanPart> = plans
             .iter()
             .map(|plan| {
@@ -1007,11 +1074,17 @@ impl Store {
         let mut reading = Reading::new(self);
         self.shared.log.visit(Lsn::new(from), Lsn::new(to), |lsn, record| {
             let Some((kind, subject)) = reading.peek_atom(lsn, &record)? else { return Ok(true) };
-            for (plan, part) in plans.iter().zip(&mut parts) {
+            let mut offer = |index: usize| {
+                let (plan, part) = (plans[index], &mut parts[index]);
                 if (plan.from_lsn..=plan.to_lsn).contains(&lsn) && plan.in_run.contains(subject) {
                     part.matched += 1;
                     reading.keep(part, kind, subject, lsn, &record)?;
                 }
+                Ok::<(), Error>(())
+            };
+            match router {
+                Some(router) => router.plans_of(subject).iter().try_for_each(|index| offer(*index))?,
+                None => (0..plans.len()).try_for_each(&mut offer)?,
             }
             Ok(true)
         })?;
@@ -1569,6 +1642,7 @@ mod tests {
                 .map(|i| {
                     let read: Vec<u64> = (0..lsns).map(|n| 1 + n * (range / lsns)).collect();
                     let plan = ScanPlan {
+                        run: 1,
                         in_run: RunMembers::sparse(Vec::new()),
                         from_lsn: 1,
                         to_lsn: range,
