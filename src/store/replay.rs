@@ -362,11 +362,12 @@ fn targeted_reads_cost_more(plans: &[(usize, Option<u64>, ScanPlan)]) -> bool {
     plans.len() > 1 && reads >= union
 }
 
-/// At most this many rebuilds share one pass over the log (each record is offered to every
-/// one of them), and their planned tables stop growing past this many atom ids (about 18
-/// bytes each, as for one rebuild's dense span).
-const SHARED_SCAN_PLANS_MAX: usize = 64;
-const SHARED_SCAN_IDS_MAX: usize = 1 << 22;
+/// At most this many rebuilds share one pass over the log (fewer than 256, so that a
+/// [`PlanRouter`] numbers their runs in a byte), and no more are planned once their membership
+/// tables (a byte per atom id of each plan's span) hold this many ids: 16 MB at most, while
+/// the larger tables of a fold (about 17 bytes per id) are built for one plan at a time.
+const SHARED_SCAN_PLANS_MAX: usize = 128;
+const SHARED_SCAN_IDS_MAX: usize = 1 << 24;
 
 /// Snapshots tried before a rebuild falls back to the log from the start.
 const SNAPSHOT_CANDIDATES_MAX: usize = 8;
@@ -1509,9 +1510,9 @@ mod tests {
 
     #[test]
     fn rebuilds_that_share_a_scan_give_what_each_gives_alone() {
-        // The interleaved store's atoms rebuilt together (two batches of plans; the runs'
-        // ranges overlap, so most share a pass) and one by one must agree exactly, with scans
-        // targeted where they pay (run 0's, which then go alone) and with none targeted (run
+        // The interleaved store's atoms rebuilt together (the runs' ranges overlap, so most
+        // share a pass) and one by one must agree exactly, with scans targeted where they pay
+        // (run 0's, which then go alone unless many) and with none targeted (run
         // 0's then share too, and its forks from before its snapshot cannot start from it).
         // One snapshot of another run is damaged: the rebuilds it would start go alone and
         // report the fallback.
@@ -1529,12 +1530,10 @@ mod tests {
         let middle = bytes.len() / 2;
         bytes[middle] ^= 0x40;
         std::fs::write(&path, bytes).expect("damage the snapshot");
-        // Run 0's atoms, every other one of the others' (several of each run), one atom twice:
-        // more than one batch of plans.
+        // Run 0's atoms, every other one of the others' (several of each run), one atom twice.
         let others: Vec<AtomId> = others.iter().step_by(2).copied().collect();
         let mut atoms: Vec<AtomId> = run_0.iter().chain(&others).copied().collect();
         atoms.push(others[3]);
-        assert!(atoms.len() > SHARED_SCAN_PLANS_MAX);
         let check = |store: &Store, when: &str, modes: &[bool]| {
             for &targeted in modes {
                 store.set_targeted_scans(targeted);
@@ -1573,7 +1572,8 @@ mod tests {
         /// Random runs written side by side (forks from any earlier atom of the run, failures,
         /// atoms left running, snapshots here and there, small segments): rebuilding all of
         /// them together gives, atom for atom, what each rebuild alone gives, with scans
-        /// targeted where they pay and with none targeted.
+        /// targeted where they pay and with none targeted. Over `SHARED_SCAN_PLANS_MAX` atoms
+        /// (about half the cases), the plans come in several batches.
         #[test]
         fn rebuilds_together_agree_with_rebuilds_alone_on_random_histories(
             seed in proptest::prelude::any::<u64>(),
