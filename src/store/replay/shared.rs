@@ -66,6 +66,10 @@ impl PlanRouter {
 /// The most atom ids a [`PlanRouter`]'s table spans (a byte each).
 const PLAN_ROUTER_IDS_MAX: usize = 1 << 24;
 
+/// A planned rebuild: its atom's position in the batch, the snapshot it starts from (`None`:
+/// the log's start), and its scan's plan.
+type Planned = (usize, Option<u64>, ScanPlan);
+
 /// What a targeted read of one LSN costs, in LSNs of a scan of the whole range: measured
 /// (`cargo bench --bench replay -- interleaved`, session 14) at 1.8x faster than the whole
 /// range at one record in 128, 3.1x at one in 256 and 5.6x at one in 512, i.e. 70-90 LSNs.
@@ -74,7 +78,7 @@ const TARGETED_READ_COST_LSNS: u64 = 80;
 /// Whether the targeted reads of `plans` cost more than one scan of the union of their
 /// ranges (many runs each sparse in the same stretch of the log: one agent in hundreds,
 /// all of them rebuilt together).
-fn targeted_reads_cost_more(plans: &[(usize, Option<u64>, ScanPlan)]) -> bool {
+fn targeted_reads_cost_more(plans: &[Planned]) -> bool {
     let reads: u64 = plans
         .iter()
         .map(|(_, _, plan)| plan.targeted.as_ref().map_or(0, |(lsns, _)| lsns.len() as u64))
@@ -101,9 +105,9 @@ const SHARED_SCAN_PLANS_MAX: usize = 128;
 const SHARED_SCAN_IDS_MAX: usize = 1 << 24;
 
 impl Store {
-    /// Rebuilds `atoms` on `pool` (`None`: on this thread, as policy snapshots do), handing each result to `done`
-    /// (with the atom's position in `atoms`) as soon as it is ready, so that at most one
-    /// rebuilt context is held at a time. Each result is what [`Store::rebuild_context`]
+    /// Rebuilds `atoms` on `pool` (`None`: on this thread, as policy snapshots do), handing
+    /// each result to `done` (with the atom's position in `atoms`) as soon as it is ready, so
+    /// that at most one rebuilt context is held at a time. Each result is what [`Store::rebuild_context`]
     /// returns for its atom. Each rebuild starts from its atom's newest snapshot (or the
     /// log's start); the scans of rebuilds whose LSN ranges overlap, agents writing side by
     /// side, are one pass over the log ([`Store::scan_shared`]) instead of one each. A rebuild
@@ -122,8 +126,8 @@ impl Store {
         let mut next = 0;
         while next < atoms.len() {
             // Plan the next atoms until their tables reach the budget.
-            let mut planned: Vec<(usize, Option<u64>, ScanPlan)> = Vec::new();
-            let mut targeted: Vec<(usize, Option<u64>, ScanPlan)> = Vec::new();
+            let mut planned: Vec<Planned> = Vec::new();
+            let mut targeted: Vec<Planned> = Vec::new();
             let mut ids = 0;
             while next < atoms.len()
                 && planned.len() + targeted.len() < SHARED_SCAN_PLANS_MAX
@@ -443,7 +447,7 @@ mod tests {
     #[test]
     fn targeted_plans_share_a_scan_only_when_their_reads_would_cost_more() {
         // `count` plans, each reading `lsns` LSNs within the same range of `range` LSNs.
-        let plans = |count: usize, lsns: u64, range: u64| -> Vec<(usize, Option<u64>, ScanPlan)> {
+        let plans = |count: usize, lsns: u64, range: u64| -> Vec<Planned> {
             (0..count)
                 .map(|i| {
                     let read: Vec<u64> = (0..lsns).map(|n| 1 + n * (range / lsns)).collect();
