@@ -147,6 +147,13 @@ impl RunMembers {
 /// A scan part covers at least this many LSNs (smaller scans are not split).
 const SCAN_PART_LSNS_MIN: u64 = 4096;
 
+/// How many parts a scan of `len` LSNs is split into: one for a short scan, else one per
+/// thread of `pool`.
+fn scan_part_count(pool: Option<&rayon::ThreadPool>, len: u64) -> usize {
+    let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
+    if len <= SCAN_PART_LSNS_MIN * 2 { 1 } else { threads.max(1) }
+}
+
 /// A rebuild reads only its run's records, at the LSNs the index holds for them, when they are
 /// at most one in this many of the range it would otherwise scan (a run among many others
 /// running beside it): the frames between are stepped over on their headers, and crossed
@@ -175,7 +182,8 @@ struct ScanPart {
     parents: Vec<u64>,
     completions: Vec<ScannedCompletion>,
     sources: HeldSources,
-    /// Records of the run's atoms it visited (failures included).
+    /// Records of the run's atoms it visited (failures included), counted by `scan_range`
+    /// to check a targeted part (a shared scan's parts leave it at 0).
     matched: usize,
 }
 
@@ -764,8 +772,7 @@ impl Store {
         in_run: &RunMembers,
         span: impl Fn(usize, usize) -> ScanSpan<'a> + Sync,
     ) -> Vec<Result<ScanPart>> {
-        let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
-        let parts = if len <= SCAN_PART_LSNS_MIN * 2 { 1 } else { threads.max(1) };
+        let parts = scan_part_count(pool, len);
         let scan_all = || (0..parts).into_par_iter().map(|i| self.scan_range(span(i, parts), in_run)).collect();
         match pool {
             Some(pool) if parts > 1 => pool.install(scan_all),

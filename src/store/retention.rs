@@ -78,15 +78,14 @@ impl Store {
     /// Writes the policy snapshot of `atom` (unless its agent has moved on to a rollback, or
     /// the atom is gone) and applies retention to its agent's snapshots.
     pub(crate) fn policy_snapshot(&self, atom: AtomId) -> Result<()> {
-        let usable = self.shared.index.read().atom(atom).is_some_and(|entry| !entry.abandoned);
-        // Rebuilt on the calling thread (the background thread, at a lower priority): on the
-        // replay pool, whose threads run at normal priority, its decoding took the agents' cores.
-        if usable { self.write_snapshot(atom, NameDurability::Deferred, None) } else { Ok(()) }
+        self.policy_snapshots(&[atom]).pop().unwrap_or(Ok(()))
     }
 
     /// [`Store::policy_snapshot`] of each of `atoms` (one result each, in order), their
     /// rebuilds on this thread sharing their reads of the log where their agents' records
-    /// interleave (`Store::rebuild_several`).
+    /// interleave (`Store::rebuild_several`). Rebuilt on the calling thread (the background
+    /// thread, at a lower priority): on the replay pool, whose threads run at normal priority,
+    /// their decoding took the agents' cores.
     pub(crate) fn policy_snapshots(&self, atoms: &[AtomId]) -> Vec<Result<()>> {
         let mut results: Vec<Result<()>> = atoms.iter().map(|_| Ok(())).collect();
         let usable: Vec<usize> = {

@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::{Reading, Rebuilt, RunScan, SCAN_PART_LSNS_MIN, ScanPart, ScanPlan, apply_deltas};
+use super::{Reading, Rebuilt, RunScan, ScanPart, ScanPlan, apply_deltas, scan_part_count};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::log::Lsn;
@@ -240,8 +240,7 @@ impl Store {
         let Some(from) = plans.iter().map(|plan| plan.from_lsn).min() else { return Ok(Vec::new()) };
         let to = plans.iter().map(|plan| plan.to_lsn).max().unwrap_or(from);
         let len = to - from + 1;
-        let threads = pool.map_or(1, rayon::ThreadPool::current_num_threads);
-        let parts = if len <= SCAN_PART_LSNS_MIN * 2 { 1 } else { threads.max(1) };
+        let parts = scan_part_count(pool, len);
         let step = len.div_ceil(parts as u64);
         let router = if plans.len() > 1 { PlanRouter::new(plans) } else { None };
         let scan_part = |i: usize| {
@@ -287,7 +286,6 @@ impl Store {
             let mut offer = |index: usize| {
                 let (plan, part) = (plans[index], &mut parts[index]);
                 if (plan.from_lsn..=plan.to_lsn).contains(&lsn) && plan.in_run.contains(subject) {
-                    part.matched += 1;
                     reading.keep(part, kind, subject, lsn, &record)?;
                 }
                 Ok::<(), Error>(())
