@@ -298,7 +298,9 @@ fn a_small_dictionary_comes_early_and_the_final_one_later_across_reopens() {
 fn the_background_thread_trains_the_dictionary_and_logs_it_before_its_first_use() {
     // With a background thread, the completion that brings the 256th sample does not wait
     // for the training: the thread trains, logs the dictionary, and only then do completions
-    // use it. Every completion logged before the dictionary record is plain.
+    // use it. Every completion logged before the dictionary record is plain. Between the
+    // record's append and the codec taking the dictionary up, completions may still be
+    // compressed without it (harmless: readable either way); once one uses it, all do.
     let dir = tempfile::tempdir().expect("tempdir");
     let mut transcript = Transcript::new(10);
     let store = Store::builder(dir.path()).compress_records_from(64).open().expect("open");
@@ -316,10 +318,23 @@ fn the_background_thread_trains_the_dictionary_and_logs_it_before_its_first_use(
         assert!(std::time::Instant::now() < deadline, "no dictionary was trained in 30 s");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    for i in 256..266 {
+    // Completions until the newest uses the dictionary (the background thread may still be
+    // between logging it and handing it to the codec), then ten more.
+    let mut next = 256;
+    loop {
+        complete(next);
+        next += 1;
+        let (_, completions) = dictionaries_and_completions(&store);
+        if completions.last().is_some_and(|newest| newest.contains("dictionary")) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the logged dictionary was not used in 30 s");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for i in next..next + 10 {
         complete(i);
     }
-    let mut plain = 0;
+    let (mut plain, mut before_use, mut used) = (0, 0, 0);
     let mut dictionary = None;
     for item in store.log().iter_from(continuum::Lsn::FIRST).expect("iterate") {
         let (_, bytes) = item.expect("record");
@@ -331,12 +346,21 @@ fn the_background_thread_trains_the_dictionary_and_logs_it_before_its_first_use(
                     assert!(!info.compression.contains("dictionary"), "used before it was logged");
                     plain += 1;
                 }
-                Some(id) => assert_eq!(info.compression, format!("zstd+dictionary#{id}")),
+                Some(id) if info.compression.contains("dictionary") => {
+                    assert_eq!(info.compression, format!("zstd+dictionary#{id}"));
+                    used += 1;
+                }
+                Some(_) => {
+                    assert_eq!(used, 0, "a completion went back to no dictionary after one used it");
+                    before_use += 1;
+                }
             },
             _ => {}
         }
     }
     assert!(plain >= 255, "trained from 256 samples, so logged after at least 255 completions: {plain}");
+    assert!(used >= 11, "the last eleven completions use the dictionary: {used}");
+    assert_eq!(plain + before_use + used, next + 10);
 }
 
 #[test]
