@@ -158,6 +158,8 @@ pub struct Metrics {
     snapshot_bytes: AtomicU64,
     snapshot_write_ns: Histogram,
     snapshot_fallbacks: AtomicU64,
+    policy_snapshot_failures: AtomicU64,
+    maintenance_failures: AtomicU64,
     rebuild_targeted_scans: AtomicU64,
     rebuild_scan_fallbacks: AtomicU64,
     rebuild_shared_scans: AtomicU64,
@@ -207,6 +209,8 @@ impl Metrics {
             snapshot_bytes: AtomicU64::new(0),
             snapshot_write_ns: Histogram::default(),
             snapshot_fallbacks: AtomicU64::new(0),
+            policy_snapshot_failures: AtomicU64::new(0),
+            maintenance_failures: AtomicU64::new(0),
             rebuild_targeted_scans: AtomicU64::new(0),
             rebuild_scan_fallbacks: AtomicU64::new(0),
             rebuild_shared_scans: AtomicU64::new(0),
@@ -314,6 +318,17 @@ impl Metrics {
         add(&self.snapshot_fallbacks, count);
     }
 
+    /// A policy snapshot failed; its error reached no caller.
+    pub(crate) fn record_policy_snapshot_failure(&self) {
+        add(&self.policy_snapshot_failures, 1);
+    }
+
+    /// A compaction round of the background thread, or an index checkpoint written by the
+    /// store on its own, failed; its error reached no caller.
+    pub(crate) fn record_maintenance_failure(&self) {
+        add(&self.maintenance_failures, 1);
+    }
+
     /// A rebuild read its run's records at the LSNs its index holds for them; `fell_back`: the
     /// log did not hold them all there, and it scanned the whole range instead.
     pub(crate) fn record_targeted_scan(&self, fell_back: bool) {
@@ -398,6 +413,8 @@ impl Metrics {
             snapshot_bytes: load(&self.snapshot_bytes),
             snapshot_write_ns: self.snapshot_write_ns.snapshot(),
             snapshot_fallbacks: load(&self.snapshot_fallbacks),
+            policy_snapshot_failures: load(&self.policy_snapshot_failures),
+            maintenance_failures: load(&self.maintenance_failures),
             rebuild_targeted_scans: load(&self.rebuild_targeted_scans),
             rebuild_scan_fallbacks: load(&self.rebuild_scan_fallbacks),
             rebuild_shared_scans: load(&self.rebuild_shared_scans),
@@ -537,6 +554,14 @@ pub struct MetricsSnapshot {
     pub snapshot_write_ns: HistogramSnapshot,
     /// Snapshots a rebuild skipped because they failed verification.
     pub snapshot_fallbacks: u64,
+    /// Policy snapshots that failed (an I/O error while rebuilding, writing or publishing
+    /// one). No caller sees these errors: the atoms are acknowledged, and the agent's next
+    /// snapshot is tried when it comes due; until then its rebuilds read more of the log.
+    pub policy_snapshot_failures: u64,
+    /// Background compaction rounds, and index checkpoints the store writes on its own (at
+    /// open, after a round, when due), that failed. No caller sees these errors: nothing is
+    /// lost, but space is not reclaimed, or the next open folds more of the log.
+    pub maintenance_failures: u64,
     /// Rebuild scans that read only their run's records, at the LSNs the store's index holds
     /// for them, stepping over the other runs' (the run's records were at most one in 128 of
     /// the range; docs/ARCHITECTURE.md, "Replay").
@@ -595,7 +620,7 @@ impl MetricsSnapshot {
     /// `continuum_*_total`, histograms as summaries in seconds with 0.5 and 0.99 quantiles.
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, u64); 28] = [
+        let counters: [(&str, &str, u64); 30] = [
             ("records", "Records appended", self.records),
             ("record_bytes", "Bytes of frames appended (headers and padding included)", self.record_bytes),
             ("batches", "Batches appended", self.batches),
@@ -615,6 +640,12 @@ impl MetricsSnapshot {
             ("snapshot_writes", "Snapshot files written", self.snapshot_writes),
             ("snapshot_bytes", "Bytes of snapshot files written", self.snapshot_bytes),
             ("snapshot_fallbacks", "Snapshots skipped by rebuilds", self.snapshot_fallbacks),
+            ("policy_snapshot_failures", "Policy snapshots that failed", self.policy_snapshot_failures),
+            (
+                "maintenance_failures",
+                "Background compaction rounds and index checkpoints that failed",
+                self.maintenance_failures,
+            ),
             ("rebuild_targeted_scans", "Rebuild scans that read only their run's records", self.rebuild_targeted_scans),
             (
                 "rebuild_scan_fallbacks",

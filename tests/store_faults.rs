@@ -1,7 +1,7 @@
 //! Injected I/O failures under the store, which keeps running after them: one `EIO` or
 //! `ENOSPC` on the nth I/O call of a store workload (two runs of chained atoms, policy snapshots
-//! written as they come due, a compaction round with cold compression, an index checkpoint,
-//! more atoms), for every call the workload makes. The log's own fault tests
+//! written as they come due, an index checkpoint, a compaction round with cold compression
+//! that patches it, another checkpoint, more atoms), for every call the workload makes. The log's own fault tests
 //! (`tests/faults.rs`) fail calls under bare appends; these fail them inside the store's
 //! snapshot files, compaction's rewrites, checkpoints and reads as well. A second test does
 //! the same beside the background thread, which then writes the policy snapshots.
@@ -15,7 +15,9 @@
 //! acknowledged atom is the fold of the acknowledged deltas; the running store holds no atom
 //! whose `record_atom` failed, and the reopened one only atoms the workload tried, with the
 //! outputs it gave them (an append whose sync failed may or may not survive a crash); and the
-//! reopened store takes new atoms.
+//! reopened store takes new atoms. A failure no store call returned must show in the metrics
+//! where it lost something: a policy snapshot not written is a `policy_snapshot_failures`, and
+//! the round's patch of the index checkpoint a `maintenance_failures`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -131,6 +133,10 @@ fn workload(store: &Store) -> Model {
             record(store, &mut model, run, i);
         }
     }
+    // A checkpoint before the round too, so that the round patches it.
+    if let Err(error) = store.checkpoint_index() {
+        model.error("checkpoint before the round", &error);
+    }
     if let Err(error) = store.compact() {
         model.error("compact", &error);
     }
@@ -190,15 +196,27 @@ fn check(store: &Store, model: &Model, live: bool, context: &str) {
     }
 }
 
+/// What one case saw on the running store.
+struct Seen {
+    /// A store call returned an error.
+    surfaced: bool,
+    /// Policy snapshots written, and failed (`MetricsSnapshot`).
+    snapshot_writes: u64,
+    snapshot_failures: u64,
+    /// Index checkpoints the store wrote on its own that failed (`MetricsSnapshot`).
+    maintenance_failures: u64,
+}
+
 /// Fails the `nth` I/O call after the store's open with `kind`; runs the workload and the
-/// checks, live and after a crash with `damage`. Returns whether a store call saw an error.
-fn fail_nth(nth: u64, kind: FaultKind, damage: CrashDamage, background: bool) -> bool {
+/// checks, live and after a crash with `damage`.
+fn fail_nth(nth: u64, kind: FaultKind, damage: CrashDamage, background: bool) -> Seen {
     let context = format!("{kind:?} on I/O call #{nth}, then {damage:?} (background thread: {background})");
     let sim = SimStorage::new(SEED);
     let store = open(&sim, background).expect("open");
     sim.inject(Fault { op: None, nth, kind });
     let model = workload(&store);
     check(&store, &model, true, &format!("{context}, live"));
+    let metrics = store.log().metrics();
     drop(store);
     sim.crash(damage);
     let store = open(&sim, background).unwrap_or_else(|e| panic!("{context}: reopen after the crash: {e}"));
@@ -206,11 +224,17 @@ fn fail_nth(nth: u64, kind: FaultKind, damage: CrashDamage, background: bool) ->
     let run = store.create_run(RunSpec::new("after")).unwrap_or_else(|e| panic!("{context}: a new run: {e}"));
     let output = AtomOutput { delta: Transcript::new(9).next_delta(300), result: b"after".to_vec() };
     store.record_atom(run, "agent", "after", &[], "", &output).unwrap_or_else(|e| panic!("{context}: new atom: {e}"));
-    !model.errors.is_empty()
+    Seen {
+        surfaced: !model.errors.is_empty(),
+        snapshot_writes: metrics.snapshot_writes,
+        snapshot_failures: metrics.policy_snapshot_failures,
+        maintenance_failures: metrics.maintenance_failures,
+    }
 }
 
-/// I/O calls the workload makes after the store's open, with no fault.
-fn calls_in_workload() -> u64 {
+/// I/O calls the workload makes after the store's open with no fault, and the policy
+/// snapshots it writes.
+fn calls_in_workload() -> (u64, u64) {
     let sim = SimStorage::new(SEED);
     let store = open(&sim, false).expect("open");
     let before = sim.op_count();
@@ -218,30 +242,49 @@ fn calls_in_workload() -> u64 {
     let calls = sim.op_count() - before;
     assert!(model.errors.is_empty(), "no fault, no error: {:?}", model.errors);
     check(&store, &model, true, "no fault");
-    assert!(!store.snapshots().is_empty(), "the workload writes policy snapshots");
-    calls
+    let metrics = store.log().metrics();
+    assert!(metrics.snapshot_writes > 2, "the workload writes policy snapshots: {}", metrics.snapshot_writes);
+    assert_eq!(metrics.policy_snapshot_failures, 0);
+    (calls, metrics.snapshot_writes)
 }
 
 #[test]
 fn a_failed_io_call_anywhere_in_a_store_workload_loses_no_acknowledged_atom() {
-    let calls = calls_in_workload();
+    let (calls, snapshots) = calls_in_workload();
     assert!(calls > 100, "the workload makes {calls} I/O calls");
-    let (mut cases, mut surfaced) = (0, 0);
+    let (mut cases, mut surfaced, mut snapshot_failures, mut maintenance_failures) = (0, 0, 0, 0);
     for nth in 1..=calls {
         for kind in [FaultKind::Eio, FaultKind::NoSpace] {
             // Each case crashes with another kind of damage, in turn.
             let damage = CrashDamage::ALL[cases % CrashDamage::ALL.len()];
-            if fail_nth(nth, kind, damage, false) {
+            let seen = fail_nth(nth, kind, damage, false);
+            if seen.surfaced {
                 surfaced += 1;
+            } else {
+                // A policy snapshot whose failure reached no caller is counted where a
+                // monitor sees it.
+                assert!(
+                    seen.snapshot_writes + seen.snapshot_failures >= snapshots,
+                    "{kind:?} on call #{nth}: {} of {snapshots} policy snapshots written, {} failures counted",
+                    seen.snapshot_writes,
+                    seen.snapshot_failures
+                );
             }
+            snapshot_failures += seen.snapshot_failures;
+            maintenance_failures += seen.maintenance_failures;
             cases += 1;
         }
     }
     eprintln!(
-        "{cases} cases ({calls} I/O calls, each failed with EIO and ENOSPC); {surfaced} surfaced as an error of a store call"
+        "{cases} cases ({calls} I/O calls, each failed with EIO and ENOSPC); {surfaced} surfaced as an error of a store call, {snapshot_failures} as a failed policy snapshot, {maintenance_failures} as a failed maintenance task"
     );
+    assert!(snapshot_failures > 0, "failures inside policy snapshots are counted");
+    // The round patches the checkpoint written before it; a failure there is the round's
+    // only one that reaches no caller.
+    assert!(maintenance_failures > 0, "a failed patch of the index checkpoint is counted");
     // Failures inside policy snapshots, and in reads that have a fallback, reach no caller;
-    // the rest must (186 of 406 cases reached none when this was written).
+    // the rest must (218 of 452 cases reached none when this was written, 144 of them counted in
+    // the metrics).
     assert!(surfaced > cases / 4, "too few failures reached a caller: {surfaced} of {cases}");
 }
 
@@ -250,7 +293,7 @@ fn a_failed_io_call_beside_the_background_thread_loses_no_acknowledged_atom() {
     // The background thread writes the policy snapshots (rounds whose rebuilds share one read
     // of the log) while the workload appends: which call fails depends on how the threads
     // interleave, so every third call of the single-threaded count is failed, with both kinds.
-    let calls = calls_in_workload();
+    let (calls, _) = calls_in_workload();
     let mut cases = 0;
     for nth in (1..=calls).step_by(3) {
         for kind in [FaultKind::Eio, FaultKind::NoSpace] {

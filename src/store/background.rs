@@ -161,7 +161,10 @@ fn run(
         if compaction_due {
             match store.compact_following_lulls() {
                 Ok(report) => tracing::debug!(?report, "background compaction"),
-                Err(error) => tracing::warn!(%error, "background compaction failed"),
+                Err(error) => {
+                    store.shared.log.metrics_handle().record_maintenance_failure();
+                    tracing::warn!(%error, "background compaction failed");
+                }
             }
             checkpoint_if_due(&store);
             next_compaction = interval.map(|every| Instant::now() + every);
@@ -206,6 +209,7 @@ fn checkpoint_if_due(store: &Store) {
     if after >= store.shared.policies.index_checkpoint_after.max(covered / 4)
         && let Err(error) = store.checkpoint_index()
     {
+        store.shared.log.metrics_handle().record_maintenance_failure();
         tracing::warn!(%error, "background index checkpoint failed");
     }
 }
@@ -247,6 +251,7 @@ fn write_snapshots(store: &Store, due: Vec<(u32, AtomId)>, pace: Pace, recent: &
             .collect();
         for (atom, result) in atoms.iter().zip(store.policy_snapshots(&atoms)) {
             if let Err(error) = result {
+                store.shared.log.metrics_handle().record_policy_snapshot_failure();
                 tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
             }
         }

@@ -651,6 +651,7 @@ impl CheckpointPatch {
         let written = crate::store::checkpoint::encode(&state, &shared.log)
             .and_then(|bytes| shared.publish_index_checkpoint(state.next_lsn, &bytes));
         if let Err(error) = written {
+            shared.log.metrics_handle().record_maintenance_failure();
             tracing::warn!(%error, "patched index checkpoint not written");
         }
     }

@@ -263,6 +263,7 @@ impl Shared {
                 return;
             }
             if let Err(error) = shared.publish_index_checkpoint(covered, &bytes) {
+                shared.log.metrics_handle().record_maintenance_failure();
                 tracing::warn!(%error, "index checkpoint not written after open");
             }
         });
@@ -334,7 +335,10 @@ fn open_index(
         // written by `StoreBuilder::open`'s writer thread, off the open's path.
         match log.sync().and_then(|()| checkpoint::encode(&state, log)) {
             Ok(bytes) => *written.pending.lock() = Some((state.next_lsn, bytes)),
-            Err(error) => tracing::warn!(%error, "index checkpoint not written at open"),
+            Err(error) => {
+                log.metrics_handle().record_maintenance_failure();
+                tracing::warn!(%error, "index checkpoint not written at open");
+            }
         }
     }
     state.finish()

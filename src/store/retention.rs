@@ -41,6 +41,7 @@ impl Store {
             Some(worker) => worker.request_snapshot(agent, atom),
             None => {
                 if let Err(error) = self.policy_snapshot(atom) {
+                    self.shared.log.metrics_handle().record_policy_snapshot_failure();
                     tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
                 }
             }
