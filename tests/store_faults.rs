@@ -15,7 +15,8 @@
 //! acknowledged atom is the fold of the acknowledged deltas; the running store holds no atom
 //! whose `record_atom` failed, and the reopened one only atoms the workload tried, with the
 //! outputs it gave them (an append whose sync failed may or may not survive a crash); and the
-//! reopened store takes new atoms. A failure no store call returned must show in the metrics
+//! reopened store takes new atoms. A third test fails each I/O call of an open of the store the
+//! workload leaves. A failure no store call returned must show in the metrics
 //! where it lost something: a policy snapshot not written is a `policy_snapshot_failures`, and
 //! the round's patch of the index checkpoint a `maintenance_failures`.
 
@@ -302,4 +303,45 @@ fn a_failed_io_call_beside_the_background_thread_loses_no_acknowledged_atom() {
         }
     }
     eprintln!("{cases} cases beside the background thread");
+}
+
+/// A simulated disk holding the workload's store, closed, and what the workload did.
+fn loaded_disk() -> (SimStorage, Model) {
+    let sim = SimStorage::new(SEED);
+    let store = open(&sim, false).expect("open");
+    let model = workload(&store);
+    assert!(model.errors.is_empty(), "{:?}", model.errors);
+    drop(store);
+    (sim, model)
+}
+
+#[test]
+fn a_failed_io_call_while_opening_is_a_typed_error_and_the_next_open_finds_everything() {
+    // The store the workload left (an index checkpoint, then more atoms: an open reads the
+    // checkpoint, folds the records after it, recovers the active segment), reopened with one
+    // of the open's calls failed: the open returns a typed error, or a store that holds
+    // everything; the open after it, with no fault, always does.
+    let (sim, _) = loaded_disk();
+    let before = sim.op_count();
+    drop(open(&sim, false).expect("reopen"));
+    let calls = sim.op_count() - before;
+    assert!(calls > 10, "an open (and the close after it) makes {calls} I/O calls");
+    let (mut refused, mut cases) = (0, 0);
+    for nth in 1..=calls {
+        for kind in [FaultKind::Eio, FaultKind::NoSpace] {
+            let context = format!("{kind:?} on call #{nth} of the open");
+            let (disk, model) = loaded_disk();
+            disk.inject(Fault { op: None, nth, kind });
+            match open(&disk, false) {
+                Ok(store) => check(&store, &model, true, &context),
+                Err(Error::Io { .. } | Error::NoSpace { .. }) => refused += 1,
+                Err(error) => panic!("{context}: the open failed with {error:?}"),
+            }
+            let store = open(&disk, false).unwrap_or_else(|e| panic!("{context}: the next open: {e}"));
+            check(&store, &model, true, &format!("{context}, then opened again"));
+            cases += 1;
+        }
+    }
+    eprintln!("{cases} opens with a failed call; {refused} refused with a typed error");
+    assert!(refused > 0, "some failures refuse the open");
 }
