@@ -251,8 +251,7 @@ fn write_snapshots(store: &Store, due: Vec<(u32, AtomId)>, pace: Pace, recent: &
             .collect();
         for (atom, result) in atoms.iter().zip(store.policy_snapshots(&atoms)) {
             if let Err(error) = result {
-                store.shared.log.metrics_handle().record_policy_snapshot_failure();
-                tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+                store.policy_snapshot_failed(*atom, &error);
             }
         }
         std::thread::sleep(pause_after(started.elapsed(), pace));

@@ -41,8 +41,7 @@ impl Store {
             Some(worker) => worker.request_snapshot(agent, atom),
             None => {
                 if let Err(error) = self.policy_snapshot(atom) {
-                    self.shared.log.metrics_handle().record_policy_snapshot_failure();
-                    tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
+                    self.policy_snapshot_failed(atom, &error);
                 }
             }
         }
@@ -74,6 +73,12 @@ impl Store {
         // An agent listed twice (it came due and reached half way again) is taken once: its
         // clock started again at the first.
         taken
+    }
+
+    /// Counts and logs a policy snapshot that failed: its error reaches no caller.
+    pub(crate) fn policy_snapshot_failed(&self, atom: AtomId, error: &Error) {
+        self.shared.log.metrics_handle().record_policy_snapshot_failure();
+        tracing::warn!(atom = atom.get(), %error, "policy snapshot failed");
     }
 
     /// Writes the policy snapshot of `atom` (unless its agent has moved on to a rollback, or
