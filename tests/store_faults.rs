@@ -93,6 +93,7 @@ fn outputs() -> BTreeMap<(String, String), AtomOutput> {
     tried
 }
 
+/// Records `run`'s atom `i` after its last acknowledged one, and notes the outcome.
 fn record(store: &Store, model: &mut Model, run: &str, i: usize) {
     let Some(id) = model.runs.get(run).copied() else { return };
     let key = format!("step-{i}");
