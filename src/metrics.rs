@@ -323,8 +323,8 @@ impl Metrics {
         add(&self.policy_snapshot_failures, 1);
     }
 
-    /// A compaction round of the background thread, or an index checkpoint written by the
-    /// store on its own, failed; its error reached no caller.
+    /// A compaction round of the background thread, an index checkpoint written by the store
+    /// on its own, or a trained dictionary's record failed; its error reached no caller.
     pub(crate) fn record_maintenance_failure(&self) {
         add(&self.maintenance_failures, 1);
     }
@@ -558,9 +558,10 @@ pub struct MetricsSnapshot {
     /// one). No caller sees these errors: the atoms are acknowledged, and the agent's next
     /// snapshot is tried when it comes due; until then its rebuilds read more of the log.
     pub policy_snapshot_failures: u64,
-    /// Background compaction rounds, and index checkpoints the store writes on its own (at
-    /// open, after a round, when due), that failed. No caller sees these errors: nothing is
-    /// lost, but space is not reclaimed, or the next open folds more of the log.
+    /// Background compaction rounds, index checkpoints the store writes on its own (at open,
+    /// after a round, when due) and trained compression dictionaries that could not be written.
+    /// No caller sees these errors: nothing is lost, but space is not reclaimed, the next open
+    /// folds more of the log, or records go on without the new dictionary.
     pub maintenance_failures: u64,
     /// Rebuild scans that read only their run's records, at the LSNs the store's index holds
     /// for them, stepping over the other runs' (the run's records were at most one in 128 of
@@ -643,7 +644,7 @@ impl MetricsSnapshot {
             ("policy_snapshot_failures", "Policy snapshots that failed", self.policy_snapshot_failures),
             (
                 "maintenance_failures",
-                "Background compaction rounds and index checkpoints that failed",
+                "Background compaction rounds, index checkpoints and dictionaries that failed",
                 self.maintenance_failures,
             ),
             ("rebuild_targeted_scans", "Rebuild scans that read only their run's records", self.rebuild_targeted_scans),

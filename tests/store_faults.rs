@@ -16,7 +16,8 @@
 //! whose `record_atom` failed, and the reopened one only atoms the workload tried, with the
 //! outputs it gave them (an append whose sync failed may or may not survive a crash); and the
 //! reopened store takes new atoms. A third test fails each I/O call of an open of the store the
-//! workload leaves. A failure no store call returned must show in the metrics
+//! workload leaves, and a fourth the calls around the first dictionary's append. A failure no
+//! store call returned must show in the metrics
 //! where it lost something: a policy snapshot not written is a `policy_snapshot_failures`, and
 //! the round's patch of the index checkpoint a `maintenance_failures`.
 
@@ -345,4 +346,85 @@ fn a_failed_io_call_while_opening_is_a_typed_error_and_the_next_open_finds_every
     }
     eprintln!("{cases} opens with a failed call; {refused} refused with a typed error");
     assert!(refused > 0, "some failures refuse the open");
+}
+
+#[test]
+fn a_dictionary_that_could_not_be_written_is_never_used() {
+    // Records are compressed as appended (`compress_records_from(64)`) and the first
+    // dictionary is trained, inline, from the first 256 completions' deltas and appended just
+    // before the 256th completion. Each case fails one of the next I/O calls: whatever failed,
+    // no record may ever be compressed with a dictionary whose record the log does not hold
+    // before it, live or after a crash; a dictionary that could not be written is a
+    // maintenance failure, and the atoms after it are acknowledged without it.
+    let open = |sim: &SimStorage| {
+        Store::builder(Path::new("/store"))
+            .storage(Arc::new(sim.clone()))
+            .segment_bytes(64 * 1024)
+            .compress_records_from(64)
+            .snapshot_policy(SnapshotPolicy::NEVER)
+            .background(false)
+            .open()
+    };
+    let dictionaries_first = |store: &Store, context: &str| {
+        let mut logged = Vec::new();
+        for item in store.log().iter_from(continuum::Lsn::FIRST).expect("iterate") {
+            let (lsn, bytes) = item.expect("record");
+            let info = store.decode_record(&bytes).expect("decode");
+            match info.record {
+                continuum::codec::StoreRecord::Dictionary(dictionary) => logged.push(dictionary.id),
+                _ => {
+                    if let Some(id) = info.compression.strip_prefix("zstd+dictionary#") {
+                        let id: u32 = id.parse().expect("dictionary id");
+                        assert!(logged.contains(&id), "{context}: LSN {lsn} uses dictionary {id} before its record");
+                    }
+                }
+            }
+        }
+        logged.len()
+    };
+    let mut transcript = Transcript::new(4);
+    let outputs: Vec<AtomOutput> = (0..300)
+        .map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("r{i}").into_bytes() })
+        .collect();
+    let (mut unwritten, mut cases) = (0, 0);
+    for nth in 1..=12 {
+        let context = format!("ENOSPC on call #{nth} of the 256th completion");
+        let sim = SimStorage::new(SEED);
+        let store = open(&sim).expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let mut acked: Vec<(AtomId, usize)> = Vec::new();
+        for (i, output) in outputs.iter().enumerate() {
+            if i == 255 {
+                sim.inject(Fault { op: None, nth, kind: FaultKind::NoSpace });
+            }
+            let parents: Vec<AtomId> = acked.last().map(|(atom, _)| *atom).into_iter().collect();
+            let key = format!("step-{i}");
+            let mut recorded = store.record_atom(run, "agent", &key, &parents, "", output);
+            if matches!(recorded, Err(Error::NoSpace { .. } | Error::Io { .. })) {
+                recorded = store.record_atom(run, "agent", &key, &parents, "", output);
+            }
+            match recorded {
+                Ok(atom) => acked.push((atom, i)),
+                Err(Error::Poisoned { .. } | Error::NoSpace { .. } | Error::Io { .. }) => break,
+                Err(error) => panic!("{context}: step {i}: {error:?}"),
+            }
+        }
+        let logged = dictionaries_first(&store, &format!("{context}, live"));
+        let failures = store.log().metrics().maintenance_failures;
+        if logged == 0 && acked.len() == outputs.len() {
+            // The dictionary's append failed and the store went on without it.
+            assert_eq!(failures, 1, "{context}: the unwritten dictionary is counted");
+            unwritten += 1;
+        }
+        drop(store);
+        sim.crash(CrashDamage::ALL[cases % CrashDamage::ALL.len()]);
+        let store = open(&sim).unwrap_or_else(|e| panic!("{context}: reopen: {e}"));
+        dictionaries_first(&store, &format!("{context}, reopened"));
+        for (atom, i) in &acked {
+            let found = store.atom(*atom).unwrap_or_else(|e| panic!("{context}: step {i}: {e}"));
+            assert_eq!(found.output.as_ref(), Some(&outputs[*i]), "{context}: step {i}");
+        }
+        cases += 1;
+    }
+    assert!(unwritten > 0, "some case failed the dictionary's own append and went on");
 }

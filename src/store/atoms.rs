@@ -579,9 +579,18 @@ impl Store {
         let id = self.shared.index.read().next_dictionary;
         let record = StoreRecord::Dictionary(proto::CompressionDictionary { id, dictionary: dictionary.clone() });
         // IMPORTANT: the dictionary is durable before any record compressed with it exists.
-        if self.append(&record, Durability::Sync).is_ok() {
-            self.shared.index.write().next_dictionary = id + 1;
-            self.shared.codec.add_dictionary(id, &dictionary);
+        match self.append(&record, Durability::Sync) {
+            Ok(_) => {
+                self.shared.index.write().next_dictionary = id + 1;
+                self.shared.codec.add_dictionary(id, &dictionary);
+            }
+            // Records go on without it (compressed with the one before, or plain, and smaller
+            // at rest after cold compression). The next open trains again from the stage the
+            // log's dictionaries show.
+            Err(error) => {
+                self.shared.log.metrics_handle().record_maintenance_failure();
+                tracing::warn!(%error, id, "compression dictionary not written");
+            }
         }
     }
 }
