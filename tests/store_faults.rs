@@ -17,9 +17,9 @@
 //! outputs it gave them (an append whose sync failed may or may not survive a crash); and the
 //! reopened store takes new atoms. A third test fails each I/O call of an open of the store the
 //! workload leaves, and a fourth the calls around the first dictionary's append. A failure no
-//! store call returned must show in the metrics
-//! where it lost something: a policy snapshot not written is a `policy_snapshot_failures`, and
-//! the round's patch of the index checkpoint a `maintenance_failures`.
+//! store call returned must show in the metrics where it lost something: a policy snapshot not
+//! written is a `policy_snapshot_failures`; the round's patch of the index checkpoint, or a
+//! dictionary not written, a `maintenance_failures`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
