@@ -16,17 +16,18 @@
 //! whose `record_atom` failed, and the reopened one only atoms the workload tried, with the
 //! outputs it gave them (an append whose sync failed may or may not survive a crash); and the
 //! reopened store takes new atoms. A third test fails each I/O call of an open of the store the
-//! workload leaves, and a fourth the calls around the first dictionary's append. A failure no
-//! store call returned must show in the metrics where it lost something: a policy snapshot not
-//! written is a `policy_snapshot_failures`; the round's patch of the index checkpoint, or a
-//! dictionary not written, a `maintenance_failures`.
+//! workload leaves, a fourth the calls around the first dictionary's append, and a fifth a
+//! commit group shared by eight threads recording at once. A failure no store call returned
+//! must show in the metrics where it lost something: a policy snapshot not written is a
+//! `policy_snapshot_failures`; the round's patch of the index checkpoint, or a dictionary not
+//! written, a `maintenance_failures`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use continuum::storage::sim::{CrashDamage, Fault, FaultKind, SimStorage};
+use continuum::storage::sim::{CrashDamage, Fault, FaultKind, Op, SimStorage};
 use continuum::synthetic::Transcript;
 use continuum::{
     AtomId, AtomOutput, AtomStatus, CompactionPolicy, Context, Error, RetentionPolicy, RunId, RunSpec, SnapshotPolicy,
@@ -427,4 +428,101 @@ fn a_dictionary_that_could_not_be_written_is_never_used() {
         cases += 1;
     }
     assert!(unwritten > 0, "some case failed the dictionary's own append and went on");
+}
+
+/// What one writer thread of the concurrent case recorded.
+struct Written {
+    acked: Vec<(AtomId, String)>,
+    folded: Context,
+    /// Steps recorded on their retry.
+    retried: usize,
+}
+
+/// Records `run`'s steps in order, each after the last acknowledged one; retries a step that
+/// failed without poisoning the store, and stops at poisoning.
+fn write_steps(store: &Store, model: &Model, run: &str, steps: usize) -> Written {
+    let id = model.runs[run];
+    let mut written = Written { acked: Vec::new(), folded: Context::new(), retried: 0 };
+    for i in 0..steps {
+        let key = format!("step-{i}");
+        let output = &model.tried[&(run.to_owned(), key.clone())];
+        let parents: Vec<AtomId> = written.acked.last().map(|(atom, _)| *atom).into_iter().collect();
+        let mut recorded = store.record_atom(id, "agent", &key, &parents, "", output);
+        if matches!(recorded, Err(Error::Io { .. } | Error::NoSpace { .. })) {
+            recorded = store.record_atom(id, "agent", &key, &parents, "", output);
+            written.retried += usize::from(recorded.is_ok());
+        }
+        match recorded {
+            Ok(atom) => {
+                written.acked.push((atom, key));
+                written.folded.apply(&output.delta);
+            }
+            Err(Error::Poisoned { .. } | Error::Io { .. } | Error::NoSpace { .. }) => break,
+            Err(error) => panic!("{run}/{key}: {error:?}"),
+        }
+    }
+    written
+}
+
+#[test]
+fn a_failed_group_of_concurrent_record_atoms_loses_no_acknowledged_atom() {
+    // Eight threads record atoms on their own runs at once, so their appends share commit
+    // groups (each `fdatasync` takes 50 us here); one call fails (a write, a sync, the next
+    // segment's file or preallocation; a sync or a file may also be a policy snapshot's),
+    // failing every atom of its group. Each thread retries a step that failed without
+    // poisoning the store and stops at poisoning. Every acknowledged atom is then there with
+    // its context, live and after a crash; no failed one is, live.
+    const THREADS: usize = 8;
+    const STEPS: usize = 30;
+    let faults = [
+        Fault { op: Some(Op::SyncData), nth: 5, kind: FaultKind::Eio },
+        Fault { op: Some(Op::SyncData), nth: 20, kind: FaultKind::Eio },
+        Fault { op: Some(Op::Write), nth: 12, kind: FaultKind::Eio },
+        Fault { op: Some(Op::Write), nth: 40, kind: FaultKind::NoSpace },
+        Fault { op: Some(Op::Allocate), nth: 1, kind: FaultKind::NoSpace },
+        Fault { op: Some(Op::Open), nth: 1, kind: FaultKind::Eio },
+    ];
+    // Threads that stopped at poisoning, and steps recorded on their retry, over every case.
+    let (mut stopped, mut retried) = (0, 0);
+    for (case, fault) in faults.into_iter().enumerate() {
+        for damage in [CrashDamage::ALL[case % 9], CrashDamage::ALL[(case + 4) % 9]] {
+            let context = format!("{fault:?}, then {damage:?}");
+            let sim = SimStorage::new(SEED);
+            sim.set_sync_delay(Duration::from_micros(50));
+            let store = open(&sim, false).expect("open");
+            let runs: Vec<String> = (0..THREADS).map(|t| format!("t{t}")).collect();
+            let mut model = Model::default();
+            for run in &runs {
+                let id = store.create_run(RunSpec::new(run)).expect("run");
+                model.runs.insert(run.clone(), id);
+                let mut transcript = Transcript::new(id.get());
+                for i in 0..STEPS {
+                    let output =
+                        AtomOutput { delta: transcript.next_delta(300), result: format!("{run}/{i}").into_bytes() };
+                    model.tried.insert((run.clone(), format!("step-{i}")), output);
+                }
+            }
+            sim.inject(fault);
+            let written: Vec<Written> = std::thread::scope(|scope| {
+                let model = &model;
+                let store = &store;
+                let handles: Vec<_> =
+                    runs.iter().map(|run| scope.spawn(move || write_steps(store, model, run, STEPS))).collect();
+                handles.into_iter().map(|handle| handle.join().expect("writer")).collect()
+            });
+            for (run, written) in runs.iter().zip(written) {
+                stopped += usize::from(written.acked.len() < STEPS);
+                retried += written.retried;
+                model.acked.insert(run.clone(), written.acked);
+                model.folded.insert(run.clone(), written.folded);
+            }
+            check(&store, &model, true, &format!("{context}, live"));
+            drop(store);
+            sim.crash(damage);
+            let store = open(&sim, false).unwrap_or_else(|e| panic!("{context}: reopen: {e}"));
+            check(&store, &model, false, &format!("{context}, reopened"));
+        }
+    }
+    eprintln!("{stopped} threads stopped at poisoning, {retried} steps recorded on their retry");
+    assert!(stopped > 0 && retried > 0, "the faults must fail groups: {stopped} stopped, {retried} retried");
 }
