@@ -63,9 +63,13 @@ fn spinning_waiters_stand_aside_when_other_work_holds_the_cpu() {
         stop.store(true, Ordering::Relaxed);
         figures
     });
-    // Without the hold-off, spinning was about 30 times slower than sleeping here.
+    // Without the hold-off, spinning was about 30 times slower than sleeping here; with it,
+    // within 3x on a machine running nothing else, and up to 4x with one more busy loop
+    // beside the test's (one run in twenty of the first bound failed there, session 16).
+    // The bound sits between, and the hold-off must have engaged.
+    assert!(hold_offs > 0, "spinning was never held off: {spinning:.0} against {sleeping:.0} appends/s");
     assert!(
-        spinning * 3.0 >= sleeping,
+        spinning * 6.0 >= sleeping,
         "spinning waiters: {spinning:.0} appends/s ({hold_offs} hold-offs); sleeping waiters: {sleeping:.0} appends/s"
     );
 }
