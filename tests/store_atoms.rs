@@ -3,9 +3,10 @@
 //! completed atom across reopen, guarded effects running once, and resume reports.
 
 use std::cell::Cell;
+use std::time::Duration;
 
 use continuum::synthetic::Transcript;
-use continuum::{AtomFailure, AtomOutput, AtomStatus, Error, RunSpec, RunStatus, Store};
+use continuum::{AtomFailure, AtomOutput, AtomStatus, Error, RetentionPolicy, RunSpec, RunStatus, Store};
 
 fn output(seed: u64) -> AtomOutput {
     AtomOutput { delta: Transcript::new(seed).next_delta(500), result: format!("result {seed}").into_bytes() }
@@ -164,14 +165,14 @@ fn guarded_effects_run_once_per_key() {
         let run = store.create_run(RunSpec::new("r")).expect("run");
         let atom = store.begin_atom(run, "mailer", "step-3", &[], "").expect("atom");
         let key = store.guard_key(atom, "send_email").expect("key");
-        assert_eq!(key, "r/mailer/step-3/send_email");
+        assert_eq!(key, "r#1/mailer/step-3/send_email");
         let result = store
             .guarded(atom, "send_email", |key| {
                 effects.set(effects.get() + 1);
                 format!("sent with {key}").into_bytes()
             })
             .expect("guarded");
-        assert_eq!(result, b"sent with r/mailer/step-3/send_email");
+        assert_eq!(result, b"sent with r#1/mailer/step-3/send_email");
         (run, atom)
     };
     let store = Store::open(dir.path()).expect("reopen");
@@ -179,9 +180,139 @@ fn guarded_effects_run_once_per_key() {
         effects.set(effects.get() + 1);
         Vec::new()
     });
-    assert_eq!(again.expect("recorded"), b"sent with r/mailer/step-3/send_email");
+    assert_eq!(again.expect("recorded"), b"sent with r#1/mailer/step-3/send_email");
     assert_eq!(effects.get(), 1);
     let _ = run;
+}
+
+/// A store that drops finished runs at once (`finished_run_age` zero) and has no background
+/// thread.
+fn dropping_store(dir: &std::path::Path) -> Store {
+    let retention = RetentionPolicy { snapshots_per_agent: 1, finished_run_age: Some(Duration::ZERO) };
+    Store::builder(dir).retention(retention).background(false).open().expect("open")
+}
+
+#[test]
+fn a_run_that_reuses_a_dropped_runs_name_runs_its_guarded_effects_anew() {
+    // A daily job's run, finished and dropped by retention, then the next day's run under the
+    // same name: its "send" is a new effect, with a new key, not the old run's result.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sent = Cell::new(0);
+    let send = |day: &str| {
+        let sent = &sent;
+        let day = day.to_owned();
+        move |key: &str| {
+            sent.set(sent.get() + 1);
+            format!("{day} sent with {key}").into_bytes()
+        }
+    };
+    let store = dropping_store(dir.path());
+    let monday = store.create_run(RunSpec::new("daily-report")).expect("run");
+    let step = store.begin_atom(monday, "mailer", "send", &[], "").expect("atom");
+    assert_eq!(
+        store.guarded(step, "email", send("monday")).expect("guarded"),
+        b"monday sent with daily-report#1/mailer/send/email"
+    );
+    store.complete_atom(step, &output(1)).expect("complete");
+    store.finish_run(monday, true, "").expect("finish");
+    std::thread::sleep(Duration::from_millis(2));
+    assert_eq!(store.compact().expect("round").runs_dropped, 1);
+    let tuesday = store.create_run(RunSpec::new("daily-report")).expect("the name is free again");
+    assert_ne!(tuesday, monday);
+    let step = store.begin_atom(tuesday, "mailer", "send", &[], "").expect("atom");
+    let key = store.guard_key(step, "email").expect("key");
+    assert_eq!(key, format!("daily-report#{}/mailer/send/email", tuesday.get()));
+    assert_eq!(
+        store.guarded(step, "email", send("tuesday")).expect("guarded"),
+        format!("tuesday sent with {key}").into_bytes()
+    );
+    assert_eq!(sent.get(), 2, "tuesday's email is sent");
+    drop(store);
+    // After a reopen the old run's guard records are still in the log (compaction has not
+    // rewritten their segment): they belong to the dropped run, not to this one.
+    let store = dropping_store(dir.path());
+    let step = store.atom_by_key(tuesday, "mailer", "send").expect("read").expect("tuesday's step");
+    assert_eq!(
+        store.guarded(step, "email", send("again")).expect("recorded"),
+        format!("tuesday sent with {key}").into_bytes()
+    );
+    assert_eq!(sent.get(), 2, "no email is sent twice");
+}
+
+#[test]
+fn guards_recorded_under_keys_without_the_run_id_are_honoured_for_their_own_run() {
+    // A store written before guard keys named the run's id: a completed guard and one in
+    // doubt, recorded under "<run name>/<agent>/<atom key>/<operation>", and a dropped run of
+    // the same name whose guard must not be taken for the new run's.
+    use continuum::codec::StoreRecord;
+    use continuum::codec::proto::{AtomStarted, GuardCompleted, GuardStarted, RunCreated, RunDropped};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |id: u64, name: &str| {
+        StoreRecord::RunCreated(RunCreated { run: id, run_name: name.into(), ..RunCreated::default() })
+    };
+    let start = |atom: u64, run: u64, key: &str| {
+        StoreRecord::AtomStarted(AtomStarted {
+            atom,
+            run,
+            agent: "tool".into(),
+            key: key.into(),
+            ..AtomStarted::default()
+        })
+    };
+    let guard_started = |atom: u64, key: &str| {
+        StoreRecord::GuardStarted(GuardStarted {
+            key: key.into(),
+            atom,
+            operation: "pay".into(),
+            started_at_unix_us: 1,
+        })
+    };
+    let guard_completed = |key: &str, result: &[u8]| {
+        StoreRecord::GuardCompleted(GuardCompleted { key: key.into(), result: result.to_vec(), ended_at_unix_us: 2 })
+    };
+    let records = [
+        // Run 1 "shop", dropped: its step "checkout" paid under the old key.
+        run(1, "shop"),
+        start(1, 1, "checkout"),
+        guard_started(1, "shop/tool/checkout/pay"),
+        guard_completed("shop/tool/checkout/pay", b"paid by run 1"),
+        StoreRecord::RunDropped(RunDropped { run: 1, next_atom: 2, dropped_at_unix_us: 3 }),
+        // Run 2 "orders": a completed guard and one in doubt, under old keys.
+        run(2, "orders"),
+        start(2, 2, "checkout"),
+        guard_started(2, "orders/tool/checkout/pay"),
+        guard_completed("orders/tool/checkout/pay", b"paid by run 2"),
+        start(3, 2, "refund"),
+        guard_started(3, "orders/tool/refund/pay"),
+    ];
+    let log = continuum::Log::open(dir.path()).expect("log");
+    for record in &records {
+        log.append(&continuum::inspect::encode_record(record)).expect("append");
+    }
+    log.close().expect("close");
+    let store = Store::builder(dir.path()).background(false).open().expect("open");
+    let effects = Cell::new(0);
+    let pay = |_: &str| {
+        effects.set(effects.get() + 1);
+        b"paid now".to_vec()
+    };
+    let orders = store.create_run(RunSpec::new("orders")).expect("existing run");
+    let checkout = store.atom_by_key(orders, "tool", "checkout").expect("read").expect("atom 2");
+    assert_eq!(store.guarded(checkout, "pay", pay).expect("recorded"), b"paid by run 2");
+    let refund = store.atom_by_key(orders, "tool", "refund").expect("read").expect("atom 3");
+    match store.guarded(refund, "pay", pay) {
+        Err(Error::GuardInDoubt { key }) => {
+            assert_eq!(key, "orders/tool/refund/pay", "in doubt under the key it was recorded with");
+            store.resolve_guard(&key, b"refund checked: paid").expect("resolve");
+        }
+        other => panic!("the old guard is in doubt: {other:?}"),
+    }
+    assert_eq!(store.guarded(refund, "pay", pay).expect("resolved"), b"refund checked: paid");
+    // A new run named like the dropped one pays anew.
+    let shop = store.create_run(RunSpec::new("shop")).expect("new run");
+    let checkout = store.begin_atom(shop, "tool", "checkout", &[], "").expect("atom");
+    assert_eq!(store.guarded(checkout, "pay", pay).expect("new effect"), b"paid now");
+    assert_eq!(effects.get(), 1, "only the new run's effect ran");
 }
 
 #[test]

@@ -12,20 +12,27 @@ use crate::codec::proto;
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::store::index::GuardEntry;
-use crate::store::types::AtomId;
+use crate::store::types::{AtomId, RunId};
 use crate::store::{Store, now_us};
 
 impl Store {
     /// The idempotency key of `operation` inside `atom`:
-    /// `"<run name>/<agent>/<atom key>/<operation>"`. Deterministic, so the same step of a
-    /// resumed agent derives the same key; pass it to external APIs that accept one.
+    /// `"<run name>#<run id>/<agent>/<atom key>/<operation>"`. Deterministic, so the same step
+    /// of a resumed agent derives the same key; pass it to external APIs that accept one. The
+    /// run's id keeps apart a run that reuses the name of one retention dropped: its steps'
+    /// effects are new ones, under new keys.
     ///
     /// # Errors
     /// [`Error::UnknownAtom`] and the log's read errors.
     pub fn guard_key(&self, atom: AtomId, operation: &str) -> Result<String> {
+        Ok(self.guard_names(atom)?.key(operation))
+    }
+
+    /// What `atom`'s guard keys are made of.
+    fn guard_names(&self, atom: AtomId) -> Result<GuardNames> {
         let found = self.atom(atom)?;
         let run_name = self.shared.index.read().run(found.run).map(|run| run.name.clone()).unwrap_or_default();
-        Ok(format!("{run_name}/{}/{}/{operation}", found.agent, found.key))
+        Ok(GuardNames { run: found.run, run_name, agent: found.agent, atom_key: found.key })
     }
 
     /// Runs `effect` at most once for (`atom`, `operation`) across crashes and returns its
@@ -36,9 +43,13 @@ impl Store {
     /// [`Error::GuardInDoubt`] if an earlier attempt started the effect and never recorded its
     /// end; [`Error::UnknownAtom`]; the log's errors.
     pub fn guarded(&self, atom: AtomId, operation: &str, effect: impl FnOnce(&str) -> Vec<u8>) -> Result<Vec<u8>> {
-        let key = self.guard_key(atom, operation)?;
+        let names = self.guard_names(atom)?;
+        let key = names.key(operation);
         let hash = self.shared.identity.guard(&key);
         if let Some(result) = self.recorded_guard(&key, hash)? {
+            return Ok(result);
+        }
+        if let Some(result) = self.legacy_guard(&names, operation)? {
             return Ok(result);
         }
         // Reserve the key so that a concurrent caller in this process sees it in doubt.
@@ -90,6 +101,37 @@ impl Store {
         Ok(())
     }
 
+    /// The guard a store written before keys named the run's id recorded for `operation` of
+    /// an atom of the same run, under the key without the id: its recorded result, or
+    /// [`Error::GuardInDoubt`] under that key (which [`Store::resolve_guard`] then takes).
+    /// The guard of another run that had the same name (one retention dropped) is not this
+    /// one.
+    fn legacy_guard(&self, names: &GuardNames, operation: &str) -> Result<Option<Vec<u8>>> {
+        let key = names.legacy_key(operation);
+        let hash = self.shared.identity.guard(&key);
+        let Some(entry) = self.shared.index.read().guards.get(&hash).copied() else { return Ok(None) };
+        if !self.guard_started_in(entry.started_lsn, names.run)? {
+            return Ok(None);
+        }
+        self.recorded_guard(&key, hash)
+    }
+
+    /// Whether the guard whose start is at `lsn` was started by an atom of `run`. A guard
+    /// with no start record of its own (resolved without one) is taken to be: then the effect
+    /// is not run again, which is the safe side.
+    fn guard_started_in(&self, lsn: u64, run: RunId) -> Result<bool> {
+        if lsn == 0 {
+            return Ok(true);
+        }
+        match self.read_record(lsn)? {
+            StoreRecord::GuardStarted(started) => {
+                let index = self.shared.index.read();
+                Ok(index.atom(AtomId(started.atom)).is_some_and(|entry| u64::from(entry.run) == run.0))
+            }
+            _ => Ok(true),
+        }
+    }
+
     /// The recorded result of a completed guard; [`Error::GuardInDoubt`] for a started one.
     fn recorded_guard(&self, key: &str, hash: u64) -> Result<Option<Vec<u8>>> {
         let Some(entry) = self.shared.index.read().guards.get(&hash).copied() else { return Ok(None) };
@@ -103,5 +145,26 @@ impl Store {
                 Err(Error::InconsistentLog { lsn: entry.completed_lsn, reason: "a guard's end is not a guard record" })
             }
         }
+    }
+}
+
+/// The names a guard key is made of: the atom's run (id and name), agent and key.
+struct GuardNames {
+    run: RunId,
+    run_name: String,
+    agent: String,
+    atom_key: String,
+}
+
+impl GuardNames {
+    /// `"<run name>#<run id>/<agent>/<atom key>/<operation>"`.
+    fn key(&self, operation: &str) -> String {
+        format!("{}#{}/{}/{}/{operation}", self.run_name, self.run.get(), self.agent, self.atom_key)
+    }
+
+    /// The key stores derived before it named the run's id:
+    /// `"<run name>/<agent>/<atom key>/<operation>"`.
+    fn legacy_key(&self, operation: &str) -> String {
+        format!("{}/{}/{}/{operation}", self.run_name, self.agent, self.atom_key)
     }
 }
