@@ -127,3 +127,30 @@ fn a_rollback_abandons_later_atoms_and_the_agent_reruns_those_steps() {
     assert!(failed.is_err());
     assert!(store.incomplete_atoms(run).iter().all(|atom| !store.atom(*atom).expect("atom").abandoned));
 }
+
+#[test]
+fn a_step_run_again_after_a_rollback_does_not_repeat_its_guarded_effect() {
+    // Step 7 booked a flight; the reviewer rolls back to step 6. The booking happened in the
+    // world: re-running step 7 gets its recorded result instead of booking again, and a new
+    // booking needs another operation name.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bookings = Cell::new(0);
+    let book = |_: &str| {
+        bookings.set(bookings.get() + 1);
+        format!("booking {}", bookings.get()).into_bytes()
+    };
+    let (run, six) = {
+        let store = Store::open(dir.path()).expect("open");
+        let (run, ids) = chain(&store);
+        let seven = store.begin_atom(run, "a", "s10", &[ids[9]], "").expect("s10");
+        assert_eq!(store.guarded(seven, "book", book).expect("booked"), b"booking 1");
+        store.complete_atom(seven, &output(10)).expect("complete");
+        store.rollback(run, "a", ids[9], "reviewer: other dates").expect("rollback");
+        (run, ids[9])
+    };
+    let store = Store::open(dir.path()).expect("reopen");
+    let again = store.begin_atom(run, "a", "s10", &[six], "").expect("the step again, a new atom");
+    assert_eq!(store.guarded(again, "book", book).expect("recorded"), b"booking 1");
+    assert_eq!(bookings.get(), 1, "the effect is not repeated");
+    assert_eq!(store.guarded(again, "rebook", book).expect("another operation"), b"booking 2");
+}

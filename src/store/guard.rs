@@ -20,7 +20,10 @@ impl Store {
     /// `"<run name>#<run id>/<agent>/<atom key>/<operation>"`. Deterministic, so the same step
     /// of a resumed agent derives the same key; pass it to external APIs that accept one. The
     /// run's id keeps apart a run that reuses the name of one retention dropped: its steps'
-    /// effects are new ones, under new keys.
+    /// effects are new ones, under new keys. A step run again after a [`Store::rollback`]
+    /// derives the key it had before, so its effect is not repeated (the recorded result comes
+    /// back): the effect happened in the world, and only the caller knows whether to undo it
+    /// or to perform another one (under another operation name).
     ///
     /// # Errors
     /// [`Error::UnknownAtom`] and the log's read errors.
