@@ -16,8 +16,8 @@
 //! whose `record_atom` failed, and the reopened one only atoms the workload tried, with the
 //! outputs it gave them (an append whose sync failed may or may not survive a crash); and the
 //! reopened store takes new atoms. A third test fails each I/O call of an open of the store the
-//! workload leaves, a fourth the calls around the first dictionary's append, and a fifth a
-//! commit group shared by eight threads recording at once. A failure no store call returned
+//! workload leaves, a fourth and a fifth the calls around the first and the final dictionary's
+//! appends, and a sixth a commit group shared by eight threads recording at once. A failure no store call returned
 //! must show in the metrics where it lost something: a policy snapshot not written is a
 //! `policy_snapshot_failures`; the round's patch of the index checkpoint, or a dictionary not
 //! written, a `maintenance_failures`.
@@ -27,6 +27,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use continuum::limits;
 use continuum::storage::sim::{CrashDamage, Fault, FaultKind, Op, SimStorage};
 use continuum::synthetic::Transcript;
 use continuum::{
@@ -349,18 +350,19 @@ fn a_failed_io_call_while_opening_is_a_typed_error_and_the_next_open_finds_every
     assert!(refused > 0, "some failures refuse the open");
 }
 
-#[test]
-fn a_dictionary_that_could_not_be_written_is_never_used() {
-    // Records are compressed as appended (`compress_records_from(64)`) and the first
-    // dictionary is trained, inline, from the first 256 completions' deltas and appended just
-    // before the 256th completion. Each case fails one of the next I/O calls: whatever failed,
-    // no record may ever be compressed with a dictionary whose record the log does not hold
-    // before it, live or after a crash; a dictionary that could not be written is a
-    // maintenance failure, and the atoms after it are acknowledged without it.
+/// Records `atoms` chained atoms in segments of `segment_bytes` with records compressed as
+/// appended (`compress_records_from(64)`), dictionaries trained inline, and fails, in turn, each of the
+/// first 12 I/O calls of the completion numbered `trained_at` (1-based), which trains and appends
+/// a dictionary first: the first one at the 256th completion, the final one at the 2,000th.
+/// Whatever failed, no record may ever be compressed with a dictionary whose record the log
+/// does not hold before it, live or after a crash; a dictionary that could not be written is a
+/// maintenance failure, and the atoms after it are acknowledged without it. Returns the cases
+/// in which the dictionary's own append failed and the store went on.
+fn fail_calls_around_a_dictionary(trained_at: usize, atoms: usize, segment_bytes: u64) -> usize {
     let open = |sim: &SimStorage| {
         Store::builder(Path::new("/store"))
             .storage(Arc::new(sim.clone()))
-            .segment_bytes(64 * 1024)
+            .segment_bytes(segment_bytes)
             .compress_records_from(64)
             .snapshot_policy(SnapshotPolicy::NEVER)
             .background(false)
@@ -383,19 +385,22 @@ fn a_dictionary_that_could_not_be_written_is_never_used() {
         }
         logged.len()
     };
+    // Dictionaries logged before the one this trains.
+    let before = usize::from(trained_at > limits::DICTIONARY_FIRST_SAMPLES);
     let mut transcript = Transcript::new(4);
-    let outputs: Vec<AtomOutput> = (0..300)
+    let outputs: Vec<AtomOutput> = (0..atoms)
         .map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("r{i}").into_bytes() })
         .collect();
     let (mut unwritten, mut cases) = (0, 0);
     for nth in 1..=12 {
-        let context = format!("ENOSPC on call #{nth} of the 256th completion");
+        let context = format!("ENOSPC on call #{nth} of completion {trained_at}");
         let sim = SimStorage::new(SEED);
         let store = open(&sim).expect("open");
         let run = store.create_run(RunSpec::new("r")).expect("run");
         let mut acked: Vec<(AtomId, usize)> = Vec::new();
         for (i, output) in outputs.iter().enumerate() {
-            if i == 255 {
+            if i + 1 == trained_at {
+                assert_eq!(dictionaries_first(&store, &context), before, "{context}: dictionaries before it");
                 sim.inject(Fault { op: None, nth, kind: FaultKind::NoSpace });
             }
             let parents: Vec<AtomId> = acked.last().map(|(atom, _)| *atom).into_iter().collect();
@@ -412,9 +417,21 @@ fn a_dictionary_that_could_not_be_written_is_never_used() {
         }
         let logged = dictionaries_first(&store, &format!("{context}, live"));
         let failures = store.log().metrics().maintenance_failures;
-        if logged == 0 && acked.len() == outputs.len() {
-            // The dictionary's append failed and the store went on without it.
+        if logged == before && acked.len() == outputs.len() {
+            // The dictionary's append failed and the store went on without it: with the
+            // dictionary before it, if there is one.
             assert_eq!(failures, 1, "{context}: the unwritten dictionary is counted");
+            let (_, last) = store
+                .log()
+                .iter_from(continuum::Lsn::new(store.log().next_lsn().get() - 1))
+                .expect("iterate")
+                .next()
+                .expect("a record")
+                .expect("read");
+            let compression = store.decode_record(&last).expect("decode").compression;
+            if before > 0 {
+                assert_eq!(compression, format!("zstd+dictionary#{before}"), "{context}: the last record");
+            }
             unwritten += 1;
         }
         drop(store);
@@ -427,7 +444,23 @@ fn a_dictionary_that_could_not_be_written_is_never_used() {
         }
         cases += 1;
     }
+    unwritten
+}
+
+#[test]
+fn a_dictionary_that_could_not_be_written_is_never_used() {
+    let unwritten = fail_calls_around_a_dictionary(limits::DICTIONARY_FIRST_SAMPLES, 300, 64 * 1024);
     assert!(unwritten > 0, "some case failed the dictionary's own append and went on");
+}
+
+#[test]
+fn a_final_dictionary_that_could_not_be_written_is_never_used() {
+    // The same at the final dictionary, trained from the first 2,000 completions, of its full
+    // size (64 KiB) in segments of 128 KiB, where it opens a new one: a failure to prepare that
+    // segment does not poison the store, which goes on compressing with the first dictionary.
+    let trained_at = limits::DICTIONARY_TRAINING_SAMPLES;
+    let unwritten = fail_calls_around_a_dictionary(trained_at, trained_at + 100, 128 * 1024);
+    assert!(unwritten > 0, "some case failed the final dictionary's own append and went on");
 }
 
 /// What one writer thread of the concurrent case recorded.
