@@ -316,6 +316,29 @@ fn guards_recorded_under_keys_without_the_run_id_are_honoured_for_their_own_run(
 }
 
 #[test]
+fn guard_keys_of_different_atoms_or_operations_never_coincide() {
+    // Names holding the key's separators: agent "a/b" with step "c" against agent "a" with
+    // step "b/c", and a run whose name looks like another run's key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("team#1/x")).expect("run");
+    let first = store.begin_atom(run, "a/b", "c", &[], "").expect("atom");
+    let second = store.begin_atom(run, "a", "b/c", &[], "").expect("atom");
+    let effects = Cell::new(0);
+    let effect = |key: &str| {
+        effects.set(effects.get() + 1);
+        key.as_bytes().to_vec()
+    };
+    let one = store.guarded(first, "op", effect).expect("first");
+    let two = store.guarded(second, "op", effect).expect("second");
+    let three = store.guarded(second, "b/op", effect).expect("third");
+    assert_eq!(effects.get(), 3, "three different effects");
+    assert_eq!(one, b"team%231%2Fx#1/a%2Fb/c/op");
+    assert_eq!(two, b"team%231%2Fx#1/a/b%2Fc/op");
+    assert_eq!(three, b"team%231%2Fx#1/a/b%2Fc/b%2Fop");
+}
+
+#[test]
 fn resume_reports_each_agent_position() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");

@@ -20,7 +20,9 @@ impl Store {
     /// `"<run name>#<run id>/<agent>/<atom key>/<operation>"`. Deterministic, so the same step
     /// of a resumed agent derives the same key; pass it to external APIs that accept one. The
     /// run's id keeps apart a run that reuses the name of one retention dropped: its steps'
-    /// effects are new ones, under new keys. A step run again after a [`Store::rollback`]
+    /// effects are new ones, under new keys. In each part `%`, `/` and `#` are escaped as
+    /// `%25`, `%2F` and `%23`, so that two different atoms or operations never share a key
+    /// (agent `"a/b"` with key `"c"` against agent `"a"` with key `"b/c"`). A step run again after a [`Store::rollback`]
     /// derives the key it had before, so its effect is not repeated (the recorded result comes
     /// back): the effect happened in the world, and only the caller knows whether to undo it
     /// or to perform another one (under another operation name).
@@ -160,14 +162,47 @@ struct GuardNames {
 }
 
 impl GuardNames {
-    /// `"<run name>#<run id>/<agent>/<atom key>/<operation>"`.
+    /// `"<run name>#<run id>/<agent>/<atom key>/<operation>"`, each name escaped.
     fn key(&self, operation: &str) -> String {
-        format!("{}#{}/{}/{}/{operation}", self.run_name, self.run.get(), self.agent, self.atom_key)
+        let (run, agent, atom, operation) =
+            (escaped(&self.run_name), escaped(&self.agent), escaped(&self.atom_key), escaped(operation));
+        format!("{run}#{}/{agent}/{atom}/{operation}", self.run.get())
     }
 
     /// The key stores derived before it named the run's id:
     /// `"<run name>/<agent>/<atom key>/<operation>"`.
     fn legacy_key(&self, operation: &str) -> String {
         format!("{}/{}/{}/{operation}", self.run_name, self.agent, self.atom_key)
+    }
+}
+
+/// `part` with `%`, `/` and `#` percent-escaped: the separators of a guard key cannot occur in
+/// its parts, so distinct parts make distinct keys. Parts without them are returned as they are.
+fn escaped(part: &str) -> std::borrow::Cow<'_, str> {
+    if !part.contains(['%', '/', '#']) {
+        return std::borrow::Cow::Borrowed(part);
+    }
+    let mut out = String::with_capacity(part.len() + 8);
+    for c in part.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            '#' => out.push_str("%23"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escaped;
+
+    #[test]
+    fn escaping_keeps_plain_names_and_makes_separators_unambiguous() {
+        assert_eq!(escaped("planner"), "planner");
+        assert_eq!(escaped("a/b#c%d"), "a%2Fb%23c%25d");
+        // `%2F` written literally is escaped too, so it cannot pass for an escaped `/`.
+        assert_ne!(escaped("%2F"), escaped("/"));
     }
 }
