@@ -154,3 +154,23 @@ fn a_step_run_again_after_a_rollback_does_not_repeat_its_guarded_effect() {
     assert_eq!(bookings.get(), 1, "the effect is not repeated");
     assert_eq!(store.guarded(again, "rebook", book).expect("another operation"), b"booking 2");
 }
+
+#[test]
+fn a_rollback_before_a_fork_keeps_the_fork_and_one_after_it_abandons_it() {
+    // "Go back to step 6 and try again, dropping 7..9": roll back to 6, then fork from it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let (run, ids) = chain(&store);
+    store.rollback(run, "a", ids[6], "reviewer").expect("rollback");
+    let fork = store.fork(run, "a", ids[6], "s7-retry").expect("fork");
+    store.complete_atom(fork, &output(100)).expect("the fork completes");
+    assert!(!store.atom(fork).expect("fork").abandoned);
+    assert_eq!(store.last_agent_atom(run, "a"), Some(fork));
+    // The other order: a rollback to 6 after forking from it abandons the fork as well, since
+    // it abandons every atom of the agent after 6 in id order (the fork's documentation says so).
+    let second = store.fork(run, "a", ids[6], "s7-third-try").expect("fork again");
+    let abandoned = store.rollback(run, "a", ids[6], "reviewer, again").expect("rollback");
+    assert_eq!(abandoned, vec![fork, second]);
+    assert!(matches!(store.complete_atom(second, &output(101)), Err(Error::InvalidTransition { .. })));
+    assert_eq!(store.last_agent_atom(run, "a"), Some(ids[6]));
+}

@@ -596,8 +596,8 @@ impl Store {
 }
 
 impl Store {
-    /// Rollback: abandons every atom of `agent` in `run` after `to` (in id order), so that the
-    /// agent continues from `to`. The abandoned atoms stay readable (time travel into the old
+    /// Rollback: abandons every atom of `agent` in `run` after `to` (in id order, whatever
+    /// branch it is on, forks from `to` included), so that the agent continues from `to`. The abandoned atoms stay readable (time travel into the old
     /// branch works); their keys are free, so re-running those steps creates new atoms. Returns
     /// the abandoned atoms.
     ///
@@ -627,7 +627,9 @@ impl Store {
 
     /// Fork: starts a new branch of `agent` from the completed atom `from` ("go back to step 7
     /// and try again"): a new atom called `key` whose only parent is `from`. The old branch
-    /// stays as it was; use [`Store::rollback`] to abandon it.
+    /// stays as it was. To abandon it instead, roll back to `from` *before* forking: a
+    /// [`Store::rollback`] abandons every atom of the agent after `from` in id order, so one
+    /// called after the fork abandons the fork's atoms too.
     ///
     /// # Errors
     /// [`Error::InvalidParent`] if `from` has not completed; the errors of
