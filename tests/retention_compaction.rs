@@ -13,8 +13,8 @@ use std::time::Duration;
 use continuum::storage::sim::SimStorage;
 use continuum::synthetic::{SplitMix64, Transcript};
 use continuum::{
-    AtomFailure, AtomId, AtomOutput, CompactionPolicy, Context, Delta, Error, RetentionPolicy, RunId, RunSpec,
-    RunStatus, SnapshotPolicy, Store,
+    AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, Context, Delta, Error, RetentionPolicy, RunId,
+    RunSpec, RunStatus, SnapshotPolicy, Store,
 };
 use proptest::prelude::*;
 
@@ -352,6 +352,62 @@ fn finished_runs_past_their_age_are_dropped_for_good() {
     assert_ne!(reborn, old_run);
     let atom = store.begin_atom(reborn, "agent", "first", &[], "").expect("begin");
     assert!(atom.get() > kept.last().expect("atom").get());
+}
+
+#[test]
+fn a_dropped_run_gives_its_index_memory_back() {
+    // 9,000 atoms of a run that is then dropped (two whole pages of the index's atom table and
+    // its atom keys), beside a run that is kept: the index shrinks, live and after a reopen,
+    // and the kept run's atoms and keys work as before.
+    let sim = SimStorage::new(11);
+    // No index checkpoint, and no segment rewritten: the reopen folds the dropped run's
+    // records and then the drop's.
+    let open = || {
+        Store::builder(Path::new("/store"))
+            .storage(Arc::new(sim.clone()))
+            .segment_bytes(SEGMENT_BYTES)
+            .snapshot_policy(SnapshotPolicy::NEVER)
+            .retention(RetentionPolicy { snapshots_per_agent: 1, finished_run_age: Some(Duration::ZERO) })
+            .compaction(CompactionPolicy { live_fraction_min: 0.0, interval: None, cold_compression: None })
+            .index_checkpoint_after(u64::MAX)
+            .background(false)
+            .open()
+            .expect("open")
+    };
+    let store = open();
+    let record = |run: RunId, count: usize| -> Vec<AtomId> {
+        let outputs = AtomOutput { delta: Delta::default(), result: b"r".to_vec() };
+        (0..count)
+            .map(|i| store.record_atom(run, "agent", &format!("step-{i}"), &[], "", &outputs).expect("record"))
+            .collect()
+    };
+    let old_run = store.create_run(RunSpec::new("old")).expect("run");
+    let old = record(old_run, 9_000);
+    let kept_run = store.create_run(RunSpec::new("kept")).expect("run");
+    let kept = record(kept_run, 100);
+    let before = store.index_heap_bytes();
+    store.finish_run(old_run, true, "done").expect("finish");
+    assert_eq!(store.compact().expect("compact").runs_dropped, 1);
+    let after = store.index_heap_bytes();
+    // Two freed pages of 4,096 entries of 32 bytes, and 9,000 keys' room in the key map.
+    assert!(after + 2 * 4096 * 32 + 9_000 * 12 <= before, "index {before} -> {after} bytes");
+    let check = |store: &Store| {
+        assert_eq!(store.atom_by_key(old_run, "agent", "step-5").expect("lookup"), None);
+        assert!(matches!(store.atom(old[8_999]), Err(Error::UnknownAtom { .. })));
+        for (i, atom) in kept.iter().enumerate() {
+            assert_eq!(store.atom_by_key(kept_run, "agent", &format!("step-{i}")).expect("lookup"), Some(*atom));
+            assert_eq!(store.atom(*atom).expect("kept atom").status, AtomStatus::Completed);
+        }
+        // A kept key is still taken; a new one is not.
+        let again = store.begin_atom(kept_run, "agent", "step-3", &[], "");
+        assert!(matches!(again, Err(Error::AtomExists { atom }) if atom == kept[3].get()), "{again:?}");
+    };
+    check(&store);
+    drop(store);
+    let store = open();
+    check(&store);
+    assert!(store.index_heap_bytes() <= after, "reopened: {} bytes", store.index_heap_bytes());
+    store.begin_atom(kept_run, "agent", "step-100", &[], "").expect("a new step");
 }
 
 /// A random DAG of a few agents, with failures, forks and merges.

@@ -83,11 +83,6 @@ impl AtomTable {
             .skip_while(move |(i, _)| *i < at)
     }
 
-    /// [`AtomTable::iter`], mutably.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut AtomEntry)> {
-        self.iter_mut_from(0)
-    }
-
     /// [`AtomTable::iter_from`], mutably.
     pub fn iter_mut_from(&mut self, at: usize) -> impl Iterator<Item = (usize, &mut AtomEntry)> {
         let len = self.len;
@@ -120,6 +115,21 @@ impl AtomTable {
         }
         self.pages[page] = Some(entries);
         Some(())
+    }
+
+    /// Frees every written page holding entries `from..to` that holds only vacant entries
+    /// (the atoms of a dropped run, say): it reads as vacant, as before, and takes no memory.
+    /// Returns the pages freed.
+    pub fn release_vacant_pages(&mut self, from: usize, to: usize) -> usize {
+        let last_page = to.min(self.len).div_ceil(PAGE_ATOMS);
+        let mut freed = 0;
+        for page in self.pages.iter_mut().take(last_page).skip(from / PAGE_ATOMS) {
+            if page.as_ref().is_some_and(|entries| entries.iter().all(|entry| *entry == AtomEntry::VACANT)) {
+                *page = None;
+                freed += 1;
+            }
+        }
+        freed
     }
 
     /// Drops the spare capacity of the page list.
@@ -190,6 +200,27 @@ mod tests {
     }
 
     #[test]
+    fn pages_left_vacant_are_freed_and_still_read_as_vacant() {
+        let mut table = AtomTable::default();
+        for at in [10, PAGE_ATOMS + 10, 2 * PAGE_ATOMS + 10] {
+            table.slot(at).state = EntryState::Completed;
+        }
+        let before = table.heap_bytes();
+        // The first two pages' atoms are vacated (their run dropped); the third keeps its.
+        let first = table.slot(10);
+        (first.state, first.run) = (EntryState::Vacant, 7);
+        *table.slot(PAGE_ATOMS + 10) = AtomEntry::VACANT;
+        assert_eq!(table.release_vacant_pages(0, 3 * PAGE_ATOMS), 1, "the first page still holds a non-vacant field");
+        *table.slot(10) = AtomEntry::VACANT;
+        assert_eq!(table.release_vacant_pages(0, 2 * PAGE_ATOMS), 1, "only pages in the range");
+        assert_eq!(table.heap_bytes(), before - 2 * PAGE_ATOMS * std::mem::size_of::<AtomEntry>());
+        assert_eq!(table.get(10), Some(&AtomEntry::VACANT));
+        assert!(table.get_mut(PAGE_ATOMS + 10).is_none(), "a freed page is not written");
+        assert_eq!(table.get(2 * PAGE_ATOMS + 10).map(|e| e.state), Some(EntryState::Completed));
+        assert_eq!(table.release_vacant_pages(0, usize::MAX), 0);
+    }
+
+    #[test]
     fn iteration_stops_at_the_span_and_equality_ignores_unwritten_pages() {
         let mut a = AtomTable::default();
         a.slot(5).state = EntryState::Running;
@@ -201,7 +232,7 @@ mod tests {
         assert!(a != b);
         b.slot(9_000).state = EntryState::Vacant;
         assert!(a == b);
-        for (_, entry) in b.iter_mut() {
+        for (_, entry) in b.iter_mut_from(0) {
             entry.pinned = false;
         }
         assert!(a == b);

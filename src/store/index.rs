@@ -350,14 +350,37 @@ impl StoreIndex {
         if self.run_names.get(&name).is_some_and(|id| u64::from(*id) == run.0) {
             self.run_names.remove(&name);
         }
-        for (_, atom) in self.atoms.iter_mut().filter(|(_, atom)| u64::from(atom.run) == run.0) {
+        // Only the run's span: a drop round must not walk every atom of the store under the
+        // index lock once per dropped run.
+        let (first, last) = self.atom_span(run);
+        for (_, atom) in self
+            .atoms
+            .iter_mut_from(first)
+            .take_while(|(at, _)| *at < last)
+            .filter(|(_, atom)| u64::from(atom.run) == run.0)
+        {
             *atom = AtomEntry::VACANT;
         }
+        self.atoms.release_vacant_pages(first, last);
         if let Some(entry) = self.run_mut(run) {
             entry.atom_span = (0, 0);
         }
         if let Some(floor) = next_atom.checked_sub(1).and_then(|n| usize::try_from(n).ok()) {
             self.atoms.extend_to(floor);
+        }
+    }
+
+    /// Forgets the atom keys whose atoms are vacant (those of dropped runs): they could only
+    /// ever lead to a vacant entry, which every lookup treats as no atom. One pass over the
+    /// keys; called after a round drops runs and after an open that folded a drop.
+    pub fn forget_vacant_keys(&mut self) {
+        let atoms = &self.atoms;
+        let live = |id: u32| {
+            id.checked_sub(1).and_then(|at| atoms.get(at as usize)).is_some_and(|e| e.state != EntryState::Vacant)
+        };
+        self.atom_keys.retain(|_, id| live(*id));
+        if self.atom_keys.len() < self.atom_keys.capacity() / 2 {
+            self.atom_keys.shrink_to_fit();
         }
     }
 

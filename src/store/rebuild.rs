@@ -188,6 +188,9 @@ struct Fold<'c> {
     reader: BodyReader<'c>,
     scratch: Vec<u8>,
     parents: Vec<u64>,
+    /// Whether a `RunDropped` record was folded: the dropped run's atom keys are forgotten at
+    /// the end (one pass over the keys, only then).
+    dropped: bool,
 }
 
 impl<'c> Fold<'c> {
@@ -202,11 +205,15 @@ impl<'c> Fold<'c> {
             reader: codec.body_reader(),
             scratch: Vec::new(),
             parents: Vec::new(),
+            dropped: false,
         }
     }
 
     /// The state once every record below `next_lsn` is folded.
-    fn into_state(self, next_lsn: u64) -> FoldState {
+    fn into_state(mut self, next_lsn: u64) -> FoldState {
+        if self.dropped {
+            self.index.forget_vacant_keys();
+        }
         FoldState {
             index: self.index,
             orphans: self.orphans,
@@ -278,6 +285,7 @@ impl<'c> Fold<'c> {
                 if kind == RecordKind::Dictionary {
                     self.dictionary_lsns.push(lsn);
                 }
+                self.dropped |= kind == RecordKind::RunDropped;
                 apply(&mut self.index, &mut self.orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?;
             }
         }

@@ -201,6 +201,9 @@ impl Store {
         for run in &expired {
             self.drop_run(*run)?;
         }
+        if !expired.is_empty() {
+            self.shared.index.write().forget_vacant_keys();
+        }
         Ok(expired)
     }
 
