@@ -183,6 +183,14 @@ pub enum Error {
         key: String,
     },
 
+    /// `Store::resolve_guard` was given a key with no side effect in doubt: none was started
+    /// under it, or its outcome is already recorded (and stays as it is).
+    #[error("no side effect guarded by {key:?} is in doubt")]
+    GuardNotInDoubt {
+        /// The key given.
+        key: String,
+    },
+
     /// Two different keys hash alike in the in-memory index (about one chance in 10^8 per
     /// million atoms); the second cannot be stored.
     #[error("the key {key:?} collides with another key in the store's index")]
@@ -350,6 +358,7 @@ impl Error {
                 Error::AtomFailed { atom: *atom, message: message.clone(), retryable: *retryable }
             }
             Error::GuardInDoubt { key } => Error::GuardInDoubt { key: key.clone() },
+            Error::GuardNotInDoubt { key } => Error::GuardNotInDoubt { key: key.clone() },
             Error::KeyCollision { key } => Error::KeyCollision { key: key.clone() },
         }
     }

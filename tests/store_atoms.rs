@@ -339,6 +339,38 @@ fn guard_keys_of_different_atoms_or_operations_never_coincide() {
 }
 
 #[test]
+fn only_a_guard_in_doubt_can_be_resolved() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let atom = store.begin_atom(run, "mailer", "step-1", &[], "").expect("atom");
+    // A completed guard keeps its recorded result.
+    let sent = store.guarded(atom, "send", |_| b"sent".to_vec()).expect("guarded");
+    let key = store.guard_key(atom, "send").expect("key");
+    assert!(matches!(store.resolve_guard(&key, b"other"), Err(Error::GuardNotInDoubt { .. })));
+    assert_eq!(store.guarded(atom, "send", |_| unreachable!()).expect("recorded"), sent);
+    // A key nothing was started under (a typo) is refused, and creates no guard.
+    let typo = format!("{key}x");
+    assert!(matches!(store.resolve_guard(&typo, b"x"), Err(Error::GuardNotInDoubt { key }) if key == typo));
+    // An effect that died midway (here a panic; a crash after a reopen) is in doubt, and
+    // resolving it records the outcome once.
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = store.guarded(atom, "charge", |_| panic!("the process died during the effect"));
+    }));
+    assert!(died.is_err());
+    let key = match store.guarded(atom, "charge", |_| unreachable!()) {
+        Err(Error::GuardInDoubt { key }) => key,
+        other => panic!("in doubt: {other:?}"),
+    };
+    store.resolve_guard(&key, b"charged once").expect("resolve");
+    assert!(matches!(store.resolve_guard(&key, b"again"), Err(Error::GuardNotInDoubt { .. })));
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.guarded(atom, "charge", |_| unreachable!()).expect("resolved"), b"charged once");
+    assert!(matches!(store.resolve_guard(&typo, b"x"), Err(Error::GuardNotInDoubt { .. })));
+}
+
+#[test]
 fn resume_reports_each_agent_position() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");

@@ -85,12 +85,27 @@ impl Store {
         Ok(result)
     }
 
-    /// Records the outcome of an in-doubt guard after the caller checked the external system.
+    /// Records the outcome of an in-doubt guard after the caller checked the external system;
+    /// later calls of [`Store::guarded`] return `result`.
     ///
     /// # Errors
-    /// The log's errors.
+    /// [`Error::GuardNotInDoubt`] if no effect is in doubt under `key` (none started under it,
+    /// a mistyped key, or its outcome is already recorded, which stays as it is); the log's
+    /// errors.
     pub fn resolve_guard(&self, key: &str, result: &[u8]) -> Result<()> {
-        self.record_guard(key, self.shared.identity.guard(key), result)
+        let hash = self.shared.identity.guard(key);
+        let entry = self.shared.index.read().guards.get(&hash).copied();
+        let not_in_doubt = || Error::GuardNotInDoubt { key: key.to_owned() };
+        let entry = entry.filter(|entry| entry.completed_lsn == 0).ok_or_else(not_in_doubt)?;
+        // A start being appended right now (`started_lsn` 0) is in doubt too; a recorded one
+        // must be this key's, not another's of the same hash.
+        if entry.started_lsn != 0 {
+            match self.read_record(entry.started_lsn)? {
+                StoreRecord::GuardStarted(started) if started.key == key => {}
+                _ => return Err(not_in_doubt()),
+            }
+        }
+        self.record_guard(key, hash, result)
     }
 
     fn record_guard(&self, key: &str, hash: u64, result: &[u8]) -> Result<()> {
