@@ -117,7 +117,8 @@ impl Store {
         let lsn = self.append(&completed, Durability::Sync)?;
         let mut index = self.shared.index.write();
         let entry = index.guards.entry(hash).or_insert(GuardEntry { started_lsn: lsn.get(), completed_lsn: 0 });
-        entry.completed_lsn = lsn.get();
+        // Two outcomes can land (a resolution racing the effect): the newer counts, as on open.
+        entry.completed_lsn = entry.completed_lsn.max(lsn.get());
         Ok(())
     }
 
