@@ -270,6 +270,51 @@ fn a_branch_cannot_start_from_a_reclaimed_atom_except_at_its_snapshot() {
 }
 
 #[test]
+fn compaction_keeps_the_history_an_agent_rolled_back_to() {
+    // Snapshots at atoms 10, 20 and 30 (the newest two kept); a reviewer rolls the agent back
+    // to atom 5, abandoning 6..30 and with them every kept snapshot. The agent continues from
+    // atom 5, so compaction must keep the history it is rebuilt from (it used to take atom 5
+    // and its ancestors as covered by the abandoned branch's snapshots, and the agent could
+    // neither rebuild nor continue from atom 5).
+    let sim = SimStorage::new(9);
+    let store = open_with(&sim, every(10), keep(2));
+    let ids = chain(&store, "review", 30, 4);
+    let expected = store.rebuild_context(ids[4]).expect("rebuild").context;
+    let run = store.run_id("review").expect("run");
+    store.rollback(run, "agent", ids[4], "redo from 5").expect("rollback");
+    store.compact().expect("compact");
+    assert_eq!(store.rebuild_context(ids[4]).expect("the head's history is kept").context, expected);
+    let next = store.begin_atom(run, "agent", "step-5-again", &[ids[4]], "").expect("continues from the head");
+    store.complete_atom(next, &output(Delta::default())).expect("complete");
+    drop(store);
+    let store = open_with(&sim, every(10), keep(2));
+    store.compact().expect("compact after reopening");
+    assert_eq!(store.rebuild_context(ids[4]).expect("still kept").context, expected);
+    store.rebuild_context(next).expect("the new line rebuilds");
+}
+
+#[test]
+fn a_rollback_is_refused_to_a_reclaimed_atom_and_taken_to_its_snapshot() {
+    // The agent could not continue from an atom whose history is gone: the rollback is
+    // refused before it abandons anything, and taken to the kept snapshot (atom 120 of 125).
+    let sim = SimStorage::new(5);
+    let store = open_with(&sim, every(10), keep(1));
+    let ids = chain(&store, "back", 125, 8);
+    store.compact().expect("compact");
+    let run = store.run_id("back").expect("run");
+    let refused = store.rollback(run, "agent", ids[3], "too far back");
+    assert!(matches!(refused, Err(Error::HistoryReclaimed { atom, .. }) if atom == ids[3].get()), "{refused:?}");
+    assert!(!store.atom(ids[124]).expect("head").abandoned, "nothing was abandoned");
+    let snapshot = store.snapshots()[0];
+    assert_eq!(snapshot, ids[119]);
+    let abandoned = store.rollback(run, "agent", snapshot, "back to the snapshot").expect("rollback");
+    assert_eq!(abandoned, ids[120..].to_vec());
+    let next = store.begin_atom(run, "agent", "after-rollback", &[snapshot], "").expect("continues from it");
+    store.complete_atom(next, &output(Delta::default())).expect("complete");
+    assert_eq!(store.rebuild_context(next).expect("rebuild").snapshot, Some(snapshot));
+}
+
+#[test]
 fn a_pinned_atom_keeps_its_history_until_unpinned() {
     let sim = SimStorage::new(7);
     let store = open_with(&sim, every(10), keep(1));

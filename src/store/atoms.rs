@@ -597,12 +597,14 @@ impl Store {
 
 impl Store {
     /// Rollback: abandons every atom of `agent` in `run` after `to` (in id order, whatever
-    /// branch it is on, forks from `to` included), so that the agent continues from `to`. The abandoned atoms stay readable (time travel into the old
-    /// branch works); their keys are free, so re-running those steps creates new atoms. Returns
-    /// the abandoned atoms.
+    /// branch it is on, forks from `to` included), so that the agent continues from `to`. The
+    /// abandoned atoms stay readable (time travel into the old branch works); their keys are
+    /// free, so re-running those steps creates new atoms. Returns the abandoned atoms.
     ///
     /// # Errors
-    /// [`Error::UnknownAtom`] if `to` is not an atom of that run and agent; the log's errors.
+    /// [`Error::UnknownAtom`] if `to` is not an atom of that run and agent;
+    /// [`Error::HistoryReclaimed`] if retention reclaimed `to`'s history and it has no snapshot
+    /// (nothing could continue from it: it can no longer be a parent); the log's errors.
     pub fn rollback(&self, run: RunId, agent: &str, to: AtomId, reason: &str) -> Result<Vec<AtomId>> {
         let (run32, agent_id) = {
             let index = self.shared.index.read();
@@ -611,6 +613,11 @@ impl Store {
             let entry = index.atom(to).ok_or(Error::UnknownAtom { atom: to.0 })?;
             if entry.run != run32 || entry.agent != agent_id || entry.abandoned {
                 return Err(Error::UnknownAtom { atom: to.0 });
+            }
+            // What `reserve_atom` refuses as a parent: refused here, before any atom is
+            // abandoned, rather than leaving the agent with nothing to continue from.
+            if entry.reclaimed && !self.shared.snapshots.lock().contains(&to.0) {
+                return Err(Error::HistoryReclaimed { atom: to.0, reclaimed: to.0 });
             }
             (run32, agent_id)
         };

@@ -8,7 +8,9 @@
 //!    - records of dropped runs are dead;
 //!    - the delta of a completed atom is needed if some *target* atom's rebuild needs it.
 //!      Targets are the atoms at or after their agent's oldest kept snapshot (and every atom
-//!      of an agent that has none). A target's rebuild may start from the oldest kept
+//!      of an agent that has none), and each agent's head (its newest atom no rollback
+//!      abandoned: after a rollback to an atom older than that snapshot, the agent continues
+//!      from it). A target's rebuild may start from the oldest kept
 //!      snapshot usable for it, so it needs the deltas of its ancestors above that snapshot
 //!      (all of them, if no kept snapshot is usable). Every other delta is reclaimable: its
 //!      completion record is replaced by an `AtomReclaimed` record that keeps the result;
@@ -446,6 +448,17 @@ impl Store {
         let Some(&last) = graph.parents.keys().next_back() else { return BTreeSet::new() };
         let entries = self.entry_facts(graph);
         let entry = |id: u64| entries.get(&id);
+        // Each agent's head (its newest atom no rollback abandoned) is a target too: after a
+        // rollback to an atom older than the agent's oldest kept snapshot (one of the
+        // abandoned branch's, say), the agent continues from that atom.
+        let mut heads: HashMap<u32, u64> = HashMap::new();
+        for (&id, &(agent, _, _, abandoned)) in &entries {
+            if !abandoned {
+                let head = heads.entry(agent).or_insert(id);
+                *head = (*head).max(id);
+            }
+        }
+        let heads: HashSet<u64> = heads.into_values().collect();
         // Ascending: the kept snapshots usable for each atom (shared along chains).
         let mut usable: HashMap<u64, Rc<Vec<u64>>> = HashMap::with_capacity(graph.parents.len());
         let empty = Rc::new(Vec::new());
@@ -474,10 +487,10 @@ impl Store {
         let mut bound: HashMap<u64, u64> = HashMap::new();
         let mut strip = BTreeSet::new();
         for (&id, parents) in graph.parents.range(..=last).rev() {
-            let Some(&(agent, strippable, pinned)) = entry(id) else { continue };
+            let Some(&(agent, strippable, pinned, _)) = entry(id) else { continue };
             let mut b = bound.remove(&id).unwrap_or(u64::MAX);
             let target_from = targets_from.get(&agent).copied().unwrap_or(0);
-            if id >= target_from || pinned {
+            if id >= target_from || pinned || heads.contains(&id) {
                 let lowest = usable.get(&id).and_then(|set| set.iter().min().copied()).unwrap_or(0);
                 b = b.min(lowest);
             }
@@ -494,9 +507,9 @@ impl Store {
     }
 
     /// For every atom of `graph` still in the index: its agent, whether it completed with its
-    /// delta not yet reclaimed, and whether it is pinned. Copied a chunk at a time, so that
-    /// appends never wait long for the index.
-    fn entry_facts(&self, graph: &Graph) -> HashMap<u64, (u32, bool, bool)> {
+    /// delta not yet reclaimed, whether it is pinned, and whether a rollback abandoned it.
+    /// Copied a chunk at a time, so that appends never wait long for the index.
+    fn entry_facts(&self, graph: &Graph) -> HashMap<u64, (u32, bool, bool, bool)> {
         const CHUNK: usize = 4096;
         let ids: Vec<u64> = graph.parents.keys().copied().collect();
         let mut facts = HashMap::with_capacity(ids.len());
@@ -504,7 +517,8 @@ impl Store {
             let index = self.shared.index.read();
             for &id in chunk {
                 if let Some(e) = index.atom(AtomId(id)) {
-                    facts.insert(id, (e.agent, e.state == EntryState::Completed && !e.reclaimed, e.pinned));
+                    facts
+                        .insert(id, (e.agent, e.state == EntryState::Completed && !e.reclaimed, e.pinned, e.abandoned));
                 }
             }
         }
