@@ -350,7 +350,7 @@ impl Store {
         match work(atom) {
             Ok(output) => {
                 self.complete_atom(atom, &output)?;
-                Ok(Executed { atom, output, replayed: false })
+                Ok(Executed { atom, output, replayed: false, delta_reclaimed: false })
             }
             Err(failure) => {
                 self.fail_atom(atom, &failure)?;
@@ -368,7 +368,7 @@ impl Store {
                     lsn: found.started_lsn.get(),
                     reason: "completed atom without output",
                 })?;
-                Ok(Some(Executed { atom, output, replayed: true }))
+                Ok(Some(Executed { atom, output, replayed: true, delta_reclaimed: found.delta_reclaimed }))
             }
             AtomStatus::Failed { retryable: false } => {
                 Err(Error::AtomFailed { atom: atom.0, message: found.error.unwrap_or_default(), retryable: false })

@@ -153,6 +153,13 @@ pub struct Executed {
     pub output: AtomOutput,
     /// `true` when the output was recorded earlier and the closure did not run.
     pub replayed: bool,
+    /// `true` when retention reclaimed the recorded delta (the atom is older than its agent's
+    /// oldest kept snapshot): `output.delta` is then empty, and `output.result` is still the
+    /// recorded result. The agent's context comes from [`Store::rebuild_context`] of a newer
+    /// atom, which needs no reclaimed delta.
+    ///
+    /// [`Store::rebuild_context`]: crate::Store::rebuild_context
+    pub delta_reclaimed: bool,
 }
 
 /// Everything the store knows about one atom.
