@@ -1,13 +1,15 @@
 //! The atom protocol against a model, over random sequences of what agents, reviewers and
-//! retention do, with crashes: steps executed (some failing with a retryable error first),
-//! rollbacks and re-runs, forks, runs finished and dropped by retention and their names
-//! reused, index checkpoints, clean reopens, and power losses with each kind of damage.
+//! retention do, with crashes: steps executed (some failing with a retryable error first,
+//! some failing for good) or recorded whole (`record_atom`), rollbacks and re-runs, forks,
+//! pins, runs finished and dropped by retention and their names reused, index checkpoints,
+//! clean reopens, and power losses with each kind of damage.
 //!
 //! Every call below is acknowledged durably before it returns (an `execute` records its
 //! completion or failure with a sync, a rollback and a drop are synced), so a power loss must
 //! change nothing the model knows. After every action the store's answer is checked; after
 //! every reopen, the whole store: each step's atom by key, its status and output, each
-//! agent's head, and the resume report of each run.
+//! agent's head (and that its context rebuilds: compaction never takes what a head or a
+//! pinned atom needs), and the resume report of each run.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,8 +30,12 @@ const STEPS: usize = 4;
 
 #[derive(Clone, Debug)]
 enum Action {
-    /// `execute` of a step; with `fails`, its first run fails with a retryable error.
-    Execute { run: usize, agent: usize, step: usize, fails: bool },
+    /// `execute` of a step; it may fail with a retryable error first, or for good.
+    Execute { run: usize, agent: usize, step: usize, fails: Fails },
+    /// `record_atom` of a step (refused if the step exists).
+    Record { run: usize, agent: usize, step: usize },
+    /// The agent's head is pinned.
+    Pin { run: usize, agent: usize },
     /// The agent rolls back to its first completed atom still on its line.
     Rollback { run: usize, agent: usize },
     /// A new branch from the agent's first completed atom, under a fresh key.
@@ -44,10 +50,23 @@ enum Action {
     Crash { damage: usize },
 }
 
+/// How a step's run goes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fails {
+    Never,
+    /// The first run fails with a retryable error, the second succeeds.
+    Once,
+    /// It fails with an error that is not retryable.
+    ForGood,
+}
+
 fn action() -> impl Strategy<Value = Action> {
+    let fails = prop_oneof![8 => Just(Fails::Never), 2 => Just(Fails::Once), 1 => Just(Fails::ForGood)];
     prop_oneof![
-        10 => (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS, prop::bool::weighted(0.2))
+        10 => (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS, fails)
             .prop_map(|(run, agent, step, fails)| Action::Execute { run, agent, step, fails }),
+        3 => (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS).prop_map(|(run, agent, step)| Action::Record { run, agent, step }),
+        1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Pin { run, agent }),
         1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Rollback { run, agent }),
         1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Fork { run, agent }),
         1 => (0..RUNS.len()).prop_map(|run| Action::Drop { run }),
@@ -77,6 +96,8 @@ struct ModelAtom {
     key: String,
     /// The output it completed with, if it did.
     output: Option<AtomOutput>,
+    /// It failed for good.
+    failed: bool,
     abandoned: bool,
 }
 
@@ -89,6 +110,8 @@ struct Model {
     forks: u64,
     /// Atoms of dropped runs: gone.
     dropped: Vec<AtomId>,
+    /// Pinned atoms of live runs.
+    pinned: Vec<AtomId>,
 }
 
 impl Model {
@@ -126,15 +149,36 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let mut ran = 0;
             let mut attempt = |_: AtomId| {
                 ran += 1;
-                if fails && ran == 1 {
-                    Err(AtomFailure { message: "timeout".into(), retryable: true })
-                } else {
-                    Ok(output.clone())
+                match fails {
+                    Fails::Once if ran == 1 => Err(AtomFailure { message: "timeout".into(), retryable: true }),
+                    Fails::ForGood => Err(AtomFailure { message: "refused".into(), retryable: false }),
+                    _ => Ok(output.clone()),
                 }
             };
             let mut executed = store.execute(id, AGENTS[agent], &key, &parents, &mut attempt);
             if matches!(executed, Err(Error::AtomFailed { retryable: true, .. })) {
                 executed = store.execute(id, AGENTS[agent], &key, &parents, &mut attempt);
+            }
+            if known.as_ref().is_some_and(|atom| atom.failed) {
+                // A step that failed for good is not run again: its failure comes back.
+                assert!(matches!(executed, Err(Error::AtomFailed { retryable: false, .. })), "{executed:?}");
+                assert_eq!(ran, 0, "a step that failed for good runs again");
+                return;
+            }
+            if fails == Fails::ForGood && known.as_ref().is_none_or(|atom| atom.output.is_none()) {
+                let Err(Error::AtomFailed { atom, retryable: false, .. }) = executed else {
+                    panic!("a step failing for good: {executed:?}")
+                };
+                assert_eq!(ran, 1);
+                let atom = AtomId::from_raw(atom);
+                let atoms = &mut model.runs.get_mut(&run).expect("run").1;
+                match atoms.iter_mut().find(|a| a.id == atom) {
+                    Some(known) => known.failed = true,
+                    None => {
+                        atoms.push(ModelAtom { id: atom, agent, key, output: None, failed: true, abandoned: false })
+                    }
+                }
+                return;
             }
             let executed = executed.unwrap_or_else(|e| panic!("execute {}/{}/{key}: {e}", RUNS[run], AGENTS[agent]));
             match known.as_ref().and_then(|atom| atom.output.clone().map(|output| (atom.id, output))) {
@@ -164,11 +208,40 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                             agent,
                             key,
                             output: Some(output),
+                            failed: false,
                             abandoned: false,
                         }),
                     }
                 }
             }
+        }
+        Action::Record { run, agent, step } => {
+            let id = run_id(store, model, run);
+            let key = format!("step-{step}");
+            let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
+            let known = model.step(run, agent, &key).map(|atom| atom.id);
+            let output = model.output();
+            let recorded = store.record_atom(id, AGENTS[agent], &key, &parents, "", &output);
+            match (recorded, known) {
+                (Err(Error::AtomExists { atom }), Some(known)) => assert_eq!(atom, known.get()),
+                (Ok(atom), None) => {
+                    let atoms = &mut model.runs.get_mut(&run).expect("run").1;
+                    atoms.push(ModelAtom {
+                        id: atom,
+                        agent,
+                        key,
+                        output: Some(output),
+                        failed: false,
+                        abandoned: false,
+                    });
+                }
+                (recorded, known) => panic!("record_atom of {key}: {recorded:?}, the model knows {known:?}"),
+            }
+        }
+        Action::Pin { run, agent } => {
+            let Some(head) = model.head(run, agent) else { return };
+            store.pin(head, true).unwrap_or_else(|e| panic!("pin the head {head}: {e}"));
+            model.pinned.push(head);
         }
         Action::Rollback { run, agent } => {
             let Some((id, atoms)) = model.runs.get_mut(&run) else { return };
@@ -215,11 +288,12 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let output = model.output();
             store.complete_atom(atom, &output).expect("complete the fork");
             let atoms = &mut model.runs.get_mut(&run).expect("run").1;
-            atoms.push(ModelAtom { id: atom, agent, key, output: Some(output), abandoned: false });
+            atoms.push(ModelAtom { id: atom, agent, key, output: Some(output), failed: false, abandoned: false });
         }
         Action::Drop { run } => {
             let Some((id, atoms)) = model.runs.remove(&run) else { return };
             model.dropped.extend(atoms.iter().map(|atom| atom.id));
+            model.pinned.retain(|pinned| !atoms.iter().any(|atom| atom.id == *pinned));
             store.finish_run(id, true, "").expect("finish");
             std::thread::sleep(Duration::from_micros(2));
             assert_eq!(store.compact().expect("compact").runs_dropped, 1);
@@ -265,9 +339,27 @@ fn check(store: &Store, model: &Model) {
         }
         for atom in atoms.iter().filter(|a| !a.abandoned) {
             let status = store.atom(atom.id).expect("atom").status;
-            let want = if atom.output.is_some() { AtomStatus::Completed } else { AtomStatus::Running };
+            let want = match (&atom.output, atom.failed) {
+                (Some(_), _) => AtomStatus::Completed,
+                (None, true) => AtomStatus::Failed { retryable: false },
+                (None, false) => AtomStatus::Running,
+            };
             assert_eq!(status, want, "atom {}", atom.id);
         }
+        for (agent, name) in AGENTS.iter().enumerate() {
+            let failed: Vec<AtomId> =
+                atoms.iter().filter(|a| a.agent == agent && !a.abandoned && a.failed).map(|a| a.id).collect();
+            let reported =
+                report.agents.iter().find(|a| a.agent == *name).map(|a| a.failed.clone()).unwrap_or_default();
+            assert_eq!(reported, failed, "failed atoms of {}/{name}", RUNS[*run]);
+            // What an agent continues from is never reclaimed.
+            if let Some(head) = model.head(*run, agent) {
+                store.rebuild_context(head).unwrap_or_else(|e| panic!("the head {head} of {}/{name}: {e}", RUNS[*run]));
+            }
+        }
+    }
+    for pinned in &model.pinned {
+        store.rebuild_context(*pinned).unwrap_or_else(|e| panic!("the pinned atom {pinned}: {e}"));
     }
 }
 
