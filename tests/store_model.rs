@@ -19,7 +19,8 @@ use std::time::Duration;
 use continuum::storage::sim::{CrashDamage, SimStorage};
 use continuum::synthetic::Transcript;
 use continuum::{
-    AtomFailure, AtomId, AtomOutput, AtomStatus, Error, RetentionPolicy, RunId, RunSpec, SnapshotPolicy, Store,
+    AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, Error, RetentionPolicy, RunId, RunSpec,
+    SnapshotPolicy, Store,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -76,14 +77,15 @@ fn action() -> impl Strategy<Value = Action> {
     ]
 }
 
-fn open(sim: &SimStorage) -> Store {
+fn open(sim: &SimStorage, background: bool) -> Store {
     Store::builder(Path::new("/model"))
         .storage(Arc::new(sim.clone()))
         .segment_bytes(16 * 1024)
         .snapshot_policy(SnapshotPolicy { every_atoms: 3, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
         .index_checkpoint_after(u64::MAX)
-        .background(false)
+        .compaction(CompactionPolicy { interval: None, ..CompactionPolicy::default() })
+        .background(background)
         .open()
         .expect("open")
 }
@@ -363,31 +365,43 @@ fn check(store: &Store, model: &Model) {
     }
 }
 
+/// Runs `actions` on a store (its policy snapshots written by its background thread, with
+/// `background`) and on the model, checking each answer, and the whole store after every
+/// reopen and at the end.
+fn run_actions(actions: &[Action], background: bool) {
+    let sim = SimStorage::new(21);
+    let mut store = open(&sim, background);
+    let mut model = Model::default();
+    for action in actions {
+        match *action {
+            Action::Reopen => {
+                drop(store);
+                store = open(&sim, background);
+                check(&store, &model);
+            }
+            Action::Crash { damage } => {
+                // The process dies: nothing of a close runs.
+                std::mem::forget(store);
+                sim.crash(CrashDamage::ALL[damage]);
+                store = open(&sim, background);
+                check(&store, &model);
+            }
+            _ => apply(&store, &mut model, action),
+        }
+    }
+    check(&store, &model);
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn the_store_follows_the_model_across_crashes(actions in vec(action(), 1..60)) {
-        let sim = SimStorage::new(21);
-        let mut store = open(&sim);
-        let mut model = Model::default();
-        for action in &actions {
-            match *action {
-                Action::Reopen => {
-                    drop(store);
-                    store = open(&sim);
-                    check(&store, &model);
-                }
-                Action::Crash { damage } => {
-                    // The process dies: nothing of a close runs.
-                    std::mem::forget(store);
-                    sim.crash(CrashDamage::ALL[damage]);
-                    store = open(&sim);
-                    check(&store, &model);
-                }
-                _ => apply(&store, &mut model, action),
-            }
-        }
-        check(&store, &model);
+        run_actions(&actions, false);
+    }
+
+    #[test]
+    fn the_store_follows_the_model_beside_its_background_thread(actions in vec(action(), 1..60)) {
+        run_actions(&actions, true);
     }
 }
