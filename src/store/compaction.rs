@@ -197,6 +197,11 @@ impl Store {
         let mut report = CompactionReport { runs_dropped: self.drop_expired_runs()?.len(), ..Default::default() };
         report.snapshots_deleted = self.prune_all_snapshots()?;
         let plan = self.plan()?;
+        if !plan.dead_guards.is_empty() {
+            // The guards of dropped runs are never looked up again (their keys name the
+            // dropped run's id): their memory goes now, their records with the rewrites.
+            self.shared.index.write().forget_guards(&plan.dead_guards);
+        }
         if !self.mark_reclaimed(&plan)? {
             report.aborted = true;
             report.round = self.shared.compaction_rounds.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;

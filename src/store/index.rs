@@ -2,7 +2,7 @@
 //! Everything large stays in the log; the index keeps LSNs to find it, within a fixed budget
 //! of bytes per atom (`docs/ARCHITECTURE.md`, "Store index").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 
 use crate::store::atom_table::AtomTable;
@@ -381,6 +381,15 @@ impl StoreIndex {
         self.atom_keys.retain(|_, id| live(*id));
         if self.atom_keys.len() < self.atom_keys.capacity() / 2 {
             self.atom_keys.shrink_to_fit();
+        }
+    }
+
+    /// Forgets the guards whose start (or, for one resolved without a start record, whose
+    /// completion) is at one of `lsns`: those of dropped runs.
+    pub fn forget_guards(&mut self, lsns: &HashSet<u64>) {
+        self.guards.retain(|_, guard| !lsns.contains(&guard.started_lsn));
+        if self.guards.len() < self.guards.capacity() / 2 {
+            self.guards.shrink_to_fit();
         }
     }
 

@@ -7,6 +7,8 @@
 //! `RunDropped` record. Orphans are set aside and accepted at the end only if a dropped run
 //! explains them; anything else is an inconsistent log.
 
+use std::collections::HashMap;
+
 use rayon::prelude::*;
 
 use crate::codec::{BodyReader, Codec, CodecError, RecordKind, StoreRecord, delta_view};
@@ -188,9 +190,11 @@ struct Fold<'c> {
     reader: BodyReader<'c>,
     scratch: Vec<u8>,
     parents: Vec<u64>,
-    /// Whether a `RunDropped` record was folded: the dropped run's atom keys are forgotten at
-    /// the end (one pass over the keys, only then).
+    /// Whether a `RunDropped` record was folded: the dropped run's atom keys and guards are
+    /// forgotten at the end (one pass over each, only then).
     dropped: bool,
+    /// The atom of each guard whose start this fold met, by the guard's hash.
+    guard_atoms: HashMap<u64, u64>,
 }
 
 impl<'c> Fold<'c> {
@@ -206,6 +210,7 @@ impl<'c> Fold<'c> {
             scratch: Vec::new(),
             parents: Vec::new(),
             dropped: false,
+            guard_atoms: HashMap::new(),
         }
     }
 
@@ -213,6 +218,16 @@ impl<'c> Fold<'c> {
     fn into_state(mut self, next_lsn: u64) -> FoldState {
         if self.dropped {
             self.index.forget_vacant_keys();
+            // A guard whose start names an atom no longer in the index belongs to a dropped
+            // run (its key names that run's id: it is never looked up again).
+            let index = &mut self.index;
+            let gone: std::collections::HashSet<u64> = self
+                .guard_atoms
+                .iter()
+                .filter(|(_, atom)| index.atom(AtomId(**atom)).is_none())
+                .filter_map(|(hash, _)| index.guards.get(hash).map(|guard| guard.started_lsn))
+                .collect();
+            index.forget_guards(&gone);
         }
         FoldState {
             index: self.index,
@@ -286,7 +301,11 @@ impl<'c> Fold<'c> {
                     self.dictionary_lsns.push(lsn);
                 }
                 self.dropped |= kind == RecordKind::RunDropped;
-                apply(&mut self.index, &mut self.orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?;
+                let record = codec.decode(bytes).map_err(codec_error)?;
+                if let StoreRecord::GuardStarted(guard) = &record {
+                    self.guard_atoms.insert(self.index.identity.guard(&guard.key), guard.atom);
+                }
+                apply(&mut self.index, &mut self.orphans, codec, lsn, record)?;
             }
         }
         Ok(())
