@@ -465,6 +465,10 @@ fn a_dropped_run_gives_its_index_memory_back() {
     drop(store);
     let store = open();
     check(&store);
+    // The fold forgets the dropped run's atoms and keys; its guards, which its records still
+    // in the log bring back, go with the next round (a fold cannot tell them from a live
+    // run's without reading their starts).
+    store.compact().expect("a round");
     assert!(store.index_heap_bytes() <= alone + 8 * 1024, "reopened: {} bytes", store.index_heap_bytes());
     store.begin_atom(kept_run, "agent", "step-100", &[], "").expect("a new step");
 }

@@ -7,8 +7,6 @@
 //! `RunDropped` record. Orphans are set aside and accepted at the end only if a dropped run
 //! explains them; anything else is an inconsistent log.
 
-use std::collections::HashMap;
-
 use rayon::prelude::*;
 
 use crate::codec::{BodyReader, Codec, CodecError, RecordKind, StoreRecord, delta_view};
@@ -190,11 +188,9 @@ struct Fold<'c> {
     reader: BodyReader<'c>,
     scratch: Vec<u8>,
     parents: Vec<u64>,
-    /// Whether a `RunDropped` record was folded: the dropped run's atom keys and guards are
-    /// forgotten at the end (one pass over each, only then).
+    /// Whether a `RunDropped` record was folded: the dropped run's atom keys are forgotten at
+    /// the end (one pass over the keys, only then).
     dropped: bool,
-    /// The atom of each guard whose start this fold met, by the guard's hash.
-    guard_atoms: HashMap<u64, u64>,
 }
 
 impl<'c> Fold<'c> {
@@ -210,7 +206,6 @@ impl<'c> Fold<'c> {
             scratch: Vec::new(),
             parents: Vec::new(),
             dropped: false,
-            guard_atoms: HashMap::new(),
         }
     }
 
@@ -218,16 +213,6 @@ impl<'c> Fold<'c> {
     fn into_state(mut self, next_lsn: u64) -> FoldState {
         if self.dropped {
             self.index.forget_vacant_keys();
-            // A guard whose start names an atom no longer in the index belongs to a dropped
-            // run (its key names that run's id: it is never looked up again).
-            let index = &mut self.index;
-            let gone: std::collections::HashSet<u64> = self
-                .guard_atoms
-                .iter()
-                .filter(|(_, atom)| index.atom(AtomId(**atom)).is_none())
-                .filter_map(|(hash, _)| index.guards.get(hash).map(|guard| guard.started_lsn))
-                .collect();
-            index.forget_guards(&gone);
         }
         FoldState {
             index: self.index,
@@ -301,11 +286,7 @@ impl<'c> Fold<'c> {
                     self.dictionary_lsns.push(lsn);
                 }
                 self.dropped |= kind == RecordKind::RunDropped;
-                let record = codec.decode(bytes).map_err(codec_error)?;
-                if let StoreRecord::GuardStarted(guard) = &record {
-                    self.guard_atoms.insert(self.index.identity.guard(&guard.key), guard.atom);
-                }
-                apply(&mut self.index, &mut self.orphans, codec, lsn, record)?;
+                apply(&mut self.index, &mut self.orphans, codec, lsn, codec.decode(bytes).map_err(codec_error)?)?;
             }
         }
         Ok(())
