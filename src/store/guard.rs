@@ -22,10 +22,10 @@ impl Store {
     /// run's id keeps apart a run that reuses the name of one retention dropped: its steps'
     /// effects are new ones, under new keys. In each part `%`, `/` and `#` are escaped as
     /// `%25`, `%2F` and `%23`, so that two different atoms or operations never share a key
-    /// (agent `"a/b"` with key `"c"` against agent `"a"` with key `"b/c"`). A step run again after a [`Store::rollback`]
-    /// derives the key it had before, so its effect is not repeated (the recorded result comes
-    /// back): the effect happened in the world, and only the caller knows whether to undo it
-    /// or to perform another one (under another operation name).
+    /// (agent `"a/b"` with key `"c"` against agent `"a"` with key `"b/c"`). A step run again
+    /// after a [`Store::rollback`] derives the key it had before, so its effect is not repeated
+    /// (the recorded result comes back): the effect happened in the world, and only the caller
+    /// knows whether to undo it or to perform another one (under another operation name).
     ///
     /// # Errors
     /// [`Error::UnknownAtom`] and the log's read errors.
