@@ -197,9 +197,7 @@ impl Store {
         let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
         for parent in parents {
             check_parent(&index, run32, *parent)?;
-            // A parent whose delta is reclaimed can only start a branch from its snapshot.
-            let reclaimed = index.atom(*parent).is_some_and(|entry| entry.reclaimed);
-            if reclaimed && !self.shared.snapshots.lock().contains(&parent.0) {
+            if index.atom(*parent).is_some_and(|entry| self.history_gone(entry, *parent)) {
                 return Err(Error::InvalidParent {
                     parent: parent.0,
                     reason: "its history was reclaimed by retention",
@@ -222,6 +220,12 @@ impl Store {
         *index.atom_slot(atom) = AtomEntry::new(0, run32, agent_id, EntryState::Starting);
         index.note_run_atom(run32, id);
         Ok((atom, run32))
+    }
+
+    /// Whether nothing can continue from `atom` (whose index entry is `entry`): retention
+    /// reclaimed its delta and it has no snapshot, so it cannot be a parent.
+    fn history_gone(&self, entry: &AtomEntry, atom: AtomId) -> bool {
+        entry.reclaimed && !self.shared.snapshots.lock().contains(&atom.0)
     }
 
     /// The atom of (run, agent, key), confirmed against its start record.
@@ -616,7 +620,7 @@ impl Store {
             }
             // What `reserve_atom` refuses as a parent: refused here, before any atom is
             // abandoned, rather than leaving the agent with nothing to continue from.
-            if entry.reclaimed && !self.shared.snapshots.lock().contains(&to.0) {
+            if self.history_gone(entry, to) {
                 return Err(Error::HistoryReclaimed { atom: to.0, reclaimed: to.0 });
             }
             (run32, agent_id)
