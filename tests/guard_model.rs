@@ -71,8 +71,6 @@ struct Model {
     effects: BTreeMap<(u64, usize, usize, usize), Outcome>,
     /// Times each effect's closure ran.
     runs: BTreeMap<(u64, usize, usize, usize), u32>,
-    /// Run instances whose name was dropped.
-    dropped: Vec<u64>,
     /// Results handed out so far (each effect returns a new one).
     made: u32,
 }
@@ -158,7 +156,6 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             std::thread::sleep(Duration::from_micros(2));
             let report = store.compact().expect("compact");
             assert_eq!(report.runs_dropped, 1, "{report:?}");
-            model.dropped.push(run_id.get());
         }
         Action::Reopen => unreachable!("the caller reopens"),
     }
