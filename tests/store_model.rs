@@ -2,14 +2,19 @@
 //! retention do, with crashes: steps executed (some failing with a retryable error first,
 //! some failing for good) or recorded whole (`record_atom`), rollbacks and re-runs, forks,
 //! pins, runs finished and dropped by retention and their names reused, index checkpoints,
-//! clean reopens, and power losses with each kind of damage.
+//! clean reopens, and power losses with each kind of damage: between actions, and in the middle
+//! of one (the process dies after a chosen number of storage calls, the calls after that fail,
+//! then the power goes).
 //!
 //! Every call below is acknowledged durably before it returns (an `execute` records its
 //! completion or failure with a sync, a rollback and a drop are synced), so a power loss must
 //! change nothing the model knows. After every action the store's answer is checked; after
 //! every reopen, the whole store: each step's atom by key, its status and output, each
 //! agent's head (and that its context rebuilds: compaction never takes what a head or a
-//! pinned atom needs), and the resume report of each run.
+//! pinned atom needs), and the resume report of each run. After a crash in the middle of an
+//! action, what its calls acknowledged must be there; what they did not may be there or not,
+//! but whole (a `record_atom` never left begun, a rollback never half done, a step's outcome
+//! only one it could have had), and the model takes on what is there.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -49,6 +54,10 @@ enum Action {
     Reopen,
     /// A power loss with this kind of damage, and an open.
     Crash { damage: usize },
+    /// The process dies after `after` more storage calls while it does `action` (the calls
+    /// after that fail), then a power loss with this kind of damage, and an open. What the
+    /// action's calls acknowledged must survive; what they did not may or may not have.
+    Interrupted { action: Box<Action>, after: u64, damage: usize },
 }
 
 /// How a step's run goes.
@@ -61,7 +70,8 @@ enum Fails {
     ForGood,
 }
 
-fn action() -> impl Strategy<Value = Action> {
+/// What one agent, reviewer or retention does (no reopen, no crash).
+fn work() -> impl Strategy<Value = Action> {
     let fails = prop_oneof![8 => Just(Fails::Never), 2 => Just(Fails::Once), 1 => Just(Fails::ForGood)];
     prop_oneof![
         10 => (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS, fails)
@@ -72,14 +82,24 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Fork { run, agent }),
         1 => (0..RUNS.len()).prop_map(|run| Action::Drop { run }),
         1 => Just(Action::Checkpoint),
-        1 => Just(Action::Reopen),
-        1 => (0..CrashDamage::ALL.len()).prop_map(|damage| Action::Crash { damage }),
     ]
 }
 
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        19 => work(),
+        1 => Just(Action::Reopen),
+        1 => (0..CrashDamage::ALL.len()).prop_map(|damage| Action::Crash { damage }),
+        // Most actions make a few storage calls; a drop's compaction round makes hundreds.
+        2 => (work(), prop_oneof![3 => 0..6u64, 2 => 0..30u64, 1 => 0..400u64], 0..CrashDamage::ALL.len())
+            .prop_map(|(action, after, damage)| Action::Interrupted { action: Box::new(action), after, damage }),
+    ]
+}
+
+/// Opens the store as a new process would: its calls stop reaching the disk at the next crash.
 fn open(sim: &SimStorage, background: bool) -> Store {
     Store::builder(Path::new("/model"))
-        .storage(Arc::new(sim.clone()))
+        .storage(Arc::new(sim.process()))
         .segment_bytes(16 * 1024)
         .snapshot_policy(SnapshotPolicy { every_atoms: 3, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
@@ -100,6 +120,9 @@ struct ModelAtom {
     output: Option<AtomOutput>,
     /// It failed for good.
     failed: bool,
+    /// It failed with a retryable error and has not run since (only a crash between an
+    /// attempt and its retry leaves one so).
+    retry: bool,
     abandoned: bool,
 }
 
@@ -175,10 +198,19 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                 let atom = AtomId::from_raw(atom);
                 let atoms = &mut model.runs.get_mut(&run).expect("run").1;
                 match atoms.iter_mut().find(|a| a.id == atom) {
-                    Some(known) => known.failed = true,
-                    None => {
-                        atoms.push(ModelAtom { id: atom, agent, key, output: None, failed: true, abandoned: false })
+                    Some(known) => {
+                        known.failed = true;
+                        known.retry = false;
                     }
+                    None => atoms.push(ModelAtom {
+                        id: atom,
+                        agent,
+                        key,
+                        output: None,
+                        failed: true,
+                        retry: false,
+                        abandoned: false,
+                    }),
                 }
                 return;
             }
@@ -204,13 +236,17 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                     }
                     let atoms = &mut model.runs.get_mut(&run).expect("run").1;
                     match atoms.iter_mut().find(|atom| atom.id == executed.atom) {
-                        Some(atom) => atom.output = Some(output),
+                        Some(atom) => {
+                            atom.output = Some(output);
+                            atom.retry = false;
+                        }
                         None => atoms.push(ModelAtom {
                             id: executed.atom,
                             agent,
                             key,
                             output: Some(output),
                             failed: false,
+                            retry: false,
                             abandoned: false,
                         }),
                     }
@@ -234,6 +270,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                         key,
                         output: Some(output),
                         failed: false,
+                        retry: false,
                         abandoned: false,
                     });
                 }
@@ -290,7 +327,15 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let output = model.output();
             store.complete_atom(atom, &output).expect("complete the fork");
             let atoms = &mut model.runs.get_mut(&run).expect("run").1;
-            atoms.push(ModelAtom { id: atom, agent, key, output: Some(output), failed: false, abandoned: false });
+            atoms.push(ModelAtom {
+                id: atom,
+                agent,
+                key,
+                output: Some(output),
+                failed: false,
+                retry: false,
+                abandoned: false,
+            });
         }
         Action::Drop { run } => {
             let Some((id, atoms)) = model.runs.remove(&run) else { return };
@@ -304,7 +349,296 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
         Action::Checkpoint => {
             store.checkpoint_index().expect("checkpoint");
         }
-        Action::Reopen | Action::Crash { .. } => unreachable!("the caller reopens"),
+        Action::Reopen | Action::Crash { .. } | Action::Interrupted { .. } => unreachable!("the caller reopens"),
+    }
+}
+
+/// What an interrupted action tried, and what its calls acknowledged before the process died.
+#[derive(Debug)]
+enum Attempt {
+    /// `execute` (`record: false`) or `record_atom` of a step.
+    Step {
+        run: usize,
+        agent: usize,
+        key: String,
+        output: AtomOutput,
+        record: bool,
+        fails: Fails,
+        acked: Acked,
+    },
+    Pin {
+        atom: AtomId,
+        acked: bool,
+    },
+    /// A rollback that would abandon `expected`; `refused`: the store said the target's
+    /// history is reclaimed.
+    Rollback {
+        expected: Vec<AtomId>,
+        acked: bool,
+        refused: bool,
+    },
+    /// A fork begun under `key`; `completed`: its completion was acknowledged.
+    Fork {
+        run: usize,
+        agent: usize,
+        key: String,
+        output: AtomOutput,
+        completed: bool,
+    },
+    Drop {
+        run: usize,
+        acked: bool,
+    },
+    Nothing,
+}
+
+/// The last outcome of a step the store acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Acked {
+    Nothing,
+    /// A retryable failure was recorded (its retry was not acknowledged).
+    RetryableFailure,
+    /// A failure for good was recorded.
+    Failure,
+    Completion,
+}
+
+/// Does `action` as [`apply`] does, on a store whose process dies partway: every call may
+/// fail, and nothing is checked yet (the crash comes before the answers could be acted on).
+fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
+    match *action {
+        Action::Execute { run, agent, step, fails } => {
+            let key = format!("step-{step}");
+            let output = model.output();
+            let mut acked = Acked::Nothing;
+            if let Ok(id) = store.create_run(RunSpec::new(RUNS[run])) {
+                let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
+                let mut ran = 0;
+                let mut work = |_: AtomId| {
+                    ran += 1;
+                    match fails {
+                        Fails::Once if ran == 1 => Err(AtomFailure { message: "timeout".into(), retryable: true }),
+                        Fails::ForGood => Err(AtomFailure { message: "refused".into(), retryable: false }),
+                        _ => Ok(output.clone()),
+                    }
+                };
+                for _ in 0..2 {
+                    match store.execute(id, AGENTS[agent], &key, &parents, &mut work) {
+                        Ok(_) => acked = Acked::Completion,
+                        Err(Error::AtomFailed { retryable: true, .. }) => {
+                            acked = Acked::RetryableFailure;
+                            continue;
+                        }
+                        Err(Error::AtomFailed { retryable: false, .. }) => acked = Acked::Failure,
+                        Err(_) => {}
+                    }
+                    break;
+                }
+            }
+            Attempt::Step { run, agent, key, output, record: false, fails, acked }
+        }
+        Action::Record { run, agent, step } => {
+            let key = format!("step-{step}");
+            let output = model.output();
+            let mut acked = Acked::Nothing;
+            if let Ok(id) = store.create_run(RunSpec::new(RUNS[run])) {
+                let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
+                if store.record_atom(id, AGENTS[agent], &key, &parents, "", &output).is_ok() {
+                    acked = Acked::Completion;
+                }
+            }
+            Attempt::Step { run, agent, key, output, record: true, fails: Fails::Never, acked }
+        }
+        Action::Pin { run, agent } => match model.head(run, agent) {
+            Some(atom) => Attempt::Pin { atom, acked: store.pin(atom, true).is_ok() },
+            None => Attempt::Nothing,
+        },
+        Action::Rollback { run, agent } => {
+            let Some((id, atoms)) = model.runs.get(&run) else { return Attempt::Nothing };
+            let Some(to) = atoms.iter().find(|a| a.agent == agent && !a.abandoned && a.output.is_some()).map(|a| a.id)
+            else {
+                return Attempt::Nothing;
+            };
+            let expected: Vec<AtomId> =
+                atoms.iter().filter(|a| a.agent == agent && a.id > to && !a.abandoned).map(|a| a.id).collect();
+            match store.rollback(*id, AGENTS[agent], to, "model") {
+                Ok(mut abandoned) => {
+                    abandoned.sort_unstable();
+                    assert_eq!(abandoned, expected, "the rollback abandons the agent's later atoms");
+                    Attempt::Rollback { expected, acked: true, refused: false }
+                }
+                Err(Error::HistoryReclaimed { .. }) => Attempt::Rollback { expected, acked: false, refused: true },
+                Err(_) => Attempt::Rollback { expected, acked: false, refused: false },
+            }
+        }
+        Action::Fork { run, agent } => {
+            let Some((id, atoms)) = model.runs.get(&run) else { return Attempt::Nothing };
+            let Some(from) =
+                atoms.iter().find(|a| a.agent == agent && !a.abandoned && a.output.is_some()).map(|a| a.id)
+            else {
+                return Attempt::Nothing;
+            };
+            let id = *id;
+            model.forks += 1;
+            let key = format!("fork-{}", model.forks);
+            let output = model.output();
+            let completed =
+                store.fork(id, AGENTS[agent], from, &key).is_ok_and(|atom| store.complete_atom(atom, &output).is_ok());
+            Attempt::Fork { run, agent, key, output, completed }
+        }
+        Action::Drop { run } => {
+            let Some((id, _)) = model.runs.get(&run) else { return Attempt::Nothing };
+            let finished = store.finish_run(*id, true, "").is_ok();
+            std::thread::sleep(Duration::from_micros(2));
+            let acked = finished && store.compact().is_ok_and(|report| report.runs_dropped == 1);
+            Attempt::Drop { run, acked }
+        }
+        Action::Checkpoint => {
+            let _ = store.checkpoint_index();
+            Attempt::Nothing
+        }
+        Action::Reopen | Action::Crash { .. } | Action::Interrupted { .. } => unreachable!("not interrupted"),
+    }
+}
+
+/// After the crash and an open: what the interrupted action left must be what it
+/// acknowledged, or more of what it tried (never part of one record batch, never something it
+/// did not try); the model takes it on.
+fn reconcile(store: &Store, model: &mut Model, attempt: Attempt) {
+    match attempt {
+        Attempt::Step { run, agent, key, output, record, fails, acked } => {
+            let name = format!("{}/{}/{key}", RUNS[run], AGENTS[agent]);
+            let id = match model.runs.get(&run) {
+                Some((id, _)) => *id,
+                None => match store.run_id(RUNS[run]) {
+                    Some(id) => {
+                        model.runs.insert(run, (id, Vec::new()));
+                        id
+                    }
+                    None => {
+                        assert_eq!(acked, Acked::Nothing, "{name}: acknowledged in a run that is gone");
+                        return;
+                    }
+                },
+            };
+            let known = model.step(run, agent, &key).cloned();
+            let Some(atom) = store.atom_by_key(id, AGENTS[agent], &key).expect("lookup") else {
+                assert!(known.is_none(), "{name}: the atom {known:?} is gone");
+                assert_eq!(acked, Acked::Nothing, "{name}: acknowledged, then lost");
+                return;
+            };
+            if let Some(known) = &known {
+                assert_eq!(known.id, atom, "{name}");
+                // A finished step does not change, nor does one `record_atom` found begun; the
+                // final check holds them to what the model knows.
+                if known.output.is_some() || known.failed || record {
+                    return;
+                }
+            }
+            let retry_known = known.as_ref().is_some_and(|known| known.retry);
+            let status = store.atom(atom).expect("atom").status;
+            let allowed = match status {
+                AtomStatus::Completed => {
+                    fails != Fails::ForGood
+                        && matches!(acked, Acked::Nothing | Acked::RetryableFailure | Acked::Completion)
+                }
+                AtomStatus::Failed { retryable: false } => {
+                    fails == Fails::ForGood && matches!(acked, Acked::Nothing | Acked::Failure)
+                }
+                AtomStatus::Failed { retryable: true } => {
+                    (fails == Fails::Once || retry_known) && matches!(acked, Acked::Nothing | Acked::RetryableFailure)
+                }
+                // `record_atom` writes the start and the completion in one batch.
+                AtomStatus::Running => !record && acked == Acked::Nothing,
+            };
+            assert!(
+                allowed,
+                "{name}: {status:?} after {acked:?} (record: {record}, fails: {fails:?}, known: {known:?})"
+            );
+            let atoms = &mut model.runs.get_mut(&run).expect("run").1;
+            let index = match atoms.iter().position(|a| a.id == atom) {
+                Some(index) => index,
+                None => {
+                    assert!(atoms.iter().all(|a| a.id < atom), "{name}: a new atom {atom} older than the run's");
+                    atoms.push(ModelAtom {
+                        id: atom,
+                        agent,
+                        key,
+                        output: None,
+                        failed: false,
+                        retry: false,
+                        abandoned: false,
+                    });
+                    atoms.len() - 1
+                }
+            };
+            let entry = &mut atoms[index];
+            match status {
+                AtomStatus::Completed => {
+                    entry.output = Some(output);
+                    entry.retry = false;
+                }
+                AtomStatus::Failed { retryable: false } => {
+                    entry.failed = true;
+                    entry.retry = false;
+                }
+                AtomStatus::Failed { retryable: true } => entry.retry = true,
+                AtomStatus::Running => {}
+            }
+        }
+        Attempt::Pin { atom, acked } => {
+            if acked {
+                model.pinned.push(atom);
+            }
+        }
+        Attempt::Rollback { expected, acked, refused } => {
+            let abandoned: Vec<bool> = expected.iter().map(|atom| store.atom(*atom).expect("atom").abandoned).collect();
+            let all = abandoned.iter().all(|a| *a);
+            let none = abandoned.iter().all(|a| !a);
+            assert!(all || none, "a rollback abandons all or nothing: {expected:?} {abandoned:?}");
+            assert!(!acked || all, "an acknowledged rollback is undone: {expected:?}");
+            assert!(!refused || none, "a refused rollback abandoned {expected:?}");
+            if all {
+                for atom in model.runs.values_mut().flat_map(|(_, atoms)| atoms.iter_mut()) {
+                    if expected.contains(&atom.id) {
+                        atom.abandoned = true;
+                    }
+                }
+            }
+        }
+        Attempt::Fork { run, agent, key, output, completed } => {
+            let id = model.runs.get(&run).expect("a fork's run").0;
+            let Some(atom) = store.atom_by_key(id, AGENTS[agent], &key).expect("lookup") else {
+                assert!(!completed, "the fork {key}: acknowledged, then lost");
+                return;
+            };
+            let status = store.atom(atom).expect("atom").status;
+            let output = match status {
+                AtomStatus::Completed => Some(output),
+                AtomStatus::Running if !completed => None,
+                _ => panic!("the fork {key}: {status:?} (completion acknowledged: {completed})"),
+            };
+            let atoms = &mut model.runs.get_mut(&run).expect("run").1;
+            atoms.push(ModelAtom { id: atom, agent, key, output, failed: false, retry: false, abandoned: false });
+        }
+        Attempt::Drop { run, acked } => {
+            let id = model.runs.get(&run).expect("a dropped run").0;
+            if let Some(found) = store.run_id(RUNS[run]) {
+                assert_eq!(found, id, "run {}", RUNS[run]);
+                assert!(!acked, "run {}: an acknowledged drop is undone", RUNS[run]);
+                // The operator drops it again.
+                match store.finish_run(id, true, "") {
+                    Ok(()) | Err(Error::RunFinished { .. }) => {}
+                    Err(error) => panic!("finish {}: {error}", RUNS[run]),
+                }
+                std::thread::sleep(Duration::from_micros(2));
+                assert_eq!(store.compact().expect("compact").runs_dropped, 1);
+            }
+            let (_, atoms) = model.runs.remove(&run).expect("run");
+            model.dropped.extend(atoms.iter().map(|atom| atom.id));
+            model.pinned.retain(|pinned| !atoms.iter().any(|atom| atom.id == *pinned));
+        }
+        Attempt::Nothing => {}
     }
 }
 
@@ -341,10 +675,11 @@ fn check(store: &Store, model: &Model) {
         }
         for atom in atoms.iter().filter(|a| !a.abandoned) {
             let status = store.atom(atom.id).expect("atom").status;
-            let want = match (&atom.output, atom.failed) {
-                (Some(_), _) => AtomStatus::Completed,
-                (None, true) => AtomStatus::Failed { retryable: false },
-                (None, false) => AtomStatus::Running,
+            let want = match (&atom.output, atom.failed, atom.retry) {
+                (Some(_), _, _) => AtomStatus::Completed,
+                (None, true, _) => AtomStatus::Failed { retryable: false },
+                (None, false, true) => AtomStatus::Failed { retryable: true },
+                (None, false, false) => AtomStatus::Running,
             };
             assert_eq!(status, want, "atom {}", atom.id);
         }
@@ -380,10 +715,19 @@ fn run_actions(actions: &[Action], background: bool) {
                 check(&store, &model);
             }
             Action::Crash { damage } => {
-                // The process dies: nothing of a close runs.
-                std::mem::forget(store);
+                // The process dies: nothing of the close that follows reaches the disk.
                 sim.crash(CrashDamage::ALL[damage]);
+                drop(store);
                 store = open(&sim, background);
+                check(&store, &model);
+            }
+            Action::Interrupted { ref action, after, damage } => {
+                sim.halt_after(after);
+                let attempt = attempt(&store, &mut model, action);
+                sim.crash(CrashDamage::ALL[damage]);
+                drop(store);
+                store = open(&sim, background);
+                reconcile(&store, &mut model, attempt);
                 check(&store, &model);
             }
             _ => apply(&store, &mut model, action),

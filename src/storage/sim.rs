@@ -147,12 +147,32 @@ impl CrashDamage {
 #[derive(Clone)]
 pub struct SimStorage {
     state: Arc<Mutex<State>>,
+    /// The crash epoch this handle belongs to, if it is one process's ([`SimStorage::process`]).
+    process: Option<u64>,
 }
 
 impl SimStorage {
     /// An empty disk whose random choices all derive from `seed`.
     pub fn new(seed: u64) -> Self {
-        Self { state: Arc::new(Mutex::new(State::new(seed))) }
+        Self { state: Arc::new(Mutex::new(State::new(seed))), process: None }
+    }
+
+    /// One process's handle on this disk: after the next [`SimStorage::crash`] every call
+    /// through it fails with `EIO` and changes nothing, as a dead process's calls never reach
+    /// the disk. A test can then drop what ran on it (a store's close writes nothing) instead
+    /// of leaking it.
+    pub fn process(&self) -> SimStorage {
+        let epoch = self.state.lock().epoch;
+        Self { state: Arc::clone(&self.state), process: Some(epoch) }
+    }
+
+    /// Locks the disk for a call through this handle, which fails if its process died.
+    fn lock_alive(&self) -> io::Result<MutexGuard<'_, State>> {
+        let state = self.state.lock();
+        if self.process.is_some_and(|epoch| epoch != state.epoch) {
+            return Err(eio());
+        }
+        Ok(state)
     }
 
     /// Simulates a crash or power loss: applies `damage`, makes every open handle fail with
@@ -245,20 +265,20 @@ impl fmt::Debug for SimStorage {
 
 impl Storage for SimStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_alive()?;
         state.enter(Op::CreateDir)?;
         state.create_dir_all(dir)
     }
 
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_alive()?;
         state.enter(Op::ListDir)?;
         state.require_dir(dir)?;
         Ok(state.names_in(dir))
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_alive()?;
         state.enter(Op::Open)?;
         let inode = state.open(path, mode)?;
         let handle = Arc::clone(&state.inodes.get(&inode).ok_or_else(eio)?.handles);
@@ -272,25 +292,25 @@ impl Storage for SimStorage {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_alive()?;
         state.enter(Op::Rename)?;
         state.rename(from, to)
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_alive()?;
         state.enter(Op::Remove)?;
         state.remove_file(path)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_alive()?;
         state.enter(Op::SyncDir)?;
         state.sync_dir(dir)
     }
 
     fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_alive()?;
         state.enter(Op::Lock)?;
         state.require_dir(dir)?;
         if !state.locks.insert(dir.to_path_buf()) {
@@ -1291,6 +1311,28 @@ mod tests {
         assert_eq!(sim.file_names(Path::new(DIR)), ["a"]);
         sim.crash(damage(DataDamage::DropUnsynced, DirDamage::KeepAll));
         assert_eq!(sim.list_dir(Path::new(DIR)).unwrap(), ["a"]);
+    }
+
+    #[test]
+    fn a_dead_process_reaches_the_disk_no_more() {
+        let sim = sim(15);
+        let process = sim.process();
+        let file = create(&process, "a");
+        file.write_all_at(b"one", 0).unwrap();
+        file.sync_data().unwrap();
+        sim.crash(damage(DataDamage::DropUnsynced, DirDamage::KeepAll));
+        // Every call of the dead process fails, and none changes the disk.
+        assert_eq!(process.open(&path("b"), OpenMode::CreateNew).unwrap_err().raw_os_error(), Some(EIO));
+        assert!(process.remove_file(&path("a")).is_err());
+        assert!(process.rename(&path("a"), &path("c")).is_err());
+        assert!(process.list_dir(Path::new(DIR)).is_err());
+        assert!(file.write_all_at(b"two", 0).is_err());
+        assert_eq!(sim.file_names(Path::new(DIR)), ["a"]);
+        assert_eq!(sim.file_bytes(&path("a")).unwrap(), b"one");
+        // The next process, and the disk's own handle, go on.
+        let next = sim.process();
+        create(&next, "b");
+        assert_eq!(sim.list_dir(Path::new(DIR)).unwrap(), ["a", "b"]);
     }
 
     #[test]
