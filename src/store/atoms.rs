@@ -204,16 +204,21 @@ impl Store {
                 });
             }
         }
-        if let Some(existing) = self.find_atom(&index, run32, agent, key)? {
-            return Err(Error::AtomExists { atom: existing.0 });
+        // One lookup of the agent and one of the key's hash serve both the check and the
+        // reservation. A key held by an abandoned atom is free again (the rollback released it).
+        let agent_id = index.agent_id(run32, agent);
+        let hash = agent_id.map(|agent_id| index.identity.atom_key(run32, agent_id, key));
+        if let Some(holder) = hash.and_then(|hash| index.atom_keys.get(&hash)).map(|id| AtomId(u64::from(*id)))
+            && let Some(entry) = index.atom(holder).filter(|entry| !entry.abandoned)
+        {
+            return Err(if self.holds_key(entry, agent, key)? {
+                Error::AtomExists { atom: holder.0 }
+            } else {
+                Error::KeyCollision { key: key.to_owned() }
+            });
         }
-        let agent_id = index.intern_agent(run32, agent);
-        let hash = index.identity.atom_key(run32, agent_id, key);
-        // A key held by an abandoned atom is free again (the rollback released it).
-        let held = index.atom_keys.get(&hash).and_then(|id| index.atom(AtomId(u64::from(*id))));
-        if held.is_some_and(|entry| !entry.abandoned) {
-            return Err(Error::KeyCollision { key: key.to_owned() });
-        }
+        let agent_id = agent_id.unwrap_or_else(|| index.intern_agent(run32, agent));
+        let hash = hash.unwrap_or_else(|| index.identity.atom_key(run32, agent_id, key));
         let atom = AtomId(index.atoms.len() as u64 + 1);
         let id = u32::try_from(atom.0).map_err(|_| Error::KeyCollision { key: key.to_owned() })?;
         index.atom_keys.insert(hash, id);
@@ -234,12 +239,24 @@ impl Store {
         let Some(&id) = index.atom_keys.get(&index.identity.atom_key(run, agent_id, key)) else { return Ok(None) };
         let atom = AtomId(u64::from(id));
         let Some(entry) = index.atom(atom).filter(|entry| !entry.abandoned) else { return Ok(None) };
+        if self.holds_key(entry, agent, key)? {
+            Ok(Some(atom))
+        } else {
+            Err(Error::KeyCollision { key: key.to_owned() })
+        }
+    }
+
+    /// Whether the atom of `entry`, which holds the hash of (`agent`, `key`) in its run, is
+    /// that atom, confirmed against its start record; `false`: another key with the same hash.
+    fn holds_key(&self, entry: &AtomEntry, agent: &str, key: &str) -> Result<bool> {
         if entry.state == EntryState::Starting {
-            return Ok(Some(atom));
+            // Reserved by a thread that has not written its start yet: nothing to confirm
+            // against, so taken as this key (as a 64-bit hash of another key begun this very
+            // moment is not worth waiting for).
+            return Ok(true);
         }
         match self.read_record(entry.started_lsn)? {
-            StoreRecord::AtomStarted(started) if started.key == key && started.agent == agent => Ok(Some(atom)),
-            StoreRecord::AtomStarted(_) => Err(Error::KeyCollision { key: key.to_owned() }),
+            StoreRecord::AtomStarted(started) => Ok(started.key == key && started.agent == agent),
             _ => {
                 Err(Error::InconsistentLog { lsn: entry.started_lsn, reason: "an atom's start is not a start record" })
             }
