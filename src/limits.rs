@@ -58,6 +58,19 @@ pub const SEGMENT_BYTES_MAX: u64 = 1024 * 1024 * 1024;
 /// Default segment file size ([`Config::segment_bytes`](crate::Config::segment_bytes)).
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 
+/// Most bytes at the end of every segment that ordinary appends leave to reserved ones
+/// ([`Log::append_reserved_with`](crate::Log::append_reserved_with)): records that let space
+/// be freed, so that a full disk never keeps a store from finishing and dropping runs.
+pub const SEGMENT_RESERVE_BYTES_MAX: u64 = 4 * 1024;
+
+/// The reserve at the end of a segment of `segment_bytes`: a sixteenth of its room for frames,
+/// at most [`SEGMENT_RESERVE_BYTES_MAX`], a multiple of 8 (frames are 8-byte aligned).
+pub const fn segment_reserve_bytes(segment_bytes: u64) -> u64 {
+    let room = segment_bytes.saturating_sub(64);
+    let reserve = if room / 16 < SEGMENT_RESERVE_BYTES_MAX { room / 16 } else { SEGMENT_RESERVE_BYTES_MAX };
+    reserve / 8 * 8
+}
+
 /// Most appends waiting for the group-commit leader; further appenders block until there is room.
 pub const COMMIT_QUEUE_DEPTH_MAX: usize = 4096;
 

@@ -168,6 +168,72 @@ fn full_disk_at_rotation_is_a_typed_error_and_recoverable() {
 }
 
 #[test]
+fn a_full_disk_leaves_the_segment_reserve_to_reserved_appends() {
+    // 4 KiB segments: the reserve is a sixteenth of the room for frames (252 bytes), 8-aligned.
+    let reserve = continuum::limits::segment_reserve_bytes(SEGMENT_BYTES);
+    assert_eq!(reserve, 248);
+    let sim = SimStorage::new(5);
+    let log = open(&sim, SEGMENT_BYTES).expect("open");
+    log.append_with(b"first", Durability::Sync).expect("append");
+    sim.set_capacity(Some(sim.used_bytes() + SEGMENT_BYTES / 2));
+    let mut acked: Vec<(Lsn, Vec<u8>)> = Vec::new();
+    let full = loop {
+        let record = format!("ordinary {}", acked.len()).into_bytes();
+        match log.append_with(&record, Durability::Sync) {
+            Ok(lsn) => acked.push((lsn, record)),
+            Err(error) => break error,
+        }
+    };
+    assert!(matches!(full, Error::NoSpace { .. }), "{full:?}");
+    let ordinary = acked.len();
+    // The reserve: reserved appends (frames of 48 bytes) fit until it is used up; ordinary
+    // ones are refused all along, and none of this poisons the log.
+    let refused = loop {
+        assert!(matches!(log.append(b"ordinary again"), Err(Error::NoSpace { .. })));
+        let record = format!("reserved {}", acked.len() - ordinary).into_bytes();
+        match log.append_reserved_with(&record, Durability::Sync) {
+            Ok(lsn) => acked.push((lsn, record)),
+            Err(error) => break error,
+        }
+    };
+    assert!(matches!(refused, Error::NoSpace { .. }), "{refused:?}");
+    let reserved = acked.len() - ordinary;
+    assert!(reserved >= 4 && reserved as u64 * 48 <= reserve + 48, "{reserved} reserved appends in {reserve} bytes");
+    for (lsn, record) in &acked {
+        assert_eq!(log.read(*lsn).expect("read").as_deref(), Some(record.as_slice()));
+    }
+    // Space freed: ordinary appends go on in a new segment, which keeps its own reserve.
+    sim.set_capacity(None);
+    let lsn = log.append(b"after space was freed").expect("append");
+    acked.push((lsn, b"after space was freed".to_vec()));
+    drop(log);
+    sim.crash(CrashDamage { data: DataDamage::DropUnsynced, dir: DirDamage::ForgetUnsynced });
+    let log = open(&sim, SEGMENT_BYTES).expect("reopen");
+    for (lsn, record) in &acked {
+        assert_eq!(log.read(*lsn).expect("read").as_deref(), Some(record.as_slice()), "after the crash");
+    }
+}
+
+#[test]
+fn a_batch_may_use_the_reserve_only_if_reserved() {
+    let sim = SimStorage::new(6);
+    let log = open(&sim, SEGMENT_BYTES).expect("open");
+    let reserve = continuum::limits::segment_reserve_bytes(SEGMENT_BYTES);
+    // The largest record an empty segment holds: its room (the 64-byte header off) less a
+    // frame's 32-byte header and the record's 4-byte length.
+    let whole = (SEGMENT_BYTES - 64 - 32 - 4) as usize;
+    let ordinary = whole - reserve as usize;
+    assert!(matches!(log.append(&vec![1; ordinary + 1]), Err(Error::RecordTooLarge { .. })));
+    log.append(&vec![2; ordinary]).expect("the largest ordinary record");
+    assert!(matches!(
+        log.append_reserved_with(&vec![3; whole + 1], Durability::Sync),
+        Err(Error::RecordTooLarge { .. })
+    ));
+    let lsn = log.append_reserved_with(&vec![4; whole], Durability::Sync).expect("the largest reserved record");
+    assert_eq!(log.read(lsn).expect("read").map(|r| r.len()), Some(whole));
+}
+
+#[test]
 fn second_open_from_another_process_is_refused() {
     if let Ok(dir) = std::env::var("CONTINUUM_LOCK_CHILD_DIR") {
         match Log::open(&dir) {

@@ -392,7 +392,7 @@ fn fail_calls_around_a_dictionary(trained_at: usize, atoms: usize, segment_bytes
         .map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("r{i}").into_bytes() })
         .collect();
     let (mut unwritten, mut cases) = (0, 0);
-    for nth in 1..=12 {
+    for nth in 1..=24 {
         let context = format!("ENOSPC on call #{nth} of completion {trained_at}");
         let sim = SimStorage::new(SEED);
         let store = open(&sim).expect("open");
@@ -447,19 +447,60 @@ fn fail_calls_around_a_dictionary(trained_at: usize, atoms: usize, segment_bytes
     unwritten
 }
 
+/// The first segment size from `around` up (in steps of 1 KiB) at which the dictionary that
+/// completion `trained_at` trains opens a new segment, found by running the workload without
+/// failures: only a failure to prepare a new segment leaves the log unpoisoned, so only then
+/// can the store go on without the dictionary. (Where segments end depends on every record
+/// before, so a fixed size would stop hitting it whenever the layout changes.)
+fn segment_bytes_rotating_at_the_dictionary(trained_at: usize, around: u64) -> u64 {
+    let mut transcript = Transcript::new(4);
+    let outputs: Vec<AtomOutput> = (0..trained_at)
+        .map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("r{i}").into_bytes() })
+        .collect();
+    for segment_bytes in (around..around + 64 * 1024).step_by(1024) {
+        let sim = SimStorage::new(SEED);
+        let store = Store::builder(Path::new("/store"))
+            .storage(Arc::new(sim.clone()))
+            .segment_bytes(segment_bytes)
+            .compress_records_from(64)
+            .snapshot_policy(SnapshotPolicy::NEVER)
+            .background(false)
+            .open()
+            .expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let mut parent: Option<AtomId> = None;
+        for (i, output) in outputs.iter().enumerate() {
+            let parents: Vec<AtomId> = parent.into_iter().collect();
+            parent = Some(store.record_atom(run, "agent", &format!("step-{i}"), &parents, "", output).expect("record"));
+        }
+        let first = store.log().segments().last().expect("a segment").first_lsn;
+        let opened_by = store.log().read(first).expect("read").expect("the segment's first record");
+        if matches!(
+            store.decode_record(&opened_by).expect("decode").record,
+            continuum::codec::StoreRecord::Dictionary(_)
+        ) {
+            return segment_bytes;
+        }
+    }
+    panic!("no segment size from {around} has completion {trained_at}'s dictionary open a segment");
+}
+
 #[test]
 fn a_dictionary_that_could_not_be_written_is_never_used() {
-    let unwritten = fail_calls_around_a_dictionary(limits::DICTIONARY_FIRST_SAMPLES, 300, 64 * 1024);
+    let trained_at = limits::DICTIONARY_FIRST_SAMPLES;
+    let segment_bytes = segment_bytes_rotating_at_the_dictionary(trained_at, 64 * 1024);
+    let unwritten = fail_calls_around_a_dictionary(trained_at, 300, segment_bytes);
     assert!(unwritten > 0, "some case failed the dictionary's own append and went on");
 }
 
 #[test]
 fn a_final_dictionary_that_could_not_be_written_is_never_used() {
     // The same at the final dictionary, trained from the first 2,000 completions, of its full
-    // size (64 KiB) in segments of 128 KiB, where it opens a new one: a failure to prepare that
+    // size (64 KiB) in segments of about 128 KiB, where it opens a new one: a failure to prepare that
     // segment does not poison the store, which goes on compressing with the first dictionary.
     let trained_at = limits::DICTIONARY_TRAINING_SAMPLES;
-    let unwritten = fail_calls_around_a_dictionary(trained_at, trained_at + 100, 128 * 1024);
+    let segment_bytes = segment_bytes_rotating_at_the_dictionary(trained_at, 128 * 1024);
+    let unwritten = fail_calls_around_a_dictionary(trained_at, trained_at + 100, segment_bytes);
     assert!(unwritten > 0, "some case failed the final dictionary's own append and went on");
 }
 

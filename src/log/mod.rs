@@ -385,7 +385,22 @@ impl Log {
             self.inner.writer.check_writable()?;
             self.start_flusher();
         }
-        self.inner.writer.append(batch, durability)
+        self.inner.writer.append(batch, durability, false)
+    }
+
+    /// Appends one record that lets space be freed (in a store: a run finished or dropped, an
+    /// atom unpinned), with the given durability. Such a record may use the reserve every
+    /// segment keeps at its end (a sixteenth of it, at most
+    /// [`limits::SEGMENT_RESERVE_BYTES_MAX`](crate::limits::SEGMENT_RESERVE_BYTES_MAX)),
+    /// which other appends leave free: once the disk is too full for a new segment, other
+    /// appends fail with [`Error::NoSpace`] while these still fit, until the reserve too is
+    /// used up.
+    ///
+    /// # Errors
+    /// As [`Log::append`].
+    pub fn append_reserved_with(&self, record: &[u8], durability: Durability) -> Result<Lsn> {
+        let batch = EncodedBatch::encode(&[record])?;
+        self.inner.writer.append(batch, durability, true).map(|range| range.first())
     }
 
     /// Makes every record appended so far durable (one `fdatasync`, shared with concurrent

@@ -186,6 +186,8 @@ fn spin_for(commit_spin: Duration, last_sync: Duration) -> Duration {
 struct Pending {
     batch: Option<EncodedBatch>,
     durability: Durability,
+    /// It may use the reserve at the end of the active segment (`limits::segment_reserve_bytes`).
+    reserved: bool,
     slot: Arc<Slot>,
 }
 
@@ -335,14 +337,19 @@ impl Writer {
         }
     }
 
-    /// Appends one encoded batch and returns its LSNs once it is as durable as asked.
-    pub fn append(&self, batch: EncodedBatch, durability: Durability) -> Result<LsnRange> {
-        let capacity = self.segment_bytes - segment::SEGMENT_HEADER_BYTES as u64;
+    /// Appends one encoded batch and returns its LSNs once it is as durable as asked. A
+    /// `reserved` batch may use the reserve at the end of the active segment, which other
+    /// batches leave free ("A full disk" in docs/ARCHITECTURE.md).
+    pub fn append(&self, batch: EncodedBatch, durability: Durability, reserved: bool) -> Result<LsnRange> {
+        let mut capacity = self.segment_bytes - segment::SEGMENT_HEADER_BYTES as u64;
+        if !reserved {
+            capacity -= limits::segment_reserve_bytes(self.segment_bytes);
+        }
         if batch.frame_len() as u64 > capacity {
             return Err(Error::RecordTooLarge { bytes: batch.frame_len() as u64, max: capacity });
         }
         let timed = self.metrics.times_append(durability).then(Instant::now);
-        let result = self.submit(Some(batch), durability);
+        let result = self.submit(Some(batch), durability, reserved);
         match &result {
             Ok(_) => {
                 if let Some(started) = timed {
@@ -356,7 +363,7 @@ impl Writer {
 
     /// Makes every acknowledged append durable.
     pub fn sync(&self) -> Result<()> {
-        let result = self.submit(None, Durability::Sync).map(|_| ());
+        let result = self.submit(None, Durability::Sync, false).map(|_| ());
         if let Err(error) = &result {
             self.metrics.record_error(error);
         }
@@ -384,7 +391,7 @@ impl Writer {
         self.room.notify_all();
     }
 
-    fn submit(&self, batch: Option<EncodedBatch>, durability: Durability) -> Result<LsnRange> {
+    fn submit(&self, batch: Option<EncodedBatch>, durability: Durability, reserved: bool) -> Result<LsnRange> {
         let slot = Slot::new();
         let mut commit = self.commit.lock();
         loop {
@@ -394,7 +401,7 @@ impl Writer {
             }
             self.room.wait(&mut commit);
         }
-        commit.queue.push_back(Pending { batch, durability, slot: Arc::clone(&slot) });
+        commit.queue.push_back(Pending { batch, durability, reserved, slot: Arc::clone(&slot) });
         self.queue_len.store(commit.queue.len(), Ordering::Release);
         // The gathering leader wakes once, when its group is complete, not at every arrival.
         if commit.gathering && commit.queue.len() >= commit.expected_group {
@@ -584,15 +591,18 @@ impl Writer {
     }
 
     /// Takes the next group from the front of the queue: as many members as fit in the active
-    /// segment and in one write.
+    /// segment and in one write; a member that may not use the segment's reserve must fit
+    /// before it.
     fn take_group(commit: &mut CommitState, leader: &LeaderState) -> Group {
-        let room = leader.active.header.segment_bytes.saturating_sub(leader.active.data_end);
-        let budget = room.min(limits::COMMIT_GROUP_BYTES_MAX as u64);
+        let segment_bytes = leader.active.header.segment_bytes;
+        let room = segment_bytes.saturating_sub(leader.active.data_end);
+        let reserve = limits::segment_reserve_bytes(segment_bytes);
         let mut members = Vec::new();
         let mut bytes = 0u64;
         while let Some(next) = commit.queue.front() {
             let frame_len = next.frame_len() as u64;
-            if bytes + frame_len > budget {
+            let held_back = if next.reserved { 0 } else { reserve };
+            if bytes + frame_len > (limits::COMMIT_GROUP_BYTES_MAX as u64).min(room.saturating_sub(held_back)) {
                 break;
             }
             bytes += frame_len;

@@ -218,6 +218,12 @@ impl SimStorage {
         self.state.lock().capacity = bytes;
     }
 
+    /// The space the files take now (what [`SimStorage::set_capacity`] caps): the live length
+    /// of every file that is linked or still open.
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().used_bytes()
+    }
+
     /// The live bytes of the file at `path`, bypassing faults and op counting.
     pub fn file_bytes(&self, path: &Path) -> Option<Vec<u8>> {
         let state = self.state.lock();

@@ -21,10 +21,12 @@ use crate::store::{SnapshotPolicy, Store, now_us, unknown_run};
 const DICTIONARY_RECORD_SLACK: u64 = 1024;
 
 /// The size of the final dictionary for segments of `segment_bytes`: `DICTIONARY_BYTES`, or
-/// less when a record that large would not fit in one segment (it could never be written, and
-/// the store would silently keep compressing with the first, smaller dictionary).
+/// less when a record that large would not fit in one segment before its reserve (it could
+/// never be written, and the store would silently keep compressing with the first, smaller
+/// dictionary).
 pub(crate) fn final_dictionary_bytes(segment_bytes: u64) -> usize {
-    let fits = usize::try_from(segment_bytes.saturating_sub(DICTIONARY_RECORD_SLACK)).unwrap_or(usize::MAX);
+    let room = segment_bytes.saturating_sub(limits::segment_reserve_bytes(segment_bytes));
+    let fits = usize::try_from(room.saturating_sub(DICTIONARY_RECORD_SLACK)).unwrap_or(usize::MAX);
     limits::DICTIONARY_BYTES.min(fits)
 }
 

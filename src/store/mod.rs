@@ -541,7 +541,7 @@ impl Store {
             resume_hint: resume_hint.to_owned(),
             ended_at_unix_us: now_us(),
         });
-        self.append(&record, Durability::Sync)?;
+        self.append_reserved(&record)?;
         if let Some(entry) = index.run_mut(run) {
             entry.status = RunStatus::Finished { success, resume_hint: resume_hint.to_owned() };
             entry.ended_at_unix_us = now_us();
@@ -637,6 +637,15 @@ impl Store {
     fn append(&self, record: &StoreRecord, durability: Durability) -> Result<Lsn> {
         let bytes = self.shared.codec.encode(record);
         self.shared.log.append_with(&bytes, durability)
+    }
+
+    /// Appends a record that lets space be freed (a run finished or dropped, an atom
+    /// unpinned): it may use the reserve at the end of the log's active segment
+    /// ([`Log::append_reserved_with`]), so that a full disk never keeps retention from freeing
+    /// space.
+    fn append_reserved(&self, record: &StoreRecord) -> Result<Lsn> {
+        let bytes = self.shared.codec.encode(record);
+        self.shared.log.append_reserved_with(&bytes, Durability::Sync)
     }
 
     fn read_record(&self, lsn: u64) -> Result<StoreRecord> {

@@ -174,7 +174,11 @@ impl Store {
         let mut index = self.shared.index.write();
         index.atom(atom).filter(|e| e.state.status().is_some()).ok_or(Error::UnknownAtom { atom: atom.0 })?;
         let record = StoreRecord::AtomPinned(proto::AtomPinned { atom: atom.0, pinned, at_unix_us: now_us() });
-        self.append(&record, Durability::Sync)?;
+        if pinned {
+            self.append(&record, Durability::Sync)?;
+        } else {
+            self.append_reserved(&record)?;
+        }
         if let Some(entry) = index.atom_mut(atom) {
             entry.pinned = pinned;
         }
@@ -214,7 +218,7 @@ impl Store {
         let record = StoreRecord::RunDropped(proto::RunDropped { run: run.0, next_atom, dropped_at_unix_us: now_us() });
         // IMPORTANT: durable before anything of the run is deleted, so that no crash brings
         // back a run whose snapshots are gone.
-        self.append(&record, Durability::Sync)?;
+        self.append_reserved(&record)?;
         let snapshots: Vec<u64> = {
             let snapshots = self.shared.snapshots.lock();
             snapshots
