@@ -4,7 +4,8 @@
 //! New work is refused with `Error::NoSpace` (typed, retryable, never `Poisoned`), while what
 //! was acknowledged stays readable and rebuildable. The records that let space be freed (a run
 //! finished, then dropped by retention) still fit: every segment keeps a reserve at its end
-//! that other appends leave free. Once retention has freed space, agents go on; after a power
+//! that other appends leave free; the compaction round that drops the run rewrites the
+//! segments it shared with a live run into the little room there is. Once retention has freed space, agents go on; after a power
 //! loss, with the disk still capped, the store opens whole.
 
 use std::path::Path;
@@ -68,18 +69,20 @@ fn no_space<T: std::fmt::Debug>(result: continuum::Result<T>, what: &str) {
     assert!(matches!(result, Err(Error::NoSpace { .. })), "{what}: {result:?}");
 }
 
-/// Fills the disk: an old run of 60 atoms (not finished), then a live run's atoms until the
+/// Fills the disk: an old run (not finished) and a live one, their atoms interleaved (so that
+/// dropping the old run leaves every segment partly live), then the live run's atoms until the
 /// disk is too full for the next segment, then small records until even they no longer fit
 /// before the segment's reserve.
 fn fill(sim: &SimStorage, store: &Store) -> (RunId, RunId, Acked) {
     let old = store.create_run(RunSpec::new("old")).expect("run");
+    let live = store.create_run(RunSpec::new("live")).expect("run");
     let mut history = Acked::default();
+    let mut acked = Acked { next: 1_000, ..Acked::default() };
     for _ in 0..60 {
         history.record(store, old).expect("old atom");
+        acked.record(store, live).expect("live atom");
     }
-    let live = store.create_run(RunSpec::new("live")).expect("run");
     sim.set_capacity(Some(sim.used_bytes() + 3 * SEGMENT_BYTES));
-    let mut acked = Acked { next: 1_000, ..Acked::default() };
     let full = loop {
         if let Err(error) = acked.record(store, live) {
             break error;
@@ -87,7 +90,7 @@ fn fill(sim: &SimStorage, store: &Store) -> (RunId, RunId, Acked) {
         assert!(acked.atoms.len() < 1_000, "the disk never filled");
     };
     assert!(matches!(full, Error::NoSpace { .. }), "{full:?}");
-    assert!(acked.atoms.len() > 10, "{} atoms before the disk was full", acked.atoms.len());
+    assert!(acked.atoms.len() > 70, "{} atoms before the disk was full", acked.atoms.len());
     let mut fillers = 0;
     while store.create_run(RunSpec::new(format!("filler-{fillers}"))).is_ok() {
         fillers += 1;
