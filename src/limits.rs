@@ -66,6 +66,7 @@ pub const SEGMENT_RESERVE_BYTES_MAX: u64 = 4 * 1024;
 /// The reserve at the end of a segment of `segment_bytes`: a sixteenth of its room for frames,
 /// at most [`SEGMENT_RESERVE_BYTES_MAX`], a multiple of 8 (frames are 8-byte aligned).
 pub const fn segment_reserve_bytes(segment_bytes: u64) -> u64 {
+    // The room for frames: the segment less its 64-byte header (docs/FORMAT.md §4).
     let room = segment_bytes.saturating_sub(64);
     let reserve = if room / 16 < SEGMENT_RESERVE_BYTES_MAX { room / 16 } else { SEGMENT_RESERVE_BYTES_MAX };
     reserve / 8 * 8
