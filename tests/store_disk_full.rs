@@ -4,8 +4,8 @@
 //! New work is refused with `Error::NoSpace` (typed, retryable, never `Poisoned`), while what
 //! was acknowledged stays readable and rebuildable. The records that let space be freed (a run
 //! finished, then dropped by retention) still fit: every segment keeps a reserve at its end
-//! that other appends leave free; the compaction round that drops the run rewrites the
-//! segments it shared with a live run into the little room there is. Once retention has freed space, agents go on; after a power
+//! that other appends leave free; the compaction round that drops the run first deletes its
+//! snapshot files, then rewrites the segments it shared with a live run into that room. Once retention has freed space, agents go on; after a power
 //! loss, with the disk still capped, the store opens whole.
 
 use std::path::Path;
@@ -106,6 +106,8 @@ fn a_full_disk_refuses_new_work_and_still_lets_retention_free_space() {
         let sim = SimStorage::new(case as u64);
         let store = open(&sim).expect("open");
         let (old, live, mut acked) = fill(&sim, &store);
+        // Another process takes the last free bytes.
+        sim.set_capacity(Some(sim.used_bytes()));
 
         // Full: new work is refused with a typed error, again and again, and nothing is lost.
         for _ in 0..3 {
@@ -114,7 +116,9 @@ fn a_full_disk_refuses_new_work_and_still_lets_retention_free_space() {
         }
         acked.check(&store, &context);
 
-        // Finishing the old run and dropping it fit in the reserve, and free its space.
+        // Finishing the old run and dropping it fit in the reserve and free its space: the drop
+        // deletes the run's snapshot files before the round rewrites the segments it shared
+        // with the live run, so the rewrites find room even on a disk without a free byte.
         store.finish_run(old, true, "done").unwrap_or_else(|e| panic!("{context}: finish on a full disk: {e}"));
         std::thread::sleep(Duration::from_micros(2));
         let used = sim.used_bytes();
