@@ -1,13 +1,17 @@
 //! Idempotency guards against a model, over random sequences of what agents and retention do:
 //! guarded effects in steps of several runs and agents (names holding the key's separators),
 //! effects that die midway and are resolved, rollbacks and re-runs of steps, runs finished and
-//! dropped by retention and their names reused, and reopens.
+//! dropped by retention and their names reused, reopens, power losses, and processes that die
+//! in the middle of an action (after a chosen number of storage calls), then lose power.
 //!
 //! The model: an effect is identified by (run, agent, step key, operation), where the run is
 //! the run *instance* (a new run under a dropped run's name is another one). The first
 //! `guarded` call of an identity runs the effect; every later one returns its recorded result
 //! without running it, or, while an effect that died midway is unresolved, `GuardInDoubt`,
 //! which `resolve_guard` settles once. A step re-run after a rollback keeps its identity.
+//! After a process died during a `guarded` call, the effect is recorded, in doubt, or unknown
+//! to the store; but never unknown if its closure ran (it would run again), and recorded if
+//! the call returned its result.
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -15,7 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use continuum::storage::sim::SimStorage;
+use continuum::storage::sim::{CrashDamage, SimStorage};
 use continuum::{AtomOutput, Error, RetentionPolicy, RunId, RunSpec, SnapshotPolicy, Store};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -35,21 +39,39 @@ enum Action {
     Drop { run: usize },
     /// The store is closed and opened again.
     Reopen,
+    /// A power loss with this kind of damage, and an open.
+    Crash { damage: usize },
+    /// The process dies after `after` more storage calls while it does `action` (the calls
+    /// after that fail), then a power loss with this kind of damage, and an open.
+    Interrupted { action: Box<Action>, after: u64, damage: usize },
+}
+
+/// What agents and retention do; `dying`: effects may die midway.
+fn work(dying: f64) -> impl Strategy<Value = Action> {
+    prop_oneof![
+        8 => (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS.len(), 0..OPERATIONS.len(), prop::bool::weighted(dying))
+            .prop_map(|(run, agent, step, operation, dies)| Action::Guarded { run, agent, step, operation, dies }),
+        1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Rollback { run, agent }),
+        1 => (0..RUNS.len()).prop_map(|run| Action::Drop { run }),
+    ]
 }
 
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
-        8 => (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS.len(), 0..OPERATIONS.len(), prop::bool::weighted(0.15))
-            .prop_map(|(run, agent, step, operation, dies)| Action::Guarded { run, agent, step, operation, dies }),
-        1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Rollback { run, agent }),
-        1 => (0..RUNS.len()).prop_map(|run| Action::Drop { run }),
+        10 => work(0.15),
         1 => Just(Action::Reopen),
+        1 => (0..CrashDamage::ALL.len()).prop_map(|damage| Action::Crash { damage }),
+        // A `guarded` call makes a few storage calls (its two records' syncs); a drop's round,
+        // many more.
+        3 => (work(0.0), prop_oneof![3 => 0..6u64, 1 => 0..200u64], 0..CrashDamage::ALL.len())
+            .prop_map(|(action, after, damage)| Action::Interrupted { action: Box::new(action), after, damage }),
     ]
 }
 
+/// Opens the store as a new process would: its calls stop reaching the disk at the next crash.
 fn open(sim: &SimStorage) -> Store {
     Store::builder(Path::new("/guards"))
-        .storage(Arc::new(sim.clone()))
+        .storage(Arc::new(sim.process()))
         .segment_bytes(64 * 1024)
         .snapshot_policy(SnapshotPolicy::NEVER)
         .retention(RetentionPolicy { snapshots_per_agent: 1, finished_run_age: Some(Duration::ZERO) })
@@ -157,7 +179,136 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let report = store.compact().expect("compact");
             assert_eq!(report.runs_dropped, 1, "{report:?}");
         }
-        Action::Reopen => unreachable!("the caller reopens"),
+        Action::Reopen | Action::Crash { .. } | Action::Interrupted { .. } => unreachable!("the caller reopens"),
+    }
+}
+
+/// What an interrupted `guarded` call did before the process died.
+struct Attempt {
+    run: usize,
+    agent: usize,
+    step: usize,
+    operation: usize,
+    /// The result the effect would have returned.
+    result: Vec<u8>,
+    /// Its closure ran.
+    ran: bool,
+    /// The call returned the result.
+    acked: bool,
+}
+
+/// Does `action` on a store whose process dies partway: every call may fail. A `guarded` call
+/// is returned for [`reconcile`]; the other actions need nothing reconciled (a rollback or a
+/// drop the crash undid is redone or not as the model does not track them).
+fn attempt(store: &Store, model: &mut Model, action: &Action) -> Option<Attempt> {
+    match *action {
+        Action::Guarded { run, agent, step, operation, .. } => {
+            let result = format!("effect {}", model.made).into_bytes();
+            model.made += 1;
+            let mut attempt = Attempt { run, agent, step, operation, result, ran: false, acked: false };
+            let Ok(run_id) = store.create_run(RunSpec::new(RUNS[run])) else { return Some(attempt) };
+            let atom = match store.atom_by_key(run_id, AGENTS[agent], STEPS[step]) {
+                Ok(Some(atom)) => atom,
+                Ok(None) => {
+                    let parents: Vec<_> = store.last_agent_atom(run_id, AGENTS[agent]).into_iter().collect();
+                    match store.begin_atom(run_id, AGENTS[agent], STEPS[step], &parents, "") {
+                        Ok(atom) => atom,
+                        Err(_) => return Some(attempt),
+                    }
+                }
+                Err(_) => return Some(attempt),
+            };
+            let mut ran = false;
+            let called = store.guarded(atom, OPERATIONS[operation], |_| {
+                ran = true;
+                attempt.result.clone()
+            });
+            attempt.ran = ran;
+            attempt.acked = called.is_ok_and(|got| got == attempt.result);
+            if ran {
+                *model.runs.entry((run_id.get(), agent, step, operation)).or_default() += 1;
+            }
+            Some(attempt)
+        }
+        Action::Rollback { run, agent } => {
+            let run_id = store.run_id(RUNS[run])?;
+            let first = store
+                .agent_atoms(run_id, AGENTS[agent])
+                .into_iter()
+                .find(|atom| store.atom(*atom).is_ok_and(|found| !found.abandoned));
+            if let Some(first) = first {
+                let _ = store.rollback(run_id, AGENTS[agent], first, "model");
+            }
+            None
+        }
+        Action::Drop { run } => {
+            let run_id = store.run_id(RUNS[run])?;
+            for atom in store.incomplete_atoms(run_id) {
+                let _ = store.complete_atom(atom, &AtomOutput::default());
+            }
+            let _ = store.finish_run(run_id, true, "");
+            std::thread::sleep(Duration::from_micros(2));
+            let _ = store.compact();
+            None
+        }
+        Action::Reopen | Action::Crash { .. } | Action::Interrupted { .. } => unreachable!("not interrupted"),
+    }
+}
+
+/// After the crash and an open: a run left finished but not dropped is dropped (the operator
+/// redoes the drop), and an interrupted `guarded` call's effect is found recorded (with its
+/// result if the call returned it), in doubt, or unknown (only if its closure never ran), by
+/// calling `guarded` again, as the agent would.
+fn reconcile(store: &Store, model: &mut Model, attempt: Option<Attempt>) {
+    for name in RUNS {
+        if let Some(run_id) = store.run_id(name)
+            && store.run_status(run_id).expect("status") != continuum::RunStatus::Running
+        {
+            std::thread::sleep(Duration::from_micros(2));
+            assert_eq!(store.compact().expect("compact").runs_dropped, 1, "the finished run {name} is dropped");
+        }
+    }
+    let Some(Attempt { run, agent, step, operation, result, ran, acked }) = attempt else { return };
+    let what = format!(
+        "{}/{}/{}/{} (ran: {ran}, acked: {acked})",
+        RUNS[run], AGENTS[agent], STEPS[step], OPERATIONS[operation]
+    );
+    let Some(run_id) = store.run_id(RUNS[run]) else {
+        assert!(!ran, "{what}: the effect ran and its run is gone");
+        return;
+    };
+    let Some(atom) = store.atom_by_key(run_id, AGENTS[agent], STEPS[step]).expect("lookup") else {
+        assert!(!ran, "{what}: the effect ran and its step is gone");
+        return;
+    };
+    let identity = (run_id.get(), agent, step, operation);
+    let again = format!("effect {}", model.made).into_bytes();
+    model.made += 1;
+    let mut ran_again = false;
+    let called = store.guarded(atom, OPERATIONS[operation], |_| {
+        ran_again = true;
+        again.clone()
+    });
+    match (called, model.effects.get(&identity).cloned()) {
+        (Ok(got), Some(Outcome::Recorded(want))) => {
+            assert!(!ran_again && got == want, "{what}: a recorded effect changed or ran again");
+        }
+        (Err(Error::GuardInDoubt { .. }), Some(Outcome::InDoubt)) => {}
+        (Ok(got), None) if !ran_again => {
+            assert!(ran && got == result, "{what}: recorded {got:?} without running");
+            model.effects.insert(identity, Outcome::Recorded(got));
+        }
+        (Ok(got), None) => {
+            // The store knew nothing of the effect: so its closure must never have run.
+            assert!(!ran && !acked, "{what}: the effect ran, and the store let it run again");
+            *model.runs.entry(identity).or_default() += 1;
+            model.effects.insert(identity, Outcome::Recorded(got));
+        }
+        (Err(Error::GuardInDoubt { .. }), None) => {
+            assert!(!acked, "{what}: the call returned its result, and the effect is in doubt");
+            model.effects.insert(identity, Outcome::InDoubt);
+        }
+        (called, expected) => panic!("{what}: the store gave {called:?}, the model expects {expected:?}"),
     }
 }
 
@@ -185,11 +336,26 @@ proptest! {
         let mut store = open(&sim);
         let mut model = Model::default();
         for action in &actions {
-            if let Action::Reopen = action {
-                drop(store);
-                store = open(&sim);
-            } else {
-                apply(&store, &mut model, action);
+            match action {
+                Action::Reopen => {
+                    drop(store);
+                    store = open(&sim);
+                }
+                Action::Crash { damage } => {
+                    // Every call above was acknowledged durably: the model does not change.
+                    sim.crash(CrashDamage::ALL[*damage]);
+                    drop(store);
+                    store = open(&sim);
+                }
+                Action::Interrupted { action, after, damage } => {
+                    sim.halt_after(*after);
+                    let attempt = attempt(&store, &mut model, action);
+                    sim.crash(CrashDamage::ALL[*damage]);
+                    drop(store);
+                    store = open(&sim);
+                    reconcile(&store, &mut model, attempt);
+                }
+                _ => apply(&store, &mut model, action),
             }
         }
         for (identity, runs) in &model.runs {
