@@ -581,11 +581,13 @@ impl Store {
     /// What this store knows of its index checkpoint: the LSN the newest one covers, the
     /// records after it, and whether the open used one (or why it ignored the one it found).
     pub fn index_checkpoint(&self) -> IndexCheckpointInfo {
+        // One load for both fields: the background thread may publish a newer checkpoint
+        // between two (covering its records: `records_after` would then belong to another).
         let covered = self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed);
         let (opened_from, ignored) = *self.shared.index_checkpoint.at_open.lock();
         IndexCheckpointInfo {
             covered: (covered != 0).then(|| Lsn::new(covered)),
-            records_after: self.records_after_checkpoint(),
+            records_after: self.lag_after(covered).0,
             opened_from: (opened_from != 0).then(|| Lsn::new(opened_from)),
             ignored_at_open: ignored.map(str::to_owned),
         }
@@ -623,7 +625,11 @@ impl Store {
     /// Records after the newest index checkpoint (all of them if there is none), and records
     /// it covers.
     fn checkpoint_lag(&self) -> (u64, u64) {
-        let covered = self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed);
+        self.lag_after(self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// [`Store::checkpoint_lag`] of a checkpoint covering the records before `covered` (0: none).
+    fn lag_after(&self, covered: u64) -> (u64, u64) {
         let first = self.shared.log.first_lsn().get();
         let covered = covered.max(first);
         (self.shared.log.next_lsn().get().saturating_sub(covered), covered - first)
