@@ -5,8 +5,10 @@
 //! was acknowledged stays readable and rebuildable. The records that let space be freed (a run
 //! finished, then dropped by retention) still fit: every segment keeps a reserve at its end
 //! that other appends leave free; the compaction round that drops the run first deletes its
-//! snapshot files, then rewrites the segments it shared with a live run into that room. Once retention has freed space, agents go on; after a power
-//! loss, with the disk still capped, the store opens whole.
+//! snapshot files, then rewrites the segments it shared with a live run into that room. Once
+//! retention has freed space, agents go on; after a power loss, with the disk still capped, the
+//! store opens whole. A dropped run without snapshots frees no room before the rewrites: on a
+//! disk without a free byte only a ballast (`StoreBuilder::ballast_bytes`) gets them going.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -171,5 +173,61 @@ fn the_reserve_is_for_freeing_space_only_and_runs_out_with_a_typed_error() {
     for (n, run) in pending.iter().enumerate() {
         let status = store.run_status(*run).expect("a run");
         assert_eq!(status == continuum::RunStatus::Running, n >= finished, "pending-{n}: {status:?}");
+    }
+}
+
+#[test]
+fn a_ballast_lets_retention_free_space_when_not_a_byte_is_left() {
+    // The dropped run has no snapshots, so deleting them frees nothing: on a disk without a
+    // free byte, the round's rewrites of the segments it shared with the live run need room
+    // only the ballast can give.
+    for ballast in [0, SEGMENT_BYTES] {
+        let context = format!("ballast of {ballast} bytes");
+        let sim = SimStorage::new(21);
+        let open = |sim: &SimStorage| {
+            Store::builder(Path::new("/store"))
+                .storage(Arc::new(sim.process()))
+                .segment_bytes(SEGMENT_BYTES)
+                .snapshot_policy(SnapshotPolicy::NEVER)
+                .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
+                .compaction(CompactionPolicy { interval: None, ..CompactionPolicy::default() })
+                .index_checkpoint_after(u64::MAX)
+                .ballast_bytes(ballast)
+                .background(false)
+                .open()
+        };
+        let ballast_len =
+            |sim: &SimStorage| sim.file_bytes(Path::new("/store/ballast")).map(|bytes| bytes.len() as u64);
+        let store = open(&sim).expect("open");
+        assert_eq!(ballast_len(&sim), (ballast > 0).then_some(ballast), "{context}: set aside at open");
+        let (old, live, mut acked) = fill(&sim, &store);
+        sim.set_capacity(Some(sim.used_bytes()));
+        store.finish_run(old, true, "").unwrap_or_else(|e| panic!("{context}: finish: {e}"));
+        std::thread::sleep(Duration::from_micros(2));
+        let round = store.compact();
+        if ballast == 0 {
+            // Stuck until space is freed outside, with a typed error and nothing lost.
+            no_space(round, "a round without a ballast");
+            no_space(store.compact(), "the next round without a ballast");
+            no_space(acked.record(&store, live), "an atom");
+            acked.check(&store, &context);
+            continue;
+        }
+        let report = round.unwrap_or_else(|e| panic!("{context}: the round: {e}"));
+        assert_eq!(report.runs_dropped, 1, "{context}: {report:?}");
+        assert!(report.segments_rewritten > 0, "{context}: {report:?}");
+        assert_eq!(ballast_len(&sim), None, "{context}: given back");
+        for _ in 0..20 {
+            acked.record(&store, live).unwrap_or_else(|e| panic!("{context}: after the round: {e}"));
+        }
+        acked.check(&store, &context);
+        // A power loss; the next open sets the ballast aside again once there is room.
+        sim.crash(CrashDamage::ALL[0]);
+        drop(store);
+        sim.set_capacity(None);
+        let store = open(&sim).unwrap_or_else(|e| panic!("{context}: reopen: {e}"));
+        assert_eq!(ballast_len(&sim), Some(ballast), "{context}: set aside again");
+        acked.check(&store, &format!("{context}, reopened"));
+        assert!(store.run_id("old").is_none(), "{context}: the dropped run came back");
     }
 }

@@ -241,36 +241,54 @@ impl Store {
             }
             // IMPORTANT: no index checkpoint may outlive a change to the records it covers.
             self.shared.remove_index_checkpoint()?;
-            let mut stripped = 0;
-            let rewrite = self.shared.log.rewrite_segment_with(Lsn::new(tally.first_lsn), options, |lsn, bytes| {
-                // A long compressed rewrite gives way to a closing store (the original stays).
-                if closing() {
-                    return Err(Error::Closed);
-                }
-                // A burst that starts meanwhile has the rewrite wait for its end (the original
-                // stays if it does not end in time).
-                if lull_only && burst.burst(next_lsn, Instant::now()) {
-                    let paused = Instant::now();
-                    if !wait_for_lull(next_lsn, paused + pause_budget, &self.shared.closing) {
-                        deferred_midway = !closing();
+            let mut stripped;
+            // A rewrite that runs out of space is tried once more after the ballast (if any) is
+            // given back.
+            let mut ballast_released = false;
+            let rewrite = loop {
+                stripped = 0;
+                let rewrite = self.shared.log.rewrite_segment_with(Lsn::new(tally.first_lsn), options, |lsn, bytes| {
+                    // A long compressed rewrite gives way to a closing store (the original stays).
+                    if closing() {
                         return Err(Error::Closed);
                     }
-                    pause_budget = pause_budget.saturating_sub(paused.elapsed());
-                    burst = BurstWatch::new(next_lsn(), Instant::now());
-                }
-                let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
-                checkpoint.note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
-                stripped += u64::from(matches!(decision, Rewrite::Replace(_)));
-                match decision {
-                    // Cold compression stores records plain, to compress them together.
-                    Rewrite::Keep if options.compression.is_some() => {
-                        let plain =
-                            self.shared.codec.plain(bytes).map_err(|source| Error::Codec { lsn: lsn.get(), source })?;
-                        Ok(plain.map_or(Rewrite::Keep, Rewrite::Replace))
+                    // A burst that starts meanwhile has the rewrite wait for its end (the original
+                    // stays if it does not end in time).
+                    if lull_only && burst.burst(next_lsn, Instant::now()) {
+                        let paused = Instant::now();
+                        if !wait_for_lull(next_lsn, paused + pause_budget, &self.shared.closing) {
+                            deferred_midway = !closing();
+                            return Err(Error::Closed);
+                        }
+                        pause_budget = pause_budget.saturating_sub(paused.elapsed());
+                        burst = BurstWatch::new(next_lsn(), Instant::now());
                     }
-                    decision => Ok(decision),
+                    let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
+                    checkpoint.note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
+                    stripped += u64::from(matches!(decision, Rewrite::Replace(_)));
+                    match decision {
+                        // Cold compression stores records plain, to compress them together.
+                        Rewrite::Keep if options.compression.is_some() => {
+                            let plain = self
+                                .shared
+                                .codec
+                                .plain(bytes)
+                                .map_err(|source| Error::Codec { lsn: lsn.get(), source })?;
+                            Ok(plain.map_or(Rewrite::Keep, Rewrite::Replace))
+                        }
+                        decision => Ok(decision),
+                    }
+                });
+                match rewrite {
+                    Err(Error::NoSpace { op, path }) if !ballast_released && self.shared.release_ballast() => {
+                        tracing::warn!(op, path = %path.display(), "compaction ran out of space: the ballast is given back");
+                        ballast_released = true;
+                        // The notes describe a rewrite that did not happen.
+                        checkpoint.dropped = true;
+                    }
+                    rewrite => break rewrite,
                 }
-            });
+            };
             let rewrite = match rewrite {
                 Err(Error::Closed) if closing() => {
                     // Its notes describe a rewrite that did not happen.

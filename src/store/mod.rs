@@ -10,6 +10,7 @@
 mod atom_table;
 mod atoms;
 mod background;
+mod ballast;
 mod checkpoint;
 mod compaction;
 mod guard;
@@ -131,6 +132,17 @@ impl StoreBuilder {
         self
     }
 
+    /// Sets aside `bytes` of disk in the store's directory (a file named `ballast`), given back
+    /// when a compaction round runs out of space, so that retention can free space even on a
+    /// disk with not a byte left: the round rewrites the segments a dropped run shared with
+    /// live ones, and each rewrite needs room for the records it keeps until it replaces the
+    /// original. A segment's size ([`StoreBuilder::segment_bytes`]) always suffices. Default 0:
+    /// no ballast. Once given back, it is made again at the next open that finds the room.
+    pub fn ballast_bytes(mut self, bytes: u64) -> Self {
+        self.policies.ballast_bytes = bytes;
+        self
+    }
+
     /// Whether a background thread writes policy snapshots and runs compaction (default:
     /// yes). Without it, policy snapshots are written by the thread that completes the atom,
     /// and compaction runs only when [`Store::compact`] is called.
@@ -163,6 +175,7 @@ impl StoreBuilder {
             (log, read)
         });
         let shared = Arc::new(Shared::new(log?, self.policies, false, Some(checkpoint))?);
+        shared.ensure_ballast();
         let checkpoint_writer = Mutex::new(Shared::write_pending_checkpoint(&shared));
         let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
         Ok(Store { worker, shared, owner: true, checkpoint_writer })
@@ -216,6 +229,37 @@ impl Shared {
 }
 
 impl Shared {
+    /// Sets the ballast aside if the store has one configured and the disk has the room (best
+    /// effort: without it the store works as before).
+    fn ensure_ballast(&self) {
+        let bytes = self.policies.ballast_bytes;
+        if bytes == 0 {
+            return;
+        }
+        match ballast::ensure(self.log.storage().as_ref(), self.log.dir(), bytes) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(bytes, "no room for the ballast: a full disk may keep compaction from freeing space")
+            }
+            Err(error) => tracing::warn!(%error, "the ballast was not set aside"),
+        }
+    }
+
+    /// Gives the ballast back (a compaction round ran out of space); returns whether there was
+    /// one to give.
+    pub(crate) fn release_ballast(&self) -> bool {
+        if self.policies.ballast_bytes == 0 {
+            return false;
+        }
+        match ballast::release(self.log.storage().as_ref(), self.log.dir()) {
+            Ok(released) => released,
+            Err(error) => {
+                tracing::warn!(%error, "the ballast could not be given back");
+                false
+            }
+        }
+    }
+
     /// Syncs the snapshot directory if a policy snapshot's name is not durable yet, or always
     /// (`always`: after writing an explicit snapshot or deleting snapshots). A compaction round
     /// calls it first, so that the snapshots it relies on are durable; so does a clean close.

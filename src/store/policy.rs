@@ -104,6 +104,8 @@ pub(crate) struct Policies {
     pub index_checkpoint_after: u64,
     /// The smallest record body compressed as it is appended.
     pub compress_records_from: usize,
+    /// The ballast's size (`store::ballast`); 0: none.
+    pub ballast_bytes: u64,
 }
 
 impl Default for Policies {
@@ -114,6 +116,7 @@ impl Default for Policies {
             compaction: CompactionPolicy::default(),
             index_checkpoint_after: crate::store::checkpoint::MIN_NEW_RECORDS,
             compress_records_from: crate::limits::COMPRESSION_MIN_BYTES,
+            ballast_bytes: 0,
         }
     }
 }
