@@ -66,8 +66,13 @@ fn spinning_waiters_stand_aside_when_other_work_holds_the_cpu() {
     // Without the hold-off, spinning was about 30 times slower than sleeping here; with it,
     // within 3x on a machine running nothing else, and up to 4x with one more busy loop
     // beside the test's (one run in twenty of the first bound failed there, session 16).
-    // The bound sits between, and the hold-off must have engaged.
-    assert!(hold_offs > 0, "spinning was never held off: {spinning:.0} against {sleeping:.0} appends/s");
+    // The bound sits between. The hold-off must have engaged unless the scheduler handed the
+    // yielding waiters the CPU in time anyway (once in CI, session 18: spinning 20,000 against
+    // 10,654 appends/s sleeping, and no yield came back late).
+    assert!(
+        hold_offs > 0 || spinning >= sleeping,
+        "spinning fell behind and was never held off: {spinning:.0} against {sleeping:.0} appends/s"
+    );
     assert!(
         spinning * 6.0 >= sleeping,
         "spinning waiters: {spinning:.0} appends/s ({hold_offs} hold-offs); sleeping waiters: {sleeping:.0} appends/s"
