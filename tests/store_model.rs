@@ -85,6 +85,17 @@ fn work() -> impl Strategy<Value = Action> {
     ]
 }
 
+impl Fails {
+    /// What the step's `ran`-th run returns.
+    fn outcome(self, ran: u32, output: &AtomOutput) -> Result<AtomOutput, AtomFailure> {
+        match self {
+            Fails::Once if ran == 1 => Err(AtomFailure { message: "timeout".into(), retryable: true }),
+            Fails::ForGood => Err(AtomFailure { message: "refused".into(), retryable: false }),
+            _ => Ok(output.clone()),
+        }
+    }
+}
+
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
         19 => work(),
@@ -139,7 +150,22 @@ struct Model {
     pinned: Vec<AtomId>,
 }
 
+impl ModelAtom {
+    /// A new atom of the agent's, completed with `output` if it is `Some`.
+    fn new(id: AtomId, agent: usize, key: String, output: Option<AtomOutput>) -> Self {
+        Self { id, agent, key, output, failed: false, retry: false, abandoned: false }
+    }
+}
+
 impl Model {
+    /// The agent's first completed atom still on its line: what a rollback goes back to and a
+    /// fork starts from.
+    fn first_completed(&self, run: usize, agent: usize) -> Option<(RunId, AtomId)> {
+        let (id, atoms) = self.runs.get(&run)?;
+        let atom = atoms.iter().find(|a| a.agent == agent && !a.abandoned && a.output.is_some())?;
+        Some((*id, atom.id))
+    }
+
     fn output(&mut self) -> AtomOutput {
         self.made += 1;
         AtomOutput { delta: Transcript::new(self.made).next_delta(200), result: self.made.to_le_bytes().to_vec() }
@@ -174,11 +200,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let mut ran = 0;
             let mut attempt = |_: AtomId| {
                 ran += 1;
-                match fails {
-                    Fails::Once if ran == 1 => Err(AtomFailure { message: "timeout".into(), retryable: true }),
-                    Fails::ForGood => Err(AtomFailure { message: "refused".into(), retryable: false }),
-                    _ => Ok(output.clone()),
-                }
+                fails.outcome(ran, &output)
             };
             let mut executed = store.execute(id, AGENTS[agent], &key, &parents, &mut attempt);
             if matches!(executed, Err(Error::AtomFailed { retryable: true, .. })) {
@@ -202,15 +224,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                         known.failed = true;
                         known.retry = false;
                     }
-                    None => atoms.push(ModelAtom {
-                        id: atom,
-                        agent,
-                        key,
-                        output: None,
-                        failed: true,
-                        retry: false,
-                        abandoned: false,
-                    }),
+                    None => atoms.push(ModelAtom { failed: true, ..ModelAtom::new(atom, agent, key, None) }),
                 }
                 return;
             }
@@ -240,15 +254,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                             atom.output = Some(output);
                             atom.retry = false;
                         }
-                        None => atoms.push(ModelAtom {
-                            id: executed.atom,
-                            agent,
-                            key,
-                            output: Some(output),
-                            failed: false,
-                            retry: false,
-                            abandoned: false,
-                        }),
+                        None => atoms.push(ModelAtom::new(executed.atom, agent, key, Some(output))),
                     }
                 }
             }
@@ -264,15 +270,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                 (Err(Error::AtomExists { atom }), Some(known)) => assert_eq!(atom, known.get()),
                 (Ok(atom), None) => {
                     let atoms = &mut model.runs.get_mut(&run).expect("run").1;
-                    atoms.push(ModelAtom {
-                        id: atom,
-                        agent,
-                        key,
-                        output: Some(output),
-                        failed: false,
-                        retry: false,
-                        abandoned: false,
-                    });
+                    atoms.push(ModelAtom::new(atom, agent, key, Some(output)));
                 }
                 (recorded, known) => panic!("record_atom of {key}: {recorded:?}, the model knows {known:?}"),
             }
@@ -283,12 +281,8 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             model.pinned.push(head);
         }
         Action::Rollback { run, agent } => {
-            let Some((id, atoms)) = model.runs.get_mut(&run) else { return };
-            let Some(to) = atoms.iter().find(|a| a.agent == agent && !a.abandoned && a.output.is_some()).map(|a| a.id)
-            else {
-                return;
-            };
-            let mut abandoned = match store.rollback(*id, AGENTS[agent], to, "model") {
+            let Some((id, to)) = model.first_completed(run, agent) else { return };
+            let mut abandoned = match store.rollback(id, AGENTS[agent], to, "model") {
                 Ok(abandoned) => abandoned,
                 // An atom retention reclaimed the history of (an agent's old atom) cannot be
                 // rolled back to; nothing changes.
@@ -299,6 +293,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                 Err(error) => panic!("rollback to {to}: {error}"),
             };
             let mut expected: Vec<AtomId> = Vec::new();
+            let atoms = &mut model.runs.get_mut(&run).expect("run").1;
             for atom in atoms.iter_mut().filter(|a| a.agent == agent && a.id > to && !a.abandoned) {
                 atom.abandoned = true;
                 expected.push(atom.id);
@@ -307,13 +302,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             assert_eq!(abandoned, expected, "the rollback abandons the agent's later atoms");
         }
         Action::Fork { run, agent } => {
-            let Some((id, atoms)) = model.runs.get(&run) else { return };
-            let Some(from) =
-                atoms.iter().find(|a| a.agent == agent && !a.abandoned && a.output.is_some()).map(|a| a.id)
-            else {
-                return;
-            };
-            let id = *id;
+            let Some((id, from)) = model.first_completed(run, agent) else { return };
             model.forks += 1;
             let key = format!("fork-{}", model.forks);
             let atom = match store.fork(id, AGENTS[agent], from, &key) {
@@ -327,15 +316,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let output = model.output();
             store.complete_atom(atom, &output).expect("complete the fork");
             let atoms = &mut model.runs.get_mut(&run).expect("run").1;
-            atoms.push(ModelAtom {
-                id: atom,
-                agent,
-                key,
-                output: Some(output),
-                failed: false,
-                retry: false,
-                abandoned: false,
-            });
+            atoms.push(ModelAtom::new(atom, agent, key, Some(output)));
         }
         Action::Drop { run } => {
             let Some((id, atoms)) = model.runs.remove(&run) else { return };
@@ -416,11 +397,7 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
                 let mut ran = 0;
                 let mut work = |_: AtomId| {
                     ran += 1;
-                    match fails {
-                        Fails::Once if ran == 1 => Err(AtomFailure { message: "timeout".into(), retryable: true }),
-                        Fails::ForGood => Err(AtomFailure { message: "refused".into(), retryable: false }),
-                        _ => Ok(output.clone()),
-                    }
+                    fails.outcome(ran, &output)
                 };
                 for _ in 0..2 {
                     match store.execute(id, AGENTS[agent], &key, &parents, &mut work) {
@@ -454,14 +431,11 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
             None => Attempt::Nothing,
         },
         Action::Rollback { run, agent } => {
-            let Some((id, atoms)) = model.runs.get(&run) else { return Attempt::Nothing };
-            let Some(to) = atoms.iter().find(|a| a.agent == agent && !a.abandoned && a.output.is_some()).map(|a| a.id)
-            else {
-                return Attempt::Nothing;
-            };
+            let Some((id, to)) = model.first_completed(run, agent) else { return Attempt::Nothing };
+            let atoms = &model.runs[&run].1;
             let expected: Vec<AtomId> =
                 atoms.iter().filter(|a| a.agent == agent && a.id > to && !a.abandoned).map(|a| a.id).collect();
-            match store.rollback(*id, AGENTS[agent], to, "model") {
+            match store.rollback(id, AGENTS[agent], to, "model") {
                 Ok(mut abandoned) => {
                     abandoned.sort_unstable();
                     assert_eq!(abandoned, expected, "the rollback abandons the agent's later atoms");
@@ -472,13 +446,7 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
             }
         }
         Action::Fork { run, agent } => {
-            let Some((id, atoms)) = model.runs.get(&run) else { return Attempt::Nothing };
-            let Some(from) =
-                atoms.iter().find(|a| a.agent == agent && !a.abandoned && a.output.is_some()).map(|a| a.id)
-            else {
-                return Attempt::Nothing;
-            };
-            let id = *id;
+            let Some((id, from)) = model.first_completed(run, agent) else { return Attempt::Nothing };
             model.forks += 1;
             let key = format!("fork-{}", model.forks);
             let output = model.output();
@@ -560,15 +528,7 @@ fn reconcile(store: &Store, model: &mut Model, attempt: Attempt) {
                 Some(index) => index,
                 None => {
                     assert!(atoms.iter().all(|a| a.id < atom), "{name}: a new atom {atom} older than the run's");
-                    atoms.push(ModelAtom {
-                        id: atom,
-                        agent,
-                        key,
-                        output: None,
-                        failed: false,
-                        retry: false,
-                        abandoned: false,
-                    });
+                    atoms.push(ModelAtom::new(atom, agent, key, None));
                     atoms.len() - 1
                 }
             };
@@ -619,7 +579,7 @@ fn reconcile(store: &Store, model: &mut Model, attempt: Attempt) {
                 _ => panic!("the fork {key}: {status:?} (completion acknowledged: {completed})"),
             };
             let atoms = &mut model.runs.get_mut(&run).expect("run").1;
-            atoms.push(ModelAtom { id: atom, agent, key, output, failed: false, retry: false, abandoned: false });
+            atoms.push(ModelAtom::new(atom, agent, key, output));
         }
         Attempt::Drop { run, acked } => {
             let id = model.runs.get(&run).expect("a dropped run").0;
