@@ -359,15 +359,7 @@ fn a_failed_io_call_while_opening_is_a_typed_error_and_the_next_open_finds_every
 /// maintenance failure, and the atoms after it are acknowledged without it. Returns the cases
 /// in which the dictionary's own append failed and the store went on.
 fn fail_calls_around_a_dictionary(trained_at: usize, atoms: usize, segment_bytes: u64) -> usize {
-    let open = |sim: &SimStorage| {
-        Store::builder(Path::new("/store"))
-            .storage(Arc::new(sim.clone()))
-            .segment_bytes(segment_bytes)
-            .compress_records_from(64)
-            .snapshot_policy(SnapshotPolicy::NEVER)
-            .background(false)
-            .open()
-    };
+    let open = |sim: &SimStorage| open_compressing(sim, segment_bytes);
     let dictionaries_first = |store: &Store, context: &str| {
         let mut logged = Vec::new();
         for item in store.log().iter_from(continuum::Lsn::FIRST).expect("iterate") {
@@ -387,10 +379,7 @@ fn fail_calls_around_a_dictionary(trained_at: usize, atoms: usize, segment_bytes
     };
     // Dictionaries logged before the one this trains.
     let before = usize::from(trained_at > limits::DICTIONARY_FIRST_SAMPLES);
-    let mut transcript = Transcript::new(4);
-    let outputs: Vec<AtomOutput> = (0..atoms)
-        .map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("r{i}").into_bytes() })
-        .collect();
+    let outputs = dictionary_outputs(atoms);
     let (mut unwritten, mut cases) = (0, 0);
     for nth in 1..=24 {
         let context = format!("ENOSPC on call #{nth} of completion {trained_at}");
@@ -447,26 +436,34 @@ fn fail_calls_around_a_dictionary(trained_at: usize, atoms: usize, segment_bytes
     unwritten
 }
 
+/// The store of the dictionary cases: records compressed as they are appended (so that the
+/// dictionaries are trained and used), no snapshots, no background thread.
+fn open_compressing(sim: &SimStorage, segment_bytes: u64) -> continuum::Result<Store> {
+    Store::builder(Path::new("/store"))
+        .storage(Arc::new(sim.clone()))
+        .segment_bytes(segment_bytes)
+        .compress_records_from(64)
+        .snapshot_policy(SnapshotPolicy::NEVER)
+        .background(false)
+        .open()
+}
+
+/// The dictionary cases' atoms: `atoms` outputs of 500-byte deltas.
+fn dictionary_outputs(atoms: usize) -> Vec<AtomOutput> {
+    let mut transcript = Transcript::new(4);
+    (0..atoms).map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("r{i}").into_bytes() }).collect()
+}
+
 /// The first segment size from `around` up (in steps of 1 KiB) at which the dictionary that
 /// completion `trained_at` trains opens a new segment, found by running the workload without
 /// failures: only a failure to prepare a new segment leaves the log unpoisoned, so only then
 /// can the store go on without the dictionary. (Where segments end depends on every record
 /// before, so a fixed size would stop hitting it whenever the layout changes.)
 fn segment_bytes_rotating_at_the_dictionary(trained_at: usize, around: u64) -> u64 {
-    let mut transcript = Transcript::new(4);
-    let outputs: Vec<AtomOutput> = (0..trained_at)
-        .map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("r{i}").into_bytes() })
-        .collect();
+    let outputs = dictionary_outputs(trained_at);
     for segment_bytes in (around..around + 64 * 1024).step_by(1024) {
         let sim = SimStorage::new(SEED);
-        let store = Store::builder(Path::new("/store"))
-            .storage(Arc::new(sim.clone()))
-            .segment_bytes(segment_bytes)
-            .compress_records_from(64)
-            .snapshot_policy(SnapshotPolicy::NEVER)
-            .background(false)
-            .open()
-            .expect("open");
+        let store = open_compressing(&sim, segment_bytes).expect("open");
         let run = store.create_run(RunSpec::new("r")).expect("run");
         let mut parent: Option<AtomId> = None;
         for (i, output) in outputs.iter().enumerate() {
