@@ -67,7 +67,7 @@ pub use codec::proto::Delta;
 pub use config::{Config, Durability, RecoveryMode};
 pub use context::{Context, KeyedValues};
 pub use error::{CorruptionKind, Error, Result};
-pub use log::{FrameCompression, Log, LogBuilder, Lsn, LsnRange, RecoveryReport, RewriteOptions};
+pub use log::{FrameCompression, Log, LogBuilder, Lsn, LsnRange, RecoveryReport, RewriteOptions, StreamKey};
 pub use metrics::MetricsSnapshot;
 pub use store::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, CompactionReport, Executed,

@@ -171,9 +171,17 @@ impl Log {
             compressed: header.compressed,
             ..meta
         };
+        // Every rewrite moves frames, so the stream index's offsets into it change.
+        let reindex = self.streams().is_some().then(|| rewritten.clone());
         let mut index = self.inner.index.write();
         if let Some(slot) = index.segments.iter_mut().find(|m| m.first_lsn == rewritten.first_lsn) {
             *slot = rewritten;
+        }
+        drop(index);
+        // After the swap, so that a query catching up meanwhile reads the new segment, and
+        // after this reindex the stream index holds what it holds.
+        if let (Some(streams), Some(rewritten)) = (self.streams(), reindex) {
+            streams.reindex(&rewritten);
         }
         Ok(report)
     }

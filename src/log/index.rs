@@ -84,6 +84,8 @@ impl SegmentMeta {
 /// A verified frame of [`FrameCursor::next_frame`].
 #[derive(Debug)]
 pub(crate) struct FrameAt {
+    /// The frame's offset in its segment.
+    pub offset: u64,
     pub first_lsn: u64,
     pub record_count: u32,
     /// The payload's range in [`FrameCursor::source`].
@@ -175,7 +177,22 @@ impl FrameCursor {
             }
         };
         self.pos += header.frame_len() as u64;
-        Ok(Some(FrameAt { first_lsn: header.first_lsn, record_count: header.record_count, payload }))
+        Ok(Some(FrameAt { offset: pos, first_lsn: header.first_lsn, record_count: header.record_count, payload }))
+    }
+
+    /// Moves to the frame at `offset` (forward or back), which the caller took from an earlier
+    /// read of this segment; [`FrameCursor::peek_header`] then verifies that a frame is there.
+    pub fn jump_to(&mut self, offset: u64) {
+        if offset < self.window_start || offset >= self.window_start + self.window.len() as u64 {
+            self.window_bytes = READ_WINDOW_BYTES_MIN;
+        }
+        self.pos = offset;
+    }
+
+    /// Moves (forward or back) to the last indexed frame at or before `lsn`.
+    pub fn rewind_to(&mut self, lsn: u64) {
+        let offset = self.meta.seek_offset(lsn);
+        self.jump_to(offset);
     }
 
     /// Moves forward to the last indexed frame at or before `lsn`, if that lies past the

@@ -172,6 +172,16 @@ pub(crate) fn visit(
     to: u64,
     mut visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
 ) -> Result<()> {
+    visit_framed(segments, from, to, |lsn, _, record| visit(lsn, record))
+}
+
+/// [`visit`], also telling `visit` the offset in its segment of each record's frame.
+pub(crate) fn visit_framed(
+    segments: Vec<SegmentMeta>,
+    from: u64,
+    to: u64,
+    mut visit: impl FnMut(u64, u64, RecordRef<'_>) -> Result<bool>,
+) -> Result<()> {
     for meta in segments.into_iter().filter(|meta| meta.next_lsn > from) {
         if meta.first_lsn > to {
             break;
@@ -182,7 +192,7 @@ pub(crate) fn visit(
                 if lsn > to {
                     return Ok(false);
                 }
-                if lsn >= from { visit(lsn, record) } else { Ok(true) }
+                if lsn >= from { visit(lsn, frame.offset, record) } else { Ok(true) }
             })?;
             if !go_on {
                 return Ok(());
@@ -241,6 +251,69 @@ pub(crate) fn visit_lsns(
             if !go_on {
                 return Ok(visited);
             }
+        }
+    }
+    Ok(visited)
+}
+
+/// [`visit_lsns`] for records whose frames' offsets are known: `frames[i]` is the offset in its
+/// segment of the frame that held `lsns[i]` when it was indexed. The cursor jumps straight to
+/// each frame instead of walking the frames before it; a frame not found there (the segment
+/// was rewritten since) is looked for as [`visit_lsns`] looks, so a stale offset costs time,
+/// never a wrong or missing record.
+pub(crate) fn visit_at(
+    segments: Vec<SegmentMeta>,
+    lsns: &[u64],
+    frames: &[u32],
+    mut visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
+) -> Result<usize> {
+    debug_assert_eq!(lsns.len(), frames.len());
+    let mut wanted = lsns.iter().copied().zip(frames.iter().copied()).peekable();
+    let mut visited = 0;
+    for meta in segments {
+        while wanted.next_if(|(lsn, _)| *lsn < meta.first_lsn).is_some() {}
+        let Some(&(first, _)) = wanted.peek() else { break };
+        if first >= meta.next_lsn {
+            continue;
+        }
+        let segment_end = meta.next_lsn;
+        let mut cursor = FrameCursor::seek(meta, first);
+        while let Some(&(lsn, offset)) = wanted.peek().filter(|(lsn, _)| *lsn < segment_end) {
+            cursor.jump_to(u64::from(offset));
+            let here =
+                matches!(cursor.peek_header(), Ok(Some(header)) if header.first_lsn <= lsn && lsn < header.next_lsn());
+            if !here {
+                // Stale: find the frame from the sparse index, as `visit_lsns` does.
+                cursor.rewind_to(lsn);
+                while let Some(header) = cursor.peek_header()? {
+                    if header.next_lsn() > lsn {
+                        break;
+                    }
+                    cursor.skip_frame(&header);
+                }
+            }
+            match cursor.peek_header()? {
+                Some(header) if header.first_lsn <= lsn => {}
+                // In no frame: dropped by a rewrite, or in a range recovery skipped.
+                _ => {
+                    wanted.next();
+                    continue;
+                }
+            }
+            let Some(frame) = cursor.next_frame()? else { break };
+            let go_on = frame_records(&cursor, &frame, |at, record| {
+                if wanted.next_if(|(lsn, _)| *lsn == at).is_none() {
+                    return Ok(true);
+                }
+                visited += 1;
+                visit(at, record)
+            })?;
+            if !go_on {
+                return Ok(visited);
+            }
+            // A frame's LSNs are contiguous, so it held `lsn`; were it not so, `lsn` is passed
+            // over rather than looked for again.
+            wanted.next_if(|(next, _)| *next == lsn);
         }
     }
     Ok(visited)

@@ -10,6 +10,7 @@ mod iter;
 pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod segment;
+mod streams;
 mod writer;
 
 use std::fmt;
@@ -28,6 +29,7 @@ use crate::storage::{DirLock, FileStorage, Storage};
 
 use index::SegmentIndex;
 use record::EncodedBatch;
+use streams::Streams;
 use writer::Writer;
 
 pub use compact::{
@@ -36,6 +38,7 @@ pub use compact::{
 pub(crate) use iter::{HeldRange, HeldSources};
 pub use iter::{LogIter, RecordRef};
 pub use recovery::{InvalidRange, RecoveryReport};
+pub use streams::StreamKey;
 
 /// Name of the lock file inside a store directory.
 pub const LOCK_FILE_NAME: &str = "LOCK";
@@ -138,6 +141,7 @@ pub struct LogBuilder {
     config: Config,
     storage: Arc<dyn Storage>,
     metrics_enabled: bool,
+    stream_key: Option<StreamKey>,
 }
 
 impl LogBuilder {
@@ -177,6 +181,40 @@ impl LogBuilder {
         self
     }
 
+    /// Indexes the log by stream: `key_of` names the stream each record belongs to (an agent,
+    /// a Raft group), and [`Log::visit_stream`] then reads one stream's records without
+    /// reading the others'. The index lives in memory only (8 to 16 bytes per record of a
+    /// stream): it is built from every record when the log opens, sealed segments read in
+    /// parallel, and catches up with new records at each query, so appends pay nothing for it
+    /// ("Streams" in docs/ARCHITECTURE.md).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Each record starts with its agent's number.
+    /// fn agent(record: &[u8]) -> Option<u64> {
+    ///     record.first().map(|agent| u64::from(*agent))
+    /// }
+    /// let dir = tempfile::tempdir()?;
+    /// let log = continuum::Log::builder(dir.path()).stream_key(agent).open()?;
+    /// for (agent, step) in [(1u8, b'a'), (2, b'x'), (1, b'b'), (2, b'y')] {
+    ///     log.append(&[agent, step])?;
+    /// }
+    /// drop(log);
+    /// let log = continuum::Log::builder(dir.path()).stream_key(agent).open()?;
+    /// let mut steps = Vec::new();
+    /// log.visit_stream(1, continuum::Lsn::FIRST, |_, record| {
+    ///     steps.push(record.bytes()[1]);
+    ///     Ok(true)
+    /// })?;
+    /// assert_eq!(steps, b"ab");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn stream_key(mut self, key_of: StreamKey) -> Self {
+        self.stream_key = Some(key_of);
+        self
+    }
+
     /// The file system to use instead of the real one (tests use
     /// [`SimStorage`](crate::storage::sim::SimStorage)).
     pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
@@ -192,7 +230,7 @@ impl LogBuilder {
     /// [`Error::Corruption`] when recovery finds damage its mode does not tolerate, and
     /// [`Error::Io`] / [`Error::NoSpace`] from the file system.
     pub fn open(self) -> Result<Log> {
-        Log::open_with(self.storage, self.dir, self.config, self.metrics_enabled)
+        Log::open_with(self.storage, self.dir, self.config, self.metrics_enabled, self.stream_key)
     }
 
     /// The directory and storage the log will open (for reading the store's other files while
@@ -215,7 +253,7 @@ impl LogBuilder {
     /// [`Error::InvalidConfig`], [`Error::Corruption`] for damage the mode does not tolerate,
     /// and [`Error::Io`] (`NotFound` when `dir` holds no segment).
     pub fn open_read_only(self) -> Result<Log> {
-        recovery::read_only::open(self.storage, self.dir, self.config, self.metrics_enabled)
+        recovery::read_only::open(self.storage, self.dir, self.config, self.metrics_enabled, self.stream_key)
     }
 
     /// Turns the metrics off (for measuring their cost; they are on by default).
@@ -244,6 +282,8 @@ struct Inner {
     stop: Mutex<bool>,
     stop_signal: Condvar,
     metrics: Arc<Metrics>,
+    /// The stream index, if the log was opened with a [`StreamKey`].
+    streams: Option<Streams>,
     _lock: DirLock,
 }
 
@@ -269,6 +309,7 @@ impl Log {
             config: Config::default(),
             storage: Arc::new(FileStorage::new()),
             metrics_enabled: true,
+            stream_key: None,
         }
     }
 
@@ -281,7 +322,13 @@ impl Log {
         Self::builder(dir).open_read_only()
     }
 
-    fn open_with(storage: Arc<dyn Storage>, dir: PathBuf, config: Config, metrics_enabled: bool) -> Result<Self> {
+    fn open_with(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        config: Config,
+        metrics_enabled: bool,
+        stream_key: Option<StreamKey>,
+    ) -> Result<Self> {
         let _span = tracing::info_span!("continuum.open", dir = %dir.display()).entered();
         config.validate()?;
         storage.create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
@@ -289,7 +336,7 @@ impl Log {
             std::io::ErrorKind::WouldBlock => Error::Locked { dir: dir.clone() },
             _ => Error::io("lock", &dir, e),
         })?;
-        let recovered = recovery::recover(storage.as_ref(), &dir, &config)?;
+        let recovered = recovery::recover(storage.as_ref(), &dir, &config, stream_key)?;
         Ok(Self::from_recovered(storage, dir, config, recovered, lock, Metrics::new(metrics_enabled), false))
     }
 
@@ -317,6 +364,7 @@ impl Log {
         );
         metrics.record_recovery(u64::from(report.torn_tail.is_some()), report.skipped.len() as u64);
         let metrics = Arc::new(metrics);
+        let streams = recovered.streams.map(|streams| Streams::new(streams, &recovered.index.segments));
         let index = Arc::new(RwLock::new(recovered.index));
         let writer = Writer::new(
             Arc::clone(&storage),
@@ -341,6 +389,7 @@ impl Log {
             stop: Mutex::new(false),
             stop_signal: Condvar::new(),
             metrics,
+            streams,
             _lock: lock,
         });
         let log = Log { inner, flusher: Mutex::new(None), flusher_started: std::sync::atomic::AtomicBool::new(false) };
@@ -475,6 +524,50 @@ impl Log {
         iter::visit_lsns(segments, lsns, visit)
     }
 
+    /// Calls `visit` with each record of the stream `key` (see [`LogBuilder::stream_key`]) at
+    /// or after `from`, in LSN order, until it returns `Ok(false)`, and returns how many it
+    /// visited. Only the frames holding the stream's records are read: the rest of the log is
+    /// stepped over as in [`Log::visit_lsns`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the log was opened without a stream key;
+    /// [`Error::Corruption`] if a frame read (or not yet indexed) no longer verifies; `visit`'s
+    /// errors.
+    pub fn visit_stream(
+        &self,
+        key: u64,
+        from: Lsn,
+        visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
+    ) -> Result<usize> {
+        let streams = self.inner.streams.as_ref().ok_or_else(streams::no_stream_key)?;
+        let segments = self.inner.index.read().segments.clone();
+        let stream = streams.stream(key, from.get(), &segments)?;
+        iter::visit_at(segments, &stream.lsns, &stream.frames, visit)
+    }
+
+    /// The LSNs of the stream `key`'s records at or after `from`, ascending (see
+    /// [`LogBuilder::stream_key`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the log was opened without a stream key;
+    /// [`Error::Corruption`] if a frame not yet indexed no longer verifies.
+    pub fn stream_lsns(&self, key: u64, from: Lsn) -> Result<Vec<u64>> {
+        let streams = self.inner.streams.as_ref().ok_or_else(streams::no_stream_key)?;
+        let segments = self.inner.index.read().segments.clone();
+        Ok(streams.stream(key, from.get(), &segments)?.lsns)
+    }
+
+    /// The keys of every stream the log holds a record of, ascending (see
+    /// [`LogBuilder::stream_key`]).
+    ///
+    /// # Errors
+    /// As [`Log::stream_lsns`].
+    pub fn stream_keys(&self) -> Result<Vec<u64>> {
+        let streams = self.inner.streams.as_ref().ok_or_else(streams::no_stream_key)?;
+        let segments = self.inner.index.read().segments.clone();
+        streams.keys(&segments)
+    }
+
     /// Iterates over the records from `lsn` (or from the oldest one, if `lsn` was truncated) to
     /// the newest record published when the iterator was created.
     ///
@@ -532,6 +625,9 @@ impl Log {
             let count = index.segments[..sealed].iter().take_while(|meta| meta.next_lsn <= lsn.get()).count();
             index.segments.drain(..count).collect::<Vec<_>>()
         };
+        if let (Some(streams), Some(last)) = (&self.inner.streams, victims.last()) {
+            streams.forget_below(last.next_lsn);
+        }
         for meta in &victims {
             let storage = self.inner.storage.as_ref();
             storage.remove_file(&meta.path).map_err(|e| Error::io("remove", meta.path.to_path_buf(), e))?;
@@ -560,6 +656,11 @@ impl Log {
     /// The live metrics, for the layers above to record into.
     pub(crate) fn metrics_handle(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The stream index, if the log was opened with a [`StreamKey`].
+    fn streams(&self) -> Option<&Streams> {
+        self.inner.streams.as_ref()
     }
 
     /// The file system the log writes through.

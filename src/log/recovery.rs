@@ -27,6 +27,7 @@ use crate::log::record::{
     self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_COMPRESSED_RECORDS, KIND_RECORDS,
 };
 use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader, TEMP_SUFFIX};
+use crate::log::streams::{self, StreamKey, StreamPart};
 use crate::storage::{OpenMode, ReadView, Storage, StorageFile, WriteMap};
 use rayon::prelude::*;
 
@@ -74,6 +75,23 @@ pub(crate) struct Recovered {
     pub index: SegmentIndex,
     pub active: ActiveState,
     pub report: RecoveryReport,
+    /// With a stream key: the streams of the segments recovery indexed as it read them.
+    pub streams: Option<RecoveredStreams>,
+}
+
+/// The stream index as far as recovery built it ("Streams" in docs/ARCHITECTURE.md).
+pub(crate) struct RecoveredStreams {
+    pub key_of: StreamKey,
+    /// The streams of every record below `indexed_to`.
+    pub part: StreamPart,
+    pub indexed_to: u64,
+}
+
+impl RecoveredStreams {
+    /// Nothing indexed yet: the stream index reads every record of the log itself.
+    pub fn unread(key_of: StreamKey) -> Self {
+        Self { key_of, part: StreamPart::default(), indexed_to: 0 }
+    }
 }
 
 /// What the writer needs to continue the last segment.
@@ -114,10 +132,19 @@ struct SegmentScan {
     skips: Vec<(u64, u64)>,
     lost_lsns: Vec<(u64, u64)>,
     tail: Tail,
+    /// With a stream key: the streams of the segment's valid frames, or `None` if a frame's
+    /// records could not be read for them (the stream index then reads this segment itself,
+    /// and reports why).
+    streams: Option<StreamPart>,
 }
 
 /// Recovers the log in `dir`, creating an empty log if there is none.
-pub(crate) fn recover(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recovered> {
+pub(crate) fn recover(
+    storage: &dyn Storage,
+    dir: &Path,
+    config: &Config,
+    stream_key: Option<StreamKey>,
+) -> Result<Recovered> {
     let started = Instant::now();
     let mut report = RecoveryReport::default();
     let names = storage.list_dir(dir).map_err(|e| Error::io("list directory", dir, e))?;
@@ -127,8 +154,11 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, config: &Config) -> Res
     report.segments = lsns.len();
     let mut recovered = match lsns.split_last() {
         None => create_first_segment(storage, dir, config)?,
-        Some((&last, sealed)) => recover_segments(storage, dir, config, sealed, last, &mut report)?,
+        Some((&last, sealed)) => recover_segments(storage, dir, config, stream_key, sealed, last, &mut report)?,
     };
+    if recovered.streams.is_none() {
+        recovered.streams = stream_key.map(RecoveredStreams::unread);
+    }
     report.first_lsn = recovered.index.first_lsn();
     report.next_lsn = recovered.active.next_lsn;
     report.duration = started.elapsed();
@@ -162,7 +192,7 @@ fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> R
     let active = ActiveState::new(header, created.path, created.file, SEGMENT_HEADER_BYTES as u64, 1);
     let mut index = SegmentIndex::default();
     index.segments.push(active_meta(&active, Vec::new(), Vec::new()));
-    Ok(Recovered { index, active, report: RecoveryReport::default() })
+    Ok(Recovered { index, active, report: RecoveryReport::default(), streams: None })
 }
 
 /// The index entry of the active segment. Readers read it through a live map when the storage
@@ -192,6 +222,7 @@ fn recover_segments(
     storage: &dyn Storage,
     dir: &Path,
     config: &Config,
+    stream_key: Option<StreamKey>,
     sealed: &[u64],
     last: u64,
     report: &mut RecoveryReport,
@@ -218,19 +249,30 @@ fn recover_segments(
     let scan_one = |(path, opened): &(PathBuf, Result<(ReadView, usize)>)| -> Option<Result<SegmentScan>> {
         let (view, written) = opened.as_ref().ok()?;
         let header = SegmentHeader::decode(view).ok()?;
-        Some(scan_segment(&view[..*written], &header, path, mode, false))
+        Some(scan_segment_indexed(&view[..*written], &header, path, mode, false, stream_key))
     };
     let scans: Vec<Option<Result<SegmentScan>>> = if opened.len() > 1 {
         opened.par_iter().map(scan_one).collect()
     } else {
         opened.iter().map(scan_one).collect()
     };
+    // The sealed segments' streams, merged in LSN order while every one was read whole.
+    let first = sealed.first().copied().unwrap_or(last);
+    let mut streams =
+        stream_key.map(|key_of| RecoveredStreams { key_of, part: StreamPart::default(), indexed_to: first });
     for ((&first_lsn, (path, opened)), scan) in sealed.iter().zip(opened).zip(scans) {
         let (view, _) = opened?;
         let header = check_header(&view, &path, first_lsn, previous, config.recovery_mode, report)?;
         // A header that checks out decoded above, so its segment was scanned.
-        let scan =
+        let mut scan =
             scan.ok_or_else(|| corruption(&path, 0, CorruptionKind::BadSegmentHeader { reason: "unreadable" }))??;
+        if let Some(recovered) = &mut streams
+            && let Some(part) = scan.streams.take()
+            && recovered.indexed_to == first_lsn
+        {
+            streams::merge(&mut recovered.part, part);
+            recovered.indexed_to = scan.next_lsn;
+        }
         let scan = settle_sealed_tail(scan, &path, config.recovery_mode, report)?;
         previous = Some((header, scan.next_lsn));
         index.segments.push(sealed_meta(header, &path, scan, SegmentBytes::mapped(view)));
@@ -244,7 +286,7 @@ fn recover_segments(
     let active = settle_last_tail(&scan, &header, &path, file, config.recovery_mode, report)?;
     report.records += scan.records;
     index.segments.push(active_meta(&active, scan.sparse, scan.skips));
-    Ok(Recovered { index, active, report: RecoveryReport::default() })
+    Ok(Recovered { index, active, report: RecoveryReport::default(), streams })
 }
 
 fn sealed_meta(header: SegmentHeader, path: &Path, scan: SegmentScan, bytes: SegmentBytes) -> SegmentMeta {
@@ -324,6 +366,20 @@ fn scan_segment(
     mode: RecoveryMode,
     is_last: bool,
 ) -> Result<SegmentScan> {
+    scan_segment_indexed(bytes, header, path, mode, is_last, None)
+}
+
+/// [`scan_segment`], also indexing the records of every valid frame by `stream_key`: the
+/// stream index is built in the same pass that verifies the frames ("Streams" in
+/// docs/ARCHITECTURE.md).
+fn scan_segment_indexed(
+    bytes: &[u8],
+    header: &SegmentHeader,
+    path: &Path,
+    mode: RecoveryMode,
+    is_last: bool,
+    stream_key: Option<StreamKey>,
+) -> Result<SegmentScan> {
     let mut scan = SegmentScan {
         next_lsn: header.first_lsn,
         data_end: SEGMENT_HEADER_BYTES as u64,
@@ -332,6 +388,7 @@ fn scan_segment(
         skips: Vec::new(),
         lost_lsns: Vec::new(),
         tail: Tail::Clean,
+        streams: stream_key.map(|_| StreamPart::default()),
     };
     let salt = header.salt();
     let mut at = SEGMENT_HEADER_BYTES;
@@ -350,6 +407,11 @@ fn scan_segment(
                 if last_indexed.is_none_or(|i| (at - i) as u64 >= limits::SPARSE_INDEX_STRIDE_BYTES) {
                     scan.sparse.push(SparseEntry { lsn: frame.first_lsn, offset: at as u64 });
                     last_indexed = Some(at);
+                }
+                if let (Some(key_of), Some(part)) = (stream_key, &mut scan.streams)
+                    && streams::index_frame(key_of, bytes, at, &frame, salt, part).is_err()
+                {
+                    scan.streams = None;
                 }
                 scan.records += u64::from(frame.record_count);
                 scan.next_lsn = frame.next_lsn();

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::RecoveredStreams;
 use super::{
     ActiveState, InvalidRange, Recovered, RecoveryReport, SegmentScan, Tail, active_meta, check_header, corruption,
     record_skips, scan_segment, sealed_meta, settle_sealed_tail,
@@ -24,9 +25,9 @@ use super::{
 use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::inspect::Problem;
-use crate::log::Log;
 use crate::log::index::{SegmentBytes, SegmentIndex};
 use crate::log::segment::{self, SegmentHeader};
+use crate::log::{Log, StreamKey};
 use crate::metrics::Metrics;
 use crate::storage::{DirLock, OpenMode, ReadOnlyStorage, Storage, StorageFile};
 
@@ -38,7 +39,13 @@ const RESCAN_PAUSE: Duration = Duration::from_millis(20);
 const LISTING_ATTEMPTS: usize = 3;
 
 /// Opens the log in `dir` read-only (see `LogBuilder::open_read_only`).
-pub(crate) fn open(storage: Arc<dyn Storage>, dir: PathBuf, config: Config, metrics_enabled: bool) -> Result<Log> {
+pub(crate) fn open(
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    config: Config,
+    metrics_enabled: bool,
+    stream_key: Option<StreamKey>,
+) -> Result<Log> {
     let _span = tracing::info_span!("continuum.open_read_only", dir = %dir.display()).entered();
     config.validate()?;
     let storage: Arc<dyn Storage> = Arc::new(ReadOnlyStorage::new(storage));
@@ -48,6 +55,8 @@ pub(crate) fn open(storage: Arc<dyn Storage>, dir: PathBuf, config: Config, metr
     }
     // No lock: a read-only handle never conflicts with the writer or with another reader.
     let no_lock = DirLock::new(Box::new(()));
+    let mut recovered = recovered;
+    recovered.streams = stream_key.map(RecoveredStreams::unread);
     Ok(Log::from_recovered(storage, dir, config, recovered, no_lock, Metrics::new(metrics_enabled), true))
 }
 
@@ -120,7 +129,7 @@ fn recover_once(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Re
     index.segments.push(active_meta(&active, scan.sparse, scan.skips));
     report.first_lsn = index.first_lsn();
     report.next_lsn = active.next_lsn;
-    Ok(Recovered { index, active, report })
+    Ok(Recovered { index, active, report, streams: None })
 }
 
 /// Scans the last segment, again while it looks damaged (a concurrent writer may have been
