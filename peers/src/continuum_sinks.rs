@@ -17,8 +17,9 @@ use crate::{AGENTS_MAX, AtomRef, AtomSink, Error, Mode, Result, Resumed, agent_n
 
 const LOG: &str = "continuum log";
 
-/// continuum's raw log: each atom one record (agent, atom id, delta). It has no index by
-/// agent, so resuming an agent reads the whole log.
+/// continuum's raw log: each atom one record (agent, atom id, delta), each agent its own
+/// stream ([`continuum::LogBuilder::stream_key`]: an index by agent in memory, built when the
+/// log opens), so resuming an agent reads only its records.
 pub(crate) struct LogSink {
     log: Log,
 }
@@ -32,13 +33,14 @@ impl LogSink {
             Mode::Buffered => Durability::Buffered,
             Mode::Load => Durability::None,
         };
-        Ok(Self { log: Log::builder(dir).durability(durability).open()? })
+        Ok(Self { log: Log::builder(dir).durability(durability).stream_key(agent_stream).open()? })
     }
 
     /// The log of workload 6's at-rest sample: loaded without waiting for the disk, as the
     /// data set is, in 8 MiB segments so that the sample seals several (as the store's does).
     pub(crate) fn open_at_rest(dir: &Path) -> Result<Self> {
-        Ok(Self { log: Log::builder(dir).segment_bytes(8 << 20).durability(Durability::None).open()? })
+        let builder = Log::builder(dir).segment_bytes(8 << 20).durability(Durability::None);
+        Ok(Self { log: builder.stream_key(agent_stream).open()? })
     }
 
     /// Rewrites every sealed segment with compressed frames, with the store's cold-compression
@@ -69,15 +71,21 @@ impl AtomSink for LogSink {
     }
 
     fn resume(&self, agent: u32) -> Result<Resumed> {
-        let mut atoms = 0;
-        for item in self.log.iter_from(Lsn::FIRST)? {
-            let (_, record) = item?;
-            if framed_agent(&record) == Some(agent) {
-                std::hint::black_box(decode_framed(LOG, &record)?);
-                atoms += 1;
+        let mut decoded = Ok(());
+        let atoms = self.log.visit_stream(u64::from(agent), Lsn::FIRST, |_, record| {
+            match decode_framed(LOG, record.bytes()) {
+                Ok(delta) => {
+                    std::hint::black_box(delta);
+                    Ok(true)
+                }
+                Err(error) => {
+                    decoded = Err(error);
+                    Ok(false)
+                }
             }
-        }
-        Ok(Resumed { atoms })
+        })?;
+        decoded?;
+        Ok(Resumed { atoms: atoms as u64 })
     }
 
     fn used_bytes(&self) -> Result<Option<u64>> {
@@ -88,6 +96,11 @@ impl AtomSink for LogSink {
         self.log.close()?;
         Ok(())
     }
+}
+
+/// The stream of a log record: its agent.
+fn agent_stream(record: &[u8]) -> Option<u64> {
+    framed_agent(record).map(u64::from)
 }
 
 /// Bytes of a continuum directory that hold data: every file's length, less the preallocated
