@@ -322,3 +322,61 @@ fn read_only_streams_and_truncated_keys() {
     check_streams(&log, "after the truncation");
     assert_eq!(log.stream_keys().expect("keys"), vec![0, 1], "stream 3 was truncated away");
 }
+
+/// A stream longer than the part `visit_stream` looks up at a time (16,384 records): visited
+/// whole and in order, from its middle, stopped past a part's end by its visitor; records
+/// appended to it during a visit (by the visitor itself) are not visited, so the visit ends.
+#[test]
+fn long_streams_are_visited_in_parts() {
+    const LONG: u32 = 40_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = Log::builder(dir.path()).stream_key(stream_of).open().expect("open");
+    for serial in 0..LONG {
+        log.append_with(&record(1, serial, 8), Durability::None).expect("append");
+        if serial % 4 == 0 {
+            log.append_with(&record(2, serial, 8), Durability::None).expect("append");
+        }
+    }
+    let serial_of = |record: &[u8]| u32::from_le_bytes(record[1..5].try_into().expect("four bytes"));
+    let mut want = 0;
+    let visited = log
+        .visit_stream(1, Lsn::FIRST, |_, record| {
+            assert_eq!(serial_of(record.bytes()), want, "in order");
+            want += 1;
+            Ok(true)
+        })
+        .expect("visit");
+    assert_eq!((visited, want), (LONG as usize, LONG));
+
+    let lsns = log.stream_lsns(1, Lsn::FIRST).expect("lsns");
+    let middle = lsns[LONG as usize / 2 - 7];
+    let mut first = None;
+    let visited = log
+        .visit_stream(1, Lsn::new(middle), |lsn, _| {
+            first.get_or_insert(lsn);
+            Ok(true)
+        })
+        .expect("visit from the middle");
+    assert_eq!((visited, first), (LONG as usize / 2 + 7, Some(middle)));
+
+    let mut seen = 0;
+    let visited = log
+        .visit_stream(1, Lsn::FIRST, |_, _| {
+            seen += 1;
+            Ok(seen < 20_000)
+        })
+        .expect("visit stopped");
+    assert_eq!((visited, seen), (20_000, 20_000), "the visitor stopped it past the first part");
+
+    let mut appended = 0;
+    let visited = log
+        .visit_stream(1, Lsn::FIRST, |_, _| {
+            log.append_with(&record(1, LONG + appended, 8), Durability::None)?;
+            appended += 1;
+            assert!(appended <= LONG, "the visit went on into the records it appended");
+            Ok(true)
+        })
+        .expect("visit while appending");
+    assert_eq!(visited, LONG as usize, "only the records there when the visit began");
+    assert_eq!(log.stream_lsns(1, Lsn::FIRST).expect("lsns").len(), 2 * LONG as usize);
+}

@@ -40,6 +40,9 @@ pub use iter::{LogIter, RecordRef};
 pub use recovery::{InvalidRange, RecoveryReport};
 pub use streams::StreamKey;
 
+/// Records of a stream [`Log::visit_stream`] looks up at a time (12 bytes each).
+const STREAM_VISIT_CHUNK: usize = 16 * 1024;
+
 /// Name of the lock file inside a store directory.
 pub const LOCK_FILE_NAME: &str = "LOCK";
 
@@ -526,8 +529,10 @@ impl Log {
 
     /// Calls `visit` with each record of the stream `key` (see [`LogBuilder::stream_key`]) at
     /// or after `from`, in LSN order, until it returns `Ok(false)`, and returns how many it
-    /// visited. Only the frames holding the stream's records are read: the rest of the log is
-    /// stepped over as in [`Log::visit_lsns`].
+    /// visited. Each record is read straight from its frame (whose offset the index keeps),
+    /// and verified; the rest of the log is not read. The records are those the log held when
+    /// the call began (records appended meanwhile, even by `visit`, are not visited), looked
+    /// up 16,384 at a time, so that a long stream's visit holds little memory.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] if the log was opened without a stream key;
@@ -537,12 +542,28 @@ impl Log {
         &self,
         key: u64,
         from: Lsn,
-        visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
+        mut visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
     ) -> Result<usize> {
         let streams = self.inner.streams.as_ref().ok_or_else(streams::no_stream_key)?;
-        let segments = self.inner.index.read().segments.clone();
-        let stream = streams.stream(key, from.get(), &segments)?;
-        iter::visit_at(segments, &stream.lsns, &stream.frames, visit)
+        let until = self.inner.index.read().next_lsn();
+        let (mut from, mut visited, stopped) = (from.get(), 0, std::cell::Cell::new(false));
+        let mut visit = |lsn, record: RecordRef<'_>| {
+            let go_on = visit(lsn, record)?;
+            stopped.set(!go_on);
+            Ok(go_on)
+        };
+        // A bounded part of the stream at a time, so that a long stream's visit holds little
+        // memory; records appended meanwhile (at or after `until`) are not visited.
+        loop {
+            let segments = self.inner.index.read().segments.clone();
+            let part = streams.stream(key, from..until, STREAM_VISIT_CHUNK, &segments)?;
+            let Some(&last) = part.lsns.last() else { return Ok(visited) };
+            visited += iter::visit_at(segments, &part.lsns, &part.frames, &mut visit)?;
+            if stopped.get() || part.lsns.len() < STREAM_VISIT_CHUNK {
+                return Ok(visited);
+            }
+            from = last + 1;
+        }
     }
 
     /// The LSNs of the stream `key`'s records at or after `from`, ascending (see
@@ -554,7 +575,7 @@ impl Log {
     pub fn stream_lsns(&self, key: u64, from: Lsn) -> Result<Vec<u64>> {
         let streams = self.inner.streams.as_ref().ok_or_else(streams::no_stream_key)?;
         let segments = self.inner.index.read().segments.clone();
-        Ok(streams.stream(key, from.get(), &segments)?.lsns)
+        Ok(streams.stream(key, from.get()..u64::MAX, usize::MAX, &segments)?.lsns)
     }
 
     /// The keys of every stream the log holds a record of, ascending (see

@@ -118,10 +118,11 @@ impl Stream {
         start
     }
 
-    /// The records at or after `from`.
-    fn from(&self, from: u64) -> Stream {
-        let at = self.lsns.partition_point(|lsn| *lsn < from);
-        Stream { lsns: self.lsns[at..].to_vec(), frames: self.frames[at..].to_vec() }
+    /// At most `max` of the records with LSNs in `lsns`, the first ones.
+    fn slice(&self, lsns: Range<u64>, max: usize) -> Stream {
+        let start = self.lsns.partition_point(|lsn| *lsn < lsns.start);
+        let end = self.lsns.partition_point(|lsn| *lsn < lsns.end).min(start.saturating_add(max));
+        Stream { lsns: self.lsns[start..end].to_vec(), frames: self.frames[start..end].to_vec() }
     }
 }
 
@@ -142,22 +143,22 @@ impl Streams {
         streams
     }
 
-    /// `key`'s records at or after `from`, after indexing every record `segments` (the log's
-    /// current segments) hold beyond the last query.
+    /// The first `max` of `key`'s records with LSNs in `lsns`, after indexing every record
+    /// `segments` (the log's current segments) hold beyond the last query.
     ///
     /// # Errors
     /// [`Error::Corruption`] if a frame not yet indexed no longer verifies.
-    pub fn stream(&self, key: u64, from: u64, segments: &[SegmentMeta]) -> Result<Stream> {
+    pub fn stream(&self, key: u64, lsns: Range<u64>, max: usize, segments: &[SegmentMeta]) -> Result<Stream> {
         let index = self.catch_up(segments)?;
-        let first = segments.first().map_or(from, |meta| from.max(meta.first_lsn));
-        Ok(index.streams.get(&key).map_or_else(Stream::default, |stream| stream.from(first)))
+        let first = segments.first().map_or(lsns.start, |meta| lsns.start.max(meta.first_lsn));
+        Ok(index.streams.get(&key).map_or_else(Stream::default, |stream| stream.slice(first..lsns.end, max)))
     }
 
     /// The keys of every stream that holds at least one record, ascending (after indexing what
     /// is new).
     ///
     /// # Errors
-    /// As [`Streams::lsns`].
+    /// As [`Streams::stream`].
     pub fn keys(&self, segments: &[SegmentMeta]) -> Result<Vec<u64>> {
         let index = self.catch_up(segments)?;
         let mut keys: Vec<u64> =
@@ -295,7 +296,8 @@ mod tests {
         })
         .expect("visit_lsns");
         assert_eq!(want.len(), lsns.len());
-        let stream = log.inner.streams.as_ref().expect("streams").stream(1, 1, &segments).expect("stream");
+        let stream =
+            log.inner.streams.as_ref().expect("streams").stream(1, 1..u64::MAX, usize::MAX, &segments).expect("stream");
         assert_eq!(read(&stream.frames), want, "the indexed offsets");
         for stale in [0u32, 13, 64, 1 << 20, u32::MAX] {
             assert_eq!(read(&vec![stale; lsns.len()]), want, "every offset {stale}");
