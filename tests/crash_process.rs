@@ -5,7 +5,9 @@
 //! appends after a recovered tail.
 //!
 //! Guards the promise the whole crate rests on: an acknowledged append survives a crash
-//! (including a crash during segment rotation, recovery, or a group-commit write).
+//! (including a crash during segment rotation, recovery, or a group-commit write). The log is
+//! opened with a stream key (each record's counter modulo [`STREAMS`]), so every reopen also
+//! checks that the stream index recovery builds holds exactly each stream's records.
 //!
 //! The test binary is its own child: [`crash_child`] returns at once unless
 //! `CONTINUUM_CRASH_CHILD_DIR` is set. `CONTINUUM_CRASH_ITERATIONS` sets the number of kills
@@ -32,6 +34,8 @@ const ITERATIONS_ENV: &str = "CONTINUUM_CRASH_ITERATIONS";
 const SEED_ENV: &str = "CONTINUUM_CRASH_SEED";
 
 const ITERATIONS_DEFAULT: u64 = 50;
+/// Streams the records are spread over, by counter.
+const STREAMS: u64 = 4;
 /// Small segments, so that children rotate often and some die mid-rotation.
 const SEGMENT_BYTES: u64 = 64 * 1024;
 const KILL_DELAY_MS_MIN: u64 = 5;
@@ -185,11 +189,13 @@ impl Model {
     /// every acknowledged record byte-equal to what was appended. Returns the records seen.
     fn verify_records(&self, log: &Log, context: &str) -> u64 {
         let mut expected_lsn = Lsn::FIRST.get();
+        let mut streams: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for item in log.iter_from(Lsn::FIRST).expect("iter_from should succeed") {
             let (lsn, bytes) = item.unwrap_or_else(|e| panic!("{context}: reading LSN {expected_lsn} failed: {e}"));
             assert_eq!(lsn.get(), expected_lsn, "{context}: LSN gap");
             let (seed, counter) =
                 parse_payload(&bytes).unwrap_or_else(|| panic!("{context}: LSN {lsn} holds a malformed record"));
+            streams.entry(counter % STREAMS).or_default().push(lsn.get());
             assert!(bytes.as_ref() == payload(seed, counter), "{context}: LSN {lsn} holds damaged bytes");
             if let Some(&acked) = self.acked.get(&lsn.get()) {
                 assert_eq!((seed, counter), acked, "{context}: LSN {lsn} holds another record than acknowledged");
@@ -200,6 +206,21 @@ impl Model {
         for (&lsn, &(seed, counter)) in self.acked.iter().rev().take(16) {
             let bytes = log.read(Lsn::new(lsn)).expect("read should succeed");
             assert_eq!(bytes.as_deref(), Some(payload(seed, counter).as_slice()), "{context}: read({lsn}) differs");
+        }
+        // Each stream is exactly its records, and reads them back whole.
+        for key in 0..STREAMS {
+            let want = streams.remove(&key).unwrap_or_default();
+            let lsns = log.stream_lsns(key, Lsn::FIRST).expect("stream_lsns should succeed");
+            assert!(lsns == want, "{context}: stream {key} holds {} LSNs, the log {}", lsns.len(), want.len());
+            let visited = log
+                .visit_stream(key, Lsn::FIRST, |lsn, record| {
+                    let (seed, counter) = parse_payload(record.bytes()).expect("a stream's record is well formed");
+                    assert_eq!(counter % STREAMS, key, "{context}: LSN {lsn} is in stream {key}");
+                    assert!(record.bytes() == payload(seed, counter), "{context}: stream {key}, LSN {lsn} differs");
+                    Ok(true)
+                })
+                .expect("visit_stream should succeed");
+            assert_eq!(visited, want.len(), "{context}: stream {key} visited");
         }
         expected_lsn - 1
     }
@@ -311,8 +332,14 @@ fn parse_child_lines(lines: &[String], context: &str) -> ChildRun {
     run
 }
 
+/// The stream of a record: its counter modulo [`STREAMS`].
+fn stream_of(bytes: &[u8]) -> Option<u64> {
+    parse_payload(bytes).map(|(_, counter)| counter % STREAMS)
+}
+
 fn open_log(dir: &Path) -> Log {
     Log::builder(dir)
+        .stream_key(stream_of)
         .segment_bytes(SEGMENT_BYTES)
         .durability(Durability::Sync)
         .open()
