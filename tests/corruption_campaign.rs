@@ -79,8 +79,15 @@ fn layout(log: &Log) -> Vec<Segment> {
     segments.collect()
 }
 
+/// The stream of a record: its length modulo 3 (the log is opened with it, so that every
+/// recovery also builds a stream index over what it kept).
+fn stream_of(record: &[u8]) -> Option<u64> {
+    Some(record.len() as u64 % 3)
+}
+
 fn open(sim: &SimStorage, mode: RecoveryMode) -> continuum::Result<Log> {
-    Log::builder(DIR).storage(Arc::new(sim.clone())).segment_bytes(SEGMENT_BYTES).recovery_mode(mode).open()
+    let builder = Log::builder(DIR).storage(Arc::new(sim.clone())).segment_bytes(SEGMENT_BYTES);
+    builder.recovery_mode(mode).stream_key(stream_of).open()
 }
 
 /// A log of `SYNCED` records appended with `Durability::Sync`, then `unsynced` more with
@@ -145,8 +152,9 @@ impl fmt::Display for Case<'_> {
     }
 }
 
-/// Every record the log returns, through `iter_from`, `read` and `visit_lsns`, is byte-equal to
-/// what was written, and all three agree on which LSNs exist. Returns those LSNs.
+/// Every record the log returns, through `iter_from`, `read`, `visit_lsns` and `visit_stream`,
+/// is byte-equal to what was written, and all four agree on which LSNs exist. Returns those
+/// LSNs.
 fn returned_records(log: &Log, total: u64, case: &Case<'_>) -> BTreeSet<u64> {
     let mut present = BTreeSet::new();
     for item in log.iter_from(Lsn::FIRST).expect("iter_from") {
@@ -184,6 +192,18 @@ fn returned_records(log: &Log, total: u64, case: &Case<'_>) -> BTreeSet<u64> {
         .unwrap_or_else(|error| panic!("{case}: visit_lsns fails: {error}"));
     let expected: Vec<u64> = wanted.iter().copied().filter(|lsn| present.contains(lsn)).collect();
     assert_eq!((count, visited), (expected.len(), expected), "{case}: visit_lsns and iteration disagree");
+    // Each stream holds exactly the recovered records of its key.
+    for key in 0..3 {
+        let mut visited = Vec::new();
+        log.visit_stream(key, Lsn::FIRST, |lsn, record| {
+            assert_eq!(record.bytes(), payload(lsn), "{case}: stream {key} returned record {lsn} changed");
+            visited.push(lsn);
+            Ok(true)
+        })
+        .unwrap_or_else(|error| panic!("{case}: visit_stream fails: {error}"));
+        let expected: Vec<u64> = present.iter().copied().filter(|lsn| payload(*lsn).len() as u64 % 3 == key).collect();
+        assert_eq!(visited, expected, "{case}: stream {key} and iteration disagree");
+    }
     present
 }
 
