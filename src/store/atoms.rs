@@ -104,7 +104,8 @@ impl Store {
     }
 
     /// Records an atom that has already run: its start and its completion with `output`, in
-    /// one batch that is durable on return. This is what a framework's checkpointer does when
+    /// one batch that is durable on return (unless the store was opened with a weaker
+    /// [`StoreBuilder::atom_durability`](crate::StoreBuilder::atom_durability)). This is what a framework's checkpointer does when
     /// it persists a step after running it; an agent that must survive a crash *during* the
     /// step uses [`Store::begin_atom`] before it and [`Store::complete_atom`] after it (or
     /// [`Store::execute`]).
@@ -144,7 +145,8 @@ impl Store {
         // appended before the records it compresses.
         self.sample_for_dictionary(&output.delta);
         let completed = self.shared.codec.encode_completion(atom.0, &output.delta, &output.result, now);
-        let appended = self.shared.log.append_batch_with(&[&started, &completed], Durability::Sync);
+        // IMPORTANT: with the default `Sync`, both records are durable before return.
+        let appended = self.shared.log.append_batch_with(&[&started, &completed], self.shared.policies.atom_durability);
         let mut index = self.shared.index.write();
         match appended {
             Ok(lsns) => {
@@ -275,7 +277,8 @@ impl Store {
         self.find_atom(&index, run32, agent, key)
     }
 
-    /// Records that `atom` completed with `output`; returns once that is durable.
+    /// Records that `atom` completed with `output`; returns once that is durable (or as
+    /// [`StoreBuilder::atom_durability`](crate::StoreBuilder::atom_durability) says).
     ///
     /// # Errors
     /// [`Error::UnknownAtom`], [`Error::InvalidTransition`] (completing twice, or a failed
@@ -288,7 +291,8 @@ impl Store {
         Ok(())
     }
 
-    /// Records that `atom` failed; returns once that is durable.
+    /// Records that `atom` failed; returns once that is durable (or as
+    /// [`StoreBuilder::atom_durability`](crate::StoreBuilder::atom_durability) says).
     ///
     /// # Errors
     /// As [`Store::complete_atom`].
@@ -323,8 +327,9 @@ impl Store {
             }
             std::mem::replace(&mut entry.state, EntryState::Finishing)
         };
-        // IMPORTANT: Sync makes this record and the atom's start record durable before return.
-        let appended = self.shared.log.append_with(record, Durability::Sync);
+        // IMPORTANT: with the default `Sync`, this record and the atom's start record are
+        // durable before return.
+        let appended = self.shared.log.append_with(record, self.shared.policies.atom_durability);
         let mut index = self.shared.index.write();
         let entry = index.atom_slot(atom);
         match appended {
@@ -345,7 +350,9 @@ impl Store {
     /// Runs one atom exactly once across crashes. If the atom (`agent` of `run`, called `key`)
     /// already completed, returns its recorded output without calling `work`. Otherwise records
     /// it as running, calls `work`, records the completion (or failure) durably, and only then
-    /// returns the output.
+    /// returns the output. With a buffered [`StoreBuilder::atom_durability`](crate::StoreBuilder::atom_durability),
+    /// a power loss soon after may take the completion back, and the atom runs again (its
+    /// guarded effects do not).
     ///
     /// One (run, agent, key) must not be executed by two threads at once.
     ///

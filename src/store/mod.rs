@@ -143,6 +143,33 @@ impl StoreBuilder {
         self
     }
 
+    /// How durable an atom is when `complete_atom`, `fail_atom` or `record_atom` returns.
+    /// Default [`Durability::Sync`]: its records are on disk (one `fdatasync`, shared with
+    /// concurrent writers), so a crash never loses it and `execute` never runs it again.
+    ///
+    /// [`Durability::Buffered`] returns once the operating system has the records and syncs
+    /// them in the background every [`StoreBuilder::flush_interval`] (as LangGraph's `async`
+    /// durability, SQLite's `synchronous=NORMAL`): an atom costs no `fdatasync` of its own,
+    /// but a power loss (not a process crash) may lose the atoms ended in the last interval, a
+    /// suffix of each agent's history, which then run again. Everything else stays exact:
+    /// each guarded effect's record is synced before the effect runs, so a re-run atom's
+    /// effects are not repeated; a snapshot or an index checkpoint syncs the log first, so
+    /// neither ever refers to an atom a crash took back; runs, rollbacks, forks, pins and
+    /// drops are synced as always. [`Store::sync`] makes every ended atom durable at once.
+    /// [`Durability::None`] syncs only when something else does (a segment filled up, a
+    /// synced record, [`Store::sync`], close).
+    pub fn atom_durability(mut self, durability: Durability) -> Self {
+        self.policies.atom_durability = durability;
+        self
+    }
+
+    /// How often the background flusher syncs atoms ended with [`Durability::Buffered`]; see
+    /// [`Config::flush_interval`](crate::Config::flush_interval).
+    pub fn flush_interval(mut self, interval: std::time::Duration) -> Self {
+        self.log = self.log.flush_interval(interval);
+        self
+    }
+
     /// Whether a background thread writes policy snapshots and runs compaction (default:
     /// yes). Without it, policy snapshots are written by the thread that completes the atom,
     /// and compaction runs only when [`Store::compact`] is called.
@@ -591,6 +618,16 @@ impl Store {
             entry.ended_at_unix_us = now_us();
         }
         Ok(())
+    }
+
+    /// Makes every atom ended so far durable (one `fdatasync`, shared with concurrent
+    /// writers): what a store opened with [`StoreBuilder::atom_durability`]`(Buffered)` calls
+    /// before it acts on its atoms outside the process. A no-op's cost with the default `Sync`.
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`] after an earlier failed write or sync, and the sync's [`Error::Io`].
+    pub fn sync(&self) -> Result<()> {
+        self.shared.log.sync()
     }
 
     /// Writes an index checkpoint covering every record appended so far, so that the next open

@@ -106,6 +106,8 @@ pub(crate) struct Policies {
     pub compress_records_from: usize,
     /// The ballast's size (`store::ballast`); 0: none.
     pub ballast_bytes: u64,
+    /// How durable an atom's end record (completion or failure) is when its call returns.
+    pub atom_durability: crate::Durability,
 }
 
 impl Default for Policies {
@@ -117,6 +119,7 @@ impl Default for Policies {
             index_checkpoint_after: crate::store::checkpoint::MIN_NEW_RECORDS,
             compress_records_from: crate::limits::COMPRESSION_MIN_BYTES,
             ballast_bytes: 0,
+            atom_durability: crate::Durability::Sync,
         }
     }
 }

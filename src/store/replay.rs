@@ -593,6 +593,11 @@ impl Store {
     /// and applies retention to its agent's snapshots.
     pub(crate) fn publish_snapshot(&self, atom: AtomId, context: &Context, name: NameDurability) -> Result<()> {
         let started = std::time::Instant::now();
+        if self.shared.policies.atom_durability != crate::Durability::Sync {
+            // IMPORTANT: the atom's records are durable before its snapshot exists: a snapshot
+            // of an atom a crash took back would be taken for the atom that reuses its id.
+            self.shared.log.sync()?;
+        }
         let bytes = snapshot::encode(atom.0, context)?;
         snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes)?;
         match name {
