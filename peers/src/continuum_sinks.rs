@@ -150,7 +150,10 @@ impl StoreSink {
         let compaction = CompactionPolicy { interval: None, ..CompactionPolicy::default() };
         let store = match mode {
             Mode::Load => Store::builder(dir).storage(Arc::new(LoadStorage)).compaction(compaction).open()?,
-            Mode::Durable | Mode::Buffered => Store::builder(dir).compaction(compaction).open()?,
+            Mode::Durable => Store::builder(dir).compaction(compaction).open()?,
+            Mode::Buffered => {
+                Store::builder(dir).compaction(compaction).atom_durability(Durability::Buffered).open()?
+            }
         };
         let runs =
             (0..AGENTS_MAX).map(|agent| store.create_run(RunSpec::new(run_name(agent)))).collect::<Result<_, _>>()?;

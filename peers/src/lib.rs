@@ -134,7 +134,7 @@ impl Engine {
 
     /// Whether the engine can acknowledge appends in `mode`.
     pub fn supports(self, mode: Mode) -> bool {
-        !(mode == Mode::Buffered && matches!(self, Engine::Okaywal | Engine::ContinuumStore))
+        !(mode == Mode::Buffered && self == Engine::Okaywal)
     }
 
     /// Opens (creating if needed) the engine's data in `dir`, running its recovery.
@@ -348,8 +348,6 @@ mod tests {
     #[test]
     fn buffered_mode_is_refused_where_every_commit_syncs() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        for engine in [Engine::Okaywal, Engine::ContinuumStore] {
-            assert!(matches!(engine.open(dir.path(), Mode::Buffered), Err(Error::Unsupported { .. })));
-        }
+        assert!(matches!(Engine::Okaywal.open(dir.path(), Mode::Buffered), Err(Error::Unsupported { .. })));
     }
 }
