@@ -186,10 +186,11 @@ impl LogBuilder {
 
     /// Indexes the log by stream: `key_of` names the stream each record belongs to (an agent,
     /// a Raft group), and [`Log::visit_stream`] then reads one stream's records without
-    /// reading the others'. The index lives in memory only (8 to 16 bytes per record of a
-    /// stream): it is built from every record when the log opens, sealed segments read in
-    /// parallel, and catches up with new records at each query, so appends pay nothing for it
-    /// ("Streams" in docs/ARCHITECTURE.md).
+    /// reading the others'. The index lives in memory only (12 bytes per record of a stream,
+    /// up to twice that while it grows): recovery builds it in the same pass that verifies the
+    /// sealed segments, and it catches up with new records at each query, so appends pay
+    /// nothing for it ("Streams" in docs/ARCHITECTURE.md). `key_of` must be a pure function of
+    /// the bytes, and must not panic.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -544,7 +545,7 @@ impl Log {
         from: Lsn,
         mut visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>,
     ) -> Result<usize> {
-        let streams = self.inner.streams.as_ref().ok_or_else(streams::no_stream_key)?;
+        let streams = self.stream_index()?;
         let until = self.inner.index.read().next_lsn();
         let (mut from, mut visited, stopped) = (from.get(), 0, std::cell::Cell::new(false));
         let mut visit = |lsn, record: RecordRef<'_>| {
@@ -573,9 +574,8 @@ impl Log {
     /// [`Error::InvalidConfig`] if the log was opened without a stream key;
     /// [`Error::Corruption`] if a frame not yet indexed no longer verifies.
     pub fn stream_lsns(&self, key: u64, from: Lsn) -> Result<Vec<u64>> {
-        let streams = self.inner.streams.as_ref().ok_or_else(streams::no_stream_key)?;
         let segments = self.inner.index.read().segments.clone();
-        Ok(streams.stream(key, from.get()..u64::MAX, usize::MAX, &segments)?.lsns)
+        Ok(self.stream_index()?.stream(key, from.get()..u64::MAX, usize::MAX, &segments)?.lsns)
     }
 
     /// The keys of every stream the log holds a record of, ascending (see
@@ -584,9 +584,14 @@ impl Log {
     /// # Errors
     /// As [`Log::stream_lsns`].
     pub fn stream_keys(&self) -> Result<Vec<u64>> {
-        let streams = self.inner.streams.as_ref().ok_or_else(streams::no_stream_key)?;
         let segments = self.inner.index.read().segments.clone();
-        streams.keys(&segments)
+        self.stream_index()?.keys(&segments)
+    }
+
+    /// The stream index, or [`Error::InvalidConfig`] if the log was opened without a stream
+    /// key.
+    fn stream_index(&self) -> Result<&Streams> {
+        self.streams().ok_or_else(streams::no_stream_key)
     }
 
     /// Iterates over the records from `lsn` (or from the oldest one, if `lsn` was truncated) to

@@ -55,8 +55,8 @@ pub(crate) fn open(
     }
     // No lock: a read-only handle never conflicts with the writer or with another reader.
     let no_lock = DirLock::new(Box::new(()));
-    let mut recovered = recovered;
-    recovered.streams = stream_key.map(RecoveredStreams::unread);
+    // A read-only open indexes the streams after its recovery (`Streams::new`).
+    let recovered = Recovered { streams: stream_key.map(RecoveredStreams::unread), ..recovered };
     Ok(Log::from_recovered(storage, dir, config, recovered, no_lock, Metrics::new(metrics_enabled), true))
 }
 
