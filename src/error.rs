@@ -106,6 +106,13 @@ pub enum Error {
         source: crate::codec::CodecError,
     },
 
+    /// The bytes given as an encoded delta (`Store::record_atom_encoded`) are not a `Delta`.
+    #[error("the encoded delta ({bytes} bytes) is not a continuum.Delta protobuf message")]
+    InvalidDelta {
+        /// Its length.
+        bytes: usize,
+    },
+
     /// A store record contradicts the records before it (a bug, or a log from elsewhere).
     #[error("the store record at LSN {lsn} is inconsistent with the log: {reason}")]
     InconsistentLog {
@@ -348,6 +355,7 @@ impl Error {
             }
             Error::Codec { lsn, source } => Error::Codec { lsn: *lsn, source: source.clone() },
             Error::InconsistentLog { lsn, reason } => Error::InconsistentLog { lsn: *lsn, reason },
+            Error::InvalidDelta { bytes } => Error::InvalidDelta { bytes: *bytes },
             Error::UnknownRun { run } => Error::UnknownRun { run: run.clone() },
             Error::UnknownAtom { atom } => Error::UnknownAtom { atom: *atom },
             Error::InvalidParent { parent, reason } => Error::InvalidParent { parent: *parent, reason },

@@ -92,6 +92,52 @@ fn read_completion_ops(body: &[u8], subject: u64, ops: &mut Vec<Op>) -> Result<(
         ops.push(Op::Window { drop: 0, added: 0 });
         return Ok(());
     };
+    read_delta_ops(body, delta, ops)
+}
+
+/// Checks, in place, that `delta` is a `Delta` that prost decodes: its structure as
+/// [`read_completion`] reads a completion's delta, and every string field UTF-8 (as prost
+/// checks them). `ops` is scratch space, left empty.
+///
+/// # Errors
+/// [`Unusual`] for a malformed delta, and for the encodings this view leaves to prost (an
+/// embedded message or string field given twice, a state change without a change): the caller
+/// decodes those with prost to decide.
+pub(crate) fn check_delta(delta: &[u8], ops: &mut Vec<Op>) -> Result<(), Unusual> {
+    ops.clear();
+    let checked = read_delta_ops(delta, Span::whole(delta)?, ops).and_then(|()| check_texts(delta, ops));
+    ops.clear();
+    checked
+}
+
+/// Checks that every string field `ops` point at in `body` is UTF-8 (summaries were checked as
+/// they were read).
+fn check_texts(body: &[u8], ops: &[Op]) -> Result<(), Unusual> {
+    for op in ops {
+        match op {
+            Op::Message(message) => {
+                message.role.text(body)?;
+                message.content.text(body)?;
+                if let Some(call) = &message.tool_call {
+                    call.id.text(body)?;
+                    call.name.text(body)?;
+                    call.arguments.text(body)?;
+                }
+            }
+            Op::ToolOutput(entry) | Op::Result(entry) | Op::Set(entry) => {
+                entry.key.text(body)?;
+            }
+            Op::Delete { key } => {
+                key.text(body)?;
+            }
+            Op::Summarize { .. } | Op::Window { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+/// Appends to `ops` the delta at `delta` of `body` (see [`read_completion`]).
+fn read_delta_ops(body: &[u8], delta: Span, ops: &mut Vec<Op>) -> Result<(), Unusual> {
     // One walk in encoding order, then a stable sort into the order ops are applied in
     // (summarizations, the window, messages, tool outputs, intermediate results, state
     // changes), keeping each kind's own order.

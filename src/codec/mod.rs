@@ -70,6 +70,14 @@ pub enum CodecError {
     Protobuf,
 }
 
+/// Whether `delta` is the protobuf encoding of a [`proto::Delta`], as prost decodes it (and as
+/// replay then reads it): checked in place for the encodings this crate and prost write, by
+/// decoding it with prost for any other.
+pub(crate) fn check_encoded_delta(delta: &[u8]) -> bool {
+    let mut ops = Vec::new();
+    delta_view::check_delta(delta, &mut ops).is_ok() || proto::Delta::decode(delta).is_ok()
+}
+
 /// Every record the store writes, decoded.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -349,6 +357,20 @@ impl Codec {
             // The delta by hand (`delta_encode`): prost's bytes at about half the instructions.
             put_field_header(out, 2, delta_len);
             delta_encode::encode(delta, out);
+            put_text(out, 3, result);
+            put_uint64(out, 4, ended_at_unix_us);
+        })
+    }
+
+    /// [`Codec::encode_completion`] of a delta already encoded (`delta`: its protobuf bytes,
+    /// checked with [`check_encoded_delta`]): the same record, with the bytes copied in.
+    pub fn encode_completion_bytes(&self, atom: u64, delta: &[u8], result: &[u8], ended_at_unix_us: u64) -> Vec<u8> {
+        use delta_encode::{field_len, put_field_header, put_text, put_uint64, text_len, uint64_len};
+        let body_len = uint64_len(atom) + field_len(delta.len()) + text_len(result) + uint64_len(ended_at_unix_us);
+        self.wrap_written(kind::ATOM_COMPLETED, atom, body_len, |out| {
+            put_uint64(out, 1, atom);
+            put_field_header(out, 2, delta.len());
+            out.extend_from_slice(delta);
             put_text(out, 3, result);
             put_uint64(out, 4, ended_at_unix_us);
         })

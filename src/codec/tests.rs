@@ -293,3 +293,94 @@ fn the_default_codec_compresses_only_bodies_of_two_kib_and_more() {
     assert_eq!(codec.decode(&small_bytes), Ok(small));
     assert_eq!(codec.decode(&large_bytes), Ok(large));
 }
+
+/// One way of damaging an encoded delta.
+#[derive(Clone, Debug)]
+enum Damage {
+    Flip { at: usize, bits: u8 },
+    Truncate { at: usize },
+    Insert { at: usize, bytes: Vec<u8> },
+    Remove { at: usize, len: usize },
+}
+
+impl Damage {
+    fn apply(&self, bytes: &mut Vec<u8>) {
+        let at = |at: &usize, len: usize| if len == 0 { 0 } else { at % (len + 1) };
+        match self {
+            Damage::Flip { at: i, bits } if !bytes.is_empty() => {
+                let i = i % bytes.len();
+                bytes[i] ^= bits.max(&1);
+            }
+            Damage::Flip { .. } => {}
+            Damage::Truncate { at: i } => bytes.truncate(at(i, bytes.len())),
+            Damage::Insert { at: i, bytes: new } => {
+                let i = at(i, bytes.len());
+                bytes.splice(i..i, new.iter().copied());
+            }
+            Damage::Remove { at: i, len } => {
+                let i = at(i, bytes.len());
+                let end = (i + len).min(bytes.len());
+                bytes.drain(i..end);
+            }
+        }
+    }
+}
+
+fn arb_damage() -> impl Strategy<Value = Damage> {
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(at, bits)| Damage::Flip { at, bits }),
+        any::<usize>().prop_map(|at| Damage::Truncate { at }),
+        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..6))
+            .prop_map(|(at, bytes)| Damage::Insert { at, bytes }),
+        (any::<usize>(), 1usize..6).prop_map(|(at, len)| Damage::Remove { at, len }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    /// `check_encoded_delta` (`Store::record_atom_encoded`'s check) takes exactly the bytes
+    /// prost decodes as a `Delta`, and its in-place check alone never takes bytes prost would
+    /// refuse: deltas as encoded (which it always takes in place), then damaged, and random
+    /// bytes.
+    #[test]
+    fn the_encoded_delta_check_takes_what_prost_decodes(
+        delta in arb_delta(),
+        damages in proptest::collection::vec(arb_damage(), 0..4),
+        random in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let mut ops = Vec::new();
+        let mut bytes = delta.encode_to_vec();
+        prop_assert!(delta_view::check_delta(&bytes, &mut ops).is_ok(), "an encoded delta is checked in place");
+        prop_assert!(check_encoded_delta(&bytes));
+        let mut hand = Vec::new();
+        delta_encode::encode(&delta, &mut hand);
+        prop_assert!(delta_view::check_delta(&hand, &mut ops).is_ok(), "so is this crate's own encoding");
+        for damage in &damages {
+            damage.apply(&mut bytes);
+            let prost = Delta::decode(bytes.as_slice()).is_ok();
+            prop_assert_eq!(check_encoded_delta(&bytes), prost, "{:?}", damage);
+            if delta_view::check_delta(&bytes, &mut ops).is_ok() {
+                prop_assert!(prost, "checked in place, refused by prost after {:?}", damage);
+            }
+        }
+        let prost = Delta::decode(random.as_slice()).is_ok();
+        prop_assert_eq!(check_encoded_delta(&random), prost);
+        if delta_view::check_delta(&random, &mut ops).is_ok() {
+            prop_assert!(prost, "random bytes checked in place, refused by prost");
+        }
+    }
+
+    /// A completion encoded from a delta's bytes is the record encoded from the delta.
+    #[test]
+    fn the_completion_from_encoded_bytes_equals_the_one_from_the_delta(
+        delta in arb_delta(),
+        result in proptest::collection::vec(any::<u8>(), 0..100),
+        atom in 1u64..u64::MAX,
+    ) {
+        for codec in [Codec::compressing_from(64), Codec::default()] {
+            let from_bytes = codec.encode_completion_bytes(atom, &delta.encode_to_vec(), &result, 7);
+            prop_assert_eq!(&from_bytes, &codec.encode_completion(atom, &delta, &result, 7));
+        }
+    }
+}

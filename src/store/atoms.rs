@@ -4,12 +4,13 @@ use std::sync::atomic::Ordering;
 
 use prost::Message;
 
-use crate::codec::proto::{self, Delta};
+use crate::codec::proto;
 use crate::codec::{self, StartParts, StoreRecord};
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::Lsn;
+use crate::store::Codec;
 use crate::store::index::{AtomEntry, EntryState, StoreIndex};
 use crate::store::types::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunStatus,
@@ -140,11 +141,73 @@ impl Store {
         idempotency_key: &str,
         output: &AtomOutput,
     ) -> Result<AtomId> {
+        let (delta, result) = (&output.delta, output.result.as_slice());
+        self.record(
+            run,
+            (agent, key, parents, idempotency_key),
+            || delta.encode_to_vec(),
+            |codec, atom, now| codec.encode_completion(atom, delta, result, now),
+        )
+    }
+
+    /// [`Store::record_atom`] with the delta already encoded: `delta` is the protobuf encoding
+    /// of a [`Delta`](crate::Delta) (what a binding or a framework that serializes its own
+    /// checkpoints hands over), stored as it is, not decoded and encoded again. It is checked
+    /// first, in place: bytes that are not a `Delta` prost decodes are refused, so that every
+    /// stored atom replays.
+    ///
+    /// ```
+    /// # fn main() -> continuum::Result<()> {
+    /// use continuum::{AtomOutput, Delta, RunSpec, Store};
+    /// use prost::Message;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::open(dir.path())?;
+    /// let run = store.create_run(RunSpec::new("pipeline"))?;
+    /// let delta = Delta { drop_oldest_messages: 2, ..Delta::default() };
+    /// let step = store.record_atom_encoded(run, "planner", "step-1", &[], "", &delta.encode_to_vec(), b"done")?;
+    /// assert_eq!(store.atom(step)?.output, Some(AtomOutput { delta, result: b"done".to_vec() }));
+    /// assert!(store.record_atom_encoded(run, "planner", "step-2", &[step], "", b"\xff", b"").is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidDelta`] (nothing is recorded), and as [`Store::record_atom`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_atom_encoded(
+        &self,
+        run: RunId,
+        agent: &str,
+        key: &str,
+        parents: &[AtomId],
+        idempotency_key: &str,
+        delta: &[u8],
+        result: &[u8],
+    ) -> Result<AtomId> {
+        check_delta(delta)?;
+        self.record(
+            run,
+            (agent, key, parents, idempotency_key),
+            || delta.to_vec(),
+            |codec, atom, now| codec.encode_completion_bytes(atom, delta, result, now),
+        )
+    }
+
+    /// Records an atom that has run (`record_atom`): reserves it, samples its delta (`sample`
+    /// encodes it) for dictionary training, encodes its completion (`completion`, given the
+    /// atom and the time) and appends both records as one batch.
+    fn record(
+        &self,
+        run: RunId,
+        (agent, key, parents, idempotency_key): (&str, &str, &[AtomId], &str),
+        sample: impl FnOnce() -> Vec<u8>,
+        completion: impl FnOnce(&Codec, u64, u64) -> Vec<u8>,
+    ) -> Result<AtomId> {
         let (atom, run32, started, now) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
         // Sampled before encoding, as `complete_atom` does: a dictionary trained here is
         // appended before the records it compresses.
-        self.sample_for_dictionary(&output.delta);
-        let completed = self.shared.codec.encode_completion(atom.0, &output.delta, &output.result, now);
+        self.sample_for_dictionary(sample);
+        let completed = completion(&self.shared.codec, atom.0, now);
         // IMPORTANT: with the default `Sync`, both records are durable before return.
         let appended = self.shared.log.append_batch_with(&[&started, &completed], self.shared.policies.atom_durability);
         let mut index = self.shared.index.write();
@@ -284,8 +347,22 @@ impl Store {
     /// [`Error::UnknownAtom`], [`Error::InvalidTransition`] (completing twice, or a failed
     /// atom that is not retryable), and the log's append errors.
     pub fn complete_atom(&self, atom: AtomId, output: &AtomOutput) -> Result<()> {
-        self.sample_for_dictionary(&output.delta);
+        self.sample_for_dictionary(|| output.delta.encode_to_vec());
         let bytes = self.shared.codec.encode_completion(atom.0, &output.delta, &output.result, now_us());
+        let (agent, policy) = self.finish_atom(atom, &bytes, "completed", EntryState::Completed)?;
+        self.after_completion(atom, agent, policy);
+        Ok(())
+    }
+
+    /// [`Store::complete_atom`] with the delta already encoded (see
+    /// [`Store::record_atom_encoded`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidDelta`] (the atom stays as it was), and as [`Store::complete_atom`].
+    pub fn complete_atom_encoded(&self, atom: AtomId, delta: &[u8], result: &[u8]) -> Result<()> {
+        check_delta(delta)?;
+        self.sample_for_dictionary(|| delta.to_vec());
+        let bytes = self.shared.codec.encode_completion_bytes(atom.0, delta, result, now_us());
         let (agent, policy) = self.finish_atom(atom, &bytes, "completed", EntryState::Completed)?;
         self.after_completion(atom, agent, policy);
         Ok(())
@@ -552,7 +629,7 @@ impl Store {
     /// keep naming the dictionary they were compressed with, so both stay readable). Training
     /// takes tens of milliseconds, so a store with a background thread hands the samples to
     /// it instead of making one atom's completion wait (see `docs/ARCHITECTURE.md`, "Codec").
-    fn sample_for_dictionary(&self, delta: &Delta) {
+    fn sample_for_dictionary(&self, sample: impl FnOnce() -> Vec<u8>) {
         if self.shared.training_done.load(Ordering::Acquire) {
             return;
         }
@@ -564,7 +641,7 @@ impl Store {
                 TrainingStage::Final => (limits::DICTIONARY_TRAINING_SAMPLES, final_dictionary_bytes(segment_bytes)),
                 TrainingStage::Done => return,
             };
-            let sample = delta.encode_to_vec();
+            let sample = sample();
             if training.bytes + sample.len() <= limits::DICTIONARY_TRAINING_BYTES_MAX {
                 training.bytes += sample.len();
                 training.samples.push(sample);
@@ -722,4 +799,9 @@ fn state_name(state: EntryState) -> &'static str {
         EntryState::Failed => "failed",
         EntryState::FailedRetryable => "failed (retryable)",
     }
+}
+
+/// Refuses bytes that are not an encoded `Delta` (see [`Store::record_atom_encoded`]).
+fn check_delta(delta: &[u8]) -> Result<()> {
+    if crate::codec::check_encoded_delta(delta) { Ok(()) } else { Err(Error::InvalidDelta { bytes: delta.len() }) }
 }
