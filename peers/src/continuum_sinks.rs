@@ -1,8 +1,10 @@
 //! continuum itself: the raw [`Log`] (one record per atom) and the atom [`Store`] (each agent
 //! its own run, atoms chained as a DAG). The store records each atom finished, with
-//! `record_atom` (its start and completion in one durable batch), as the peers write one row or
-//! entry per finished atom; `CONTINUUM_PEERS_STORE=begin_complete` makes it call `begin_atom`
-//! and then `complete_atom` instead, as an agent that must survive a crash mid-step does.
+//! `record_atom_encoded` (its start and completion in one durable batch, the delta handed over
+//! as the same protobuf bytes every other engine is given; since session 19, `record_atom`
+//! with the `Delta` before), as the peers write one row or entry per finished atom;
+//! `CONTINUUM_PEERS_STORE=begin_complete` makes it call `begin_atom` and then
+//! `complete_atom_encoded` instead, as an agent that must survive a crash mid-step does.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -223,12 +225,13 @@ impl AtomSink for StoreSink {
             Last::Unknown => Vec::new(),
         };
         let key = atom.atom_id.to_string();
+        let result = &atom.output.result;
         let id = if begin_complete() {
             let id = self.store.begin_atom(run, &name, &key, &parents, "")?;
-            self.store.complete_atom(id, atom.output)?;
+            self.store.complete_atom_encoded(id, atom.encoded, result)?;
             id
         } else {
-            self.store.record_atom(run, &name, &key, &parents, "", atom.output)?
+            self.store.record_atom_encoded(run, &name, &key, &parents, "", atom.encoded, result)?
         };
         *last = Last::Known(Some(id));
         Ok(())

@@ -24,10 +24,10 @@ use std::path::Path;
 pub use disk::{DiskUsage, FdatasyncProbe, Machine, disk_usage};
 pub use workload::{AtomRef, Deltas, Encoded};
 
-/// How the continuum store sink writes an atom: `record_atom` (the default) or
-/// `begin_atom + complete_atom` (`CONTINUUM_PEERS_STORE=begin_complete`).
+/// How the continuum store sink writes an atom: `record_atom_encoded` (the default) or
+/// `begin_atom + complete_atom_encoded` (`CONTINUUM_PEERS_STORE=begin_complete`).
 pub fn store_protocol() -> &'static str {
-    if continuum_sinks::begin_complete() { "begin_atom + complete_atom" } else { "record_atom" }
+    if continuum_sinks::begin_complete() { "begin_atom + complete_atom_encoded" } else { "record_atom_encoded" }
 }
 
 /// What can go wrong in a sink: each engine's own error, kept as it is.
@@ -95,7 +95,7 @@ pub enum Engine {
     Okaywal,
     /// continuum's raw log: one record per atom.
     ContinuumLog,
-    /// continuum's atom store: `record_atom` per atom (`begin_atom` + `complete_atom` with
+    /// continuum's atom store: `record_atom_encoded` per atom (`begin_atom` + `complete_atom_encoded` with
     /// `CONTINUUM_PEERS_STORE=begin_complete`).
     ContinuumStore,
 }
