@@ -96,9 +96,11 @@ pub fn decode_record(data: &[u8]) {
 }
 
 /// Checks replay's zero-copy readers against prost on arbitrary bytes: the first byte picks
-/// what the rest is (0: an `AtomCompleted` body, 1: an `AtomStarted` body, 2: a snapshot's
+/// what the rest is (3: an encoded `Delta`, as `Store::record_atom_encoded` takes it; any other
+/// value modulo 3 — 0: an `AtomCompleted` body, 1: an `AtomStarted` body, 2: a snapshot's
 /// `Context`). Whatever the fast path accepts, prost must accept with the same result; where the
-/// fast path applies a delta and fails, prost must reject it. Must never panic otherwise.
+/// fast path applies a delta and fails, prost must reject it; an encoded delta is taken exactly
+/// when prost decodes it. Must never panic otherwise.
 pub fn replay_decode(data: &[u8]) {
     use prost::Message;
 
@@ -107,6 +109,14 @@ pub fn replay_decode(data: &[u8]) {
     use crate::context::{Context, Rotation};
 
     let Some((&which, body)) = data.split_first() else { return };
+    if which == 3 {
+        let prost = crate::codec::proto::Delta::decode(body).is_ok();
+        assert_eq!(crate::codec::check_encoded_delta(body), prost, "an encoded delta is taken as prost takes it");
+        if delta_view::check_delta(body, &mut Vec::new()).is_ok() {
+            assert!(prost, "the in-place check took a delta prost refuses");
+        }
+        return;
+    }
     match which % 3 {
         0 => {
             let base = fuzz_base_context();
@@ -248,10 +258,14 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         };
         let mut context = fuzz_base_context();
         context.apply(&transcript.next_delta(300));
-        for (i, (which, body)) in
-            [(0u8, completed.encode_to_vec()), (1, started.encode_to_vec()), (2, context.encode())]
-                .into_iter()
-                .enumerate()
+        for (i, (which, body)) in [
+            (0u8, completed.encode_to_vec()),
+            (1, started.encode_to_vec()),
+            (2, context.encode()),
+            (3, completed.delta.clone().unwrap_or_default().encode_to_vec()),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let mut input = vec![which];
             input.extend_from_slice(&body);
