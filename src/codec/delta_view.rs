@@ -95,42 +95,102 @@ fn read_completion_ops(body: &[u8], subject: u64, ops: &mut Vec<Op>) -> Result<(
     read_delta_ops(body, delta, ops)
 }
 
-/// Checks, in place, that `delta` is a `Delta` that prost decodes: its structure as
-/// [`read_completion`] reads a completion's delta, and every string field UTF-8 (as prost
-/// checks them). `ops` is scratch space, left empty.
+/// Checks, in place, that `delta` is a `Delta` that prost decodes: one walk over its fields and
+/// those of every message in it, each known field of the wire type prost expects and every
+/// string field UTF-8 (as prost checks them), unknown fields skipped as prost skips them.
+/// Nothing is collected: it is the check `Store::record_atom_encoded` runs before it appends
+/// (a walk that gathered replay's ops and then checked their strings cost about four times as
+/// many instructions, more than the log's append itself).
+///
+/// A field given twice is checked twice, as prost merges it: each occurrence must decode.
 ///
 /// # Errors
-/// [`Unusual`] for a malformed delta, and for the encodings this view leaves to prost (an
-/// embedded message or string field given twice, a state change without a change): the caller
-/// decodes those with prost to decide.
-pub(crate) fn check_delta(delta: &[u8], ops: &mut Vec<Op>) -> Result<(), Unusual> {
-    ops.clear();
-    let checked = read_delta_ops(delta, Span::whole(delta)?, ops).and_then(|()| check_texts(delta, ops));
-    ops.clear();
-    checked
+/// [`Unusual`] for anything this walk does not accept (a malformed delta, a known field of
+/// another wire type, a group, an over-long varint): the caller decodes those with prost to
+/// decide.
+pub(crate) fn check_delta(delta: &[u8]) -> Result<(), Unusual> {
+    let mut fields = Fields::new(delta);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => check_message(delta, wire::bytes(value)?)?,
+            // `ToolOutput` and `IntermediateResult`: a string and a `bytes` field.
+            (2 | 3, value) => check_fields(delta, wire::bytes(value)?, &[Kind::Text, Kind::Bytes])?,
+            (4, value) => check_change(delta, wire::bytes(value)?)?,
+            (5, value) => {
+                wire::varint(value)?;
+            }
+            (6, value) => {
+                let summary = [Kind::Varint, Kind::Varint, Kind::Text, Kind::Text];
+                check_fields(delta, wire::bytes(value)?, &summary)?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
-/// Checks that every string field `ops` point at in `body` is UTF-8 (summaries were checked as
-/// they were read).
-fn check_texts(body: &[u8], ops: &[Op]) -> Result<(), Unusual> {
-    for op in ops {
-        match op {
-            Op::Message(message) => {
-                message.role.text(body)?;
-                message.content.text(body)?;
-                if let Some(call) = &message.tool_call {
-                    call.id.text(body)?;
-                    call.name.text(body)?;
-                    call.arguments.text(body)?;
-                }
+/// The type of a scalar field, as [`check_fields`] checks it.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A varint (`uint32`, `uint64`).
+    Varint,
+    /// A `string`: length-delimited, UTF-8.
+    Text,
+    /// `bytes`, or an embedded message with no fields of its own (`StateChange.Delete`).
+    Bytes,
+}
+
+/// Checks the message at `span` of `body` whose fields 1, 2, ... are of the kinds `kinds`;
+/// fields beyond those are unknown and skipped.
+fn check_fields(body: &[u8], span: Span, kinds: &[Kind]) -> Result<(), Unusual> {
+    let mut fields = Fields::nested(body, span);
+    while let Some(field) = fields.next_field() {
+        let (number, value) = field?;
+        match (number as usize).checked_sub(1).and_then(|at| kinds.get(at)) {
+            Some(Kind::Varint) => {
+                wire::varint(value)?;
             }
-            Op::ToolOutput(entry) | Op::Result(entry) | Op::Set(entry) => {
-                entry.key.text(body)?;
+            Some(Kind::Text) => {
+                wire::text(body, value)?;
             }
-            Op::Delete { key } => {
-                key.text(body)?;
+            Some(Kind::Bytes) => {
+                wire::bytes(value)?;
             }
-            Op::Summarize { .. } | Op::Window { .. } => {}
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// A `ChatMessage`: role and content, and its `ToolCall` (three strings).
+fn check_message(body: &[u8], span: Span) -> Result<(), Unusual> {
+    let mut fields = Fields::nested(body, span);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1 | 2, value) => {
+                wire::text(body, value)?;
+            }
+            (3, value) => check_fields(body, wire::bytes(value)?, &[Kind::Text, Kind::Text, Kind::Text])?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A `StateChange`: its key, and the `change` oneof (`set` bytes, or a `Delete` message, whose
+/// fields are all unknown and must only be well formed).
+fn check_change(body: &[u8], span: Span) -> Result<(), Unusual> {
+    let mut fields = Fields::nested(body, span);
+    while let Some(field) = fields.next_field() {
+        match field? {
+            (1, value) => {
+                wire::text(body, value)?;
+            }
+            (2, value) => {
+                wire::bytes(value)?;
+            }
+            (3, value) => check_fields(body, wire::bytes(value)?, &[])?,
+            _ => {}
         }
     }
     Ok(())

@@ -74,16 +74,7 @@ pub enum CodecError {
 /// replay then reads it): checked in place for the encodings this crate and prost write, by
 /// decoding it with prost for any other.
 pub(crate) fn check_encoded_delta(delta: &[u8]) -> bool {
-    thread_local! {
-        // The view's scratch space, reused: a new vector per check grew by reallocation, which
-        // cost more than the check itself.
-        static OPS: std::cell::RefCell<Vec<delta_view::Op>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    let in_place = OPS.with(|ops| match ops.try_borrow_mut() {
-        Ok(mut ops) => delta_view::check_delta(delta, &mut ops).is_ok(),
-        Err(_) => delta_view::check_delta(delta, &mut Vec::new()).is_ok(),
-    });
-    in_place || proto::Delta::decode(delta).is_ok()
+    delta_view::check_delta(delta).is_ok() || proto::Delta::decode(delta).is_ok()
 }
 
 /// Every record the store writes, decoded.

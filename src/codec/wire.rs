@@ -36,14 +36,6 @@ impl Span {
         std::str::from_utf8(self.of(bytes)).map_err(|_| Unusual)
     }
 
-    /// The span of all of `bytes`.
-    ///
-    /// # Errors
-    /// [`Unusual`] if `bytes` is 4 GiB or more.
-    pub fn whole(bytes: &[u8]) -> Result<Self, Unusual> {
-        Self::at(0, 0..bytes.len())
-    }
-
     /// The byte range this span covers.
     pub fn range(&self) -> Range<usize> {
         self.start as usize..self.end as usize
