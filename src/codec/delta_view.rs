@@ -151,7 +151,7 @@ fn check_fields(body: &[u8], span: Span, kinds: &[Kind]) -> Result<(), Unusual> 
                 wire::varint(value)?;
             }
             Some(Kind::Text) => {
-                wire::text(body, value)?;
+                wire::check_text(body, value)?;
             }
             Some(Kind::Bytes) => {
                 wire::bytes(value)?;
@@ -168,7 +168,7 @@ fn check_message(body: &[u8], span: Span) -> Result<(), Unusual> {
     while let Some(field) = fields.next_field() {
         match field? {
             (1 | 2, value) => {
-                wire::text(body, value)?;
+                wire::check_text(body, value)?;
             }
             (3, value) => check_fields(body, wire::bytes(value)?, &[Kind::Text, Kind::Text, Kind::Text])?,
             _ => {}
@@ -184,7 +184,7 @@ fn check_change(body: &[u8], span: Span) -> Result<(), Unusual> {
     while let Some(field) = fields.next_field() {
         match field? {
             (1, value) => {
-                wire::text(body, value)?;
+                wire::check_text(body, value)?;
             }
             (2, value) => {
                 wire::bytes(value)?;
