@@ -9,7 +9,7 @@ use continuum::Delta;
 use prost::Message;
 use rusqlite::{Connection, params};
 
-use crate::{AtomRef, AtomSink, Mode, Result, Resumed, agent_name, run_name};
+use crate::{AtomRef, AtomSink, Mode, Names, Result, Resumed};
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS atoms (
     run TEXT NOT NULL,
@@ -26,6 +26,7 @@ const SELECT_AGENT: &str = "SELECT delta FROM atoms WHERE run = ?1 AND agent = ?
 pub(crate) struct SqliteSink {
     /// One connection, shared behind a lock, as `SqliteSaver` shares its connection.
     connection: Mutex<Connection>,
+    names: Names,
 }
 
 impl SqliteSink {
@@ -42,7 +43,7 @@ impl SqliteSink {
         connection.pragma_update(None, "journal_mode", "WAL")?;
         connection.pragma_update(None, "synchronous", synchronous)?;
         connection.execute(SCHEMA, [])?;
-        Ok(Self { connection: Mutex::new(connection) })
+        Ok(Self { connection: Mutex::new(connection), names: Names::new() })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -54,11 +55,12 @@ impl SqliteSink {
 
 impl AtomSink for SqliteSink {
     fn append(&self, atom: &AtomRef<'_>) -> Result<()> {
+        let (run, agent) = self.names.of(atom.agent)?;
         let connection = self.lock();
         let mut insert = connection.prepare_cached(INSERT)?;
         // Autocommit: the statement is its own transaction, committed (and, with FULL,
         // synced) before it returns.
-        insert.execute(params![run_name(atom.agent), agent_name(atom.agent), atom.atom_id, atom.encoded])?;
+        insert.execute(params![run, agent, atom.atom_id, atom.encoded])?;
         Ok(())
     }
 
@@ -68,7 +70,8 @@ impl AtomSink for SqliteSink {
         {
             let mut insert = transaction.prepare_cached(INSERT)?;
             for atom in atoms {
-                insert.execute(params![run_name(atom.agent), agent_name(atom.agent), atom.atom_id, atom.encoded])?;
+                let (run, agent) = self.names.of(atom.agent)?;
+                insert.execute(params![run, agent, atom.atom_id, atom.encoded])?;
             }
         }
         transaction.commit()?;
@@ -84,9 +87,10 @@ impl AtomSink for SqliteSink {
     }
 
     fn resume(&self, agent: u32) -> Result<Resumed> {
+        let (run, agent) = self.names.of(agent)?;
         let connection = self.lock();
         let mut select = connection.prepare_cached(SELECT_AGENT)?;
-        let mut rows = select.query(params![run_name(agent), agent_name(agent)])?;
+        let mut rows = select.query(params![run, agent])?;
         let mut atoms = 0;
         while let Some(row) = rows.next()? {
             let blob = row.get_ref(0)?.as_blob().map_err(rusqlite::Error::from)?;
