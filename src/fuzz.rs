@@ -104,15 +104,15 @@ pub fn decode_record(data: &[u8]) {
 pub fn replay_decode(data: &[u8]) {
     use prost::Message;
 
-    use crate::codec::delta_view;
     use crate::codec::proto::{AtomCompleted, AtomStarted};
+    use crate::codec::{delta_check, delta_view};
     use crate::context::{Context, Rotation};
 
     let Some((&which, body)) = data.split_first() else { return };
     if which == 3 {
         let prost = crate::codec::proto::Delta::decode(body).is_ok();
         assert_eq!(crate::codec::check_encoded_delta(body), prost, "an encoded delta is taken as prost takes it");
-        if delta_view::check_delta(body).is_ok() {
+        if delta_check::check_delta(body).is_ok() {
             assert!(prost, "the in-place check took a delta prost refuses");
         }
         return;

@@ -7,6 +7,7 @@
 //! allocates more than [`limits::RECORD_DECOMPRESSED_BYTES_MAX`].
 
 mod compressors;
+pub(crate) mod delta_check;
 mod delta_encode;
 pub(crate) mod delta_view;
 pub(crate) mod envelope;
@@ -74,7 +75,7 @@ pub enum CodecError {
 /// replay then reads it): checked in place for the encodings this crate and prost write, by
 /// decoding it with prost for any other.
 pub(crate) fn check_encoded_delta(delta: &[u8]) -> bool {
-    delta_view::check_delta(delta).is_ok() || proto::Delta::decode(delta).is_ok()
+    delta_check::check_delta(delta).is_ok() || proto::Delta::decode(delta).is_ok()
 }
 
 /// Every record the store writes, decoded.

@@ -356,6 +356,9 @@ fn the_encoded_delta_check_agrees_with_prost_on_rare_encodings() {
         ("drop_oldest_messages length-delimited", vec![0x2a, 0x00], false),
         ("drop_oldest_messages as fixed32", vec![0x2d, 0, 0, 0, 0], false),
         ("a set value as a varint", vec![0x22, 0x05, 0x0a, 0x01, b'k', 0x10, 0x01], false),
+        ("a message's role as a varint", vec![0x0a, 0x02, 0x08, 0x01], false),
+        ("a tool call as a varint", vec![0x0a, 0x02, 0x18, 0x01], false),
+        ("an unknown varint field in a message", vec![0x0a, 0x02, 0x20, 0x01], true),
         ("a message given twice", vec![0x0a, 0x03, 0x0a, 0x01, b'a', 0x0a, 0x03, 0x12, 0x01, b'b'], true),
         ("a role given twice, the second not UTF-8", vec![0x0a, 0x06, 0x0a, 0x01, b'a', 0x0a, 0x01, 0xff], false),
         ("a state change without a change", vec![0x22, 0x03, 0x0a, 0x01, b'k'], true),
@@ -367,7 +370,7 @@ fn the_encoded_delta_check_agrees_with_prost_on_rare_encodings() {
         assert_eq!(Delta::decode(bytes.as_slice()).is_ok(), decodes, "prost on {what}");
         assert_eq!(check_encoded_delta(&bytes), decodes, "{what}");
         if !decodes {
-            assert!(delta_view::check_delta(&bytes).is_err(), "checked in place: {what}");
+            assert!(delta_check::check_delta(&bytes).is_err(), "checked in place: {what}");
         }
     }
 }
@@ -386,22 +389,22 @@ proptest! {
         random in proptest::collection::vec(any::<u8>(), 0..64),
     ) {
         let mut bytes = delta.encode_to_vec();
-        prop_assert!(delta_view::check_delta(&bytes).is_ok(), "an encoded delta is checked in place");
+        prop_assert!(delta_check::check_delta(&bytes).is_ok(), "an encoded delta is checked in place");
         prop_assert!(check_encoded_delta(&bytes));
         let mut hand = Vec::new();
         delta_encode::encode(&delta, &mut hand);
-        prop_assert!(delta_view::check_delta(&hand).is_ok(), "so is this crate's own encoding");
+        prop_assert!(delta_check::check_delta(&hand).is_ok(), "so is this crate's own encoding");
         for damage in &damages {
             damage.apply(&mut bytes);
             let prost = Delta::decode(bytes.as_slice()).is_ok();
             prop_assert_eq!(check_encoded_delta(&bytes), prost, "{:?}", damage);
-            if delta_view::check_delta(&bytes).is_ok() {
+            if delta_check::check_delta(&bytes).is_ok() {
                 prop_assert!(prost, "checked in place, refused by prost after {:?}", damage);
             }
         }
         let prost = Delta::decode(random.as_slice()).is_ok();
         prop_assert_eq!(check_encoded_delta(&random), prost);
-        if delta_view::check_delta(&random).is_ok() {
+        if delta_check::check_delta(&random).is_ok() {
             prop_assert!(prost, "random bytes checked in place, refused by prost");
         }
     }

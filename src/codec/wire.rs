@@ -36,17 +36,6 @@ impl Span {
         std::str::from_utf8(self.of(bytes)).map_err(|_| Unusual)
     }
 
-    /// Checks that the bytes this span covers in `bytes` are UTF-8, without returning them:
-    /// text that is all ASCII, as most of an agent's is, is checked a word at a time first.
-    ///
-    /// # Errors
-    /// [`Unusual`] if those bytes are not UTF-8.
-    #[inline]
-    pub fn check_text(&self, bytes: &[u8]) -> Result<(), Unusual> {
-        let text = self.of(bytes);
-        if text.is_ascii() || std::str::from_utf8(text).is_ok() { Ok(()) } else { Err(Unusual) }
-    }
-
     /// The byte range this span covers.
     pub fn range(&self) -> Range<usize> {
         self.start as usize..self.end as usize
@@ -174,13 +163,6 @@ pub(crate) fn bytes(value: Value) -> Result<Span, Unusual> {
         Value::Bytes(span) => Ok(span),
         _ => Err(Unusual),
     }
-}
-
-/// Checks that a field is a string: length-delimited and UTF-8 (prost rejects a string that is
-/// not).
-#[inline]
-pub(crate) fn check_text(message: &[u8], value: Value) -> Result<(), Unusual> {
-    bytes(value)?.check_text(message)
 }
 
 /// A string field's span, checked to be UTF-8 (prost rejects a string that is not).
