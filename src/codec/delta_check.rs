@@ -6,6 +6,7 @@
 //! then decodes the delta with prost, which decides. What it accepts, prost accepts: the
 //! differential tests in `codec/tests.rs` and the fuzz target `replay_decode` hold it to that.
 
+use crate::codec::envelope;
 use crate::codec::wire::Unusual;
 
 /// Wire type 0: a varint.
@@ -147,26 +148,15 @@ fn skip(rest: &mut &[u8], wire: u8) -> Result<(), Unusual> {
     Ok(())
 }
 
-/// A LEB128 varint of at most 10 bytes whose value fits 64 bits (what prost accepts).
+/// A LEB128 varint of at most 10 bytes whose value fits 64 bits (what prost accepts):
+/// [`envelope::take_varint`], with the one-byte case (tags, short lengths) inline.
 #[inline]
 fn varint(rest: &mut &[u8]) -> Result<u64, Unusual> {
-    // Tags and short lengths take one byte.
     if let Some((&byte, after)) = rest.split_first()
         && byte < 0x80
     {
         *rest = after;
         return Ok(u64::from(byte));
     }
-    let mut value = 0u64;
-    for (at, &byte) in rest.iter().enumerate().take(10) {
-        if at == 9 && byte > 1 {
-            return Err(Unusual);
-        }
-        value |= u64::from(byte & 0x7f) << (7 * at);
-        if byte & 0x80 == 0 {
-            *rest = &rest[at + 1..];
-            return Ok(value);
-        }
-    }
-    Err(Unusual)
+    envelope::take_varint(rest).map_err(|_| Unusual)
 }
