@@ -15,7 +15,7 @@ use continuum::storage::{DirLock, FileStorage, OpenMode, ReadView, Storage, Stor
 use continuum::{AtomId, CompactionPolicy, Durability, Log, Lsn, RewriteOptions, RunId, RunSpec, Store};
 
 use crate::workload::{decode_framed, framed, framed_agent};
-use crate::{AGENTS_MAX, AtomRef, AtomSink, Error, Mode, Names, Result, Resumed, agent_name, run_name};
+use crate::{AGENTS_MAX, AtomRef, AtomSink, Error, Mode, Names, Result, Resumed, run_name};
 
 const LOG: &str = "continuum log";
 
@@ -247,7 +247,8 @@ impl AtomSink for StoreSink {
 
     fn resume(&self, agent: u32) -> Result<Resumed> {
         let run = self.run(agent)?;
-        let Some(head) = self.store.last_agent_atom(run, &agent_name(agent)) else {
+        let (_, name) = self.names.of(agent)?;
+        let Some(head) = self.store.last_agent_atom(run, name) else {
             return Ok(Resumed::default());
         };
         let rebuilt = self.store.rebuild_context(head)?;
@@ -280,7 +281,7 @@ impl AtomSink for StoreSink {
 }
 
 /// `value` in decimal, written into `digits` without allocating: the atom's key, which an
-/// agent framework has at hand as a string (`to_string` cost about 450 instructions per atom).
+/// agent framework has at hand as a string.
 fn decimal(mut value: u64, digits: &mut [u8; 20]) -> &str {
     let mut at = digits.len();
     loop {
@@ -383,6 +384,7 @@ impl StorageFile for LoadFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent_name;
     use crate::workload::Deltas;
 
     /// The store resumes an agent from its newest snapshot (written every 50 atoms by the

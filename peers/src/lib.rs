@@ -310,7 +310,7 @@ pub const AGENTS_MAX: u32 = 32;
 
 /// Every agent's run and agent names ([`run_name`], [`agent_name`]), built once: an agent
 /// framework holds its agent's names, it does not format them for every write, and neither
-/// does a sink (formatting them cost about 900 instructions per atom, session 20).
+/// does a sink.
 pub(crate) struct Names {
     runs: Vec<String>,
     agents: Vec<String>,
