@@ -454,14 +454,17 @@ fn dictionary_outputs(atoms: usize) -> Vec<AtomOutput> {
     (0..atoms).map(|i| AtomOutput { delta: transcript.next_delta(500), result: format!("r{i}").into_bytes() }).collect()
 }
 
-/// The first segment size from `around` up (in steps of 1 KiB) at which the dictionary that
-/// completion `trained_at` trains opens a new segment, found by running the workload without
-/// failures: only a failure to prepare a new segment leaves the log unpoisoned, so only then
-/// can the store go on without the dictionary. (Where segments end depends on every record
-/// before, so a fixed size would stop hitting it whenever the layout changes.)
+/// A segment size from `around` up (in steps of 1 KiB) at which the dictionary that completion
+/// `trained_at` trains opens a new segment, found by running the workload without failures:
+/// only a failure to prepare a new segment leaves the log unpoisoned, so only then can the
+/// store go on without the dictionary. (Where segments end depends on every record before, so
+/// a fixed size would stop hitting it whenever the layout changes.) The size returned is the
+/// middle of the first window of sizes that hit it, not its edge: records carry timestamps, so
+/// their compressed sizes, and where a segment ends, differ by a few bytes from run to run, and
+/// a size at the window's edge hit in this run may miss in the next.
 fn segment_bytes_rotating_at_the_dictionary(trained_at: usize, around: u64) -> u64 {
     let outputs = dictionary_outputs(trained_at);
-    for segment_bytes in (around..around + 64 * 1024).step_by(1024) {
+    let rotates_at_the_dictionary = |segment_bytes: u64| {
         let sim = SimStorage::new(SEED);
         let store = open_compressing(&sim, segment_bytes).expect("open");
         let run = store.create_run(RunSpec::new("r")).expect("run");
@@ -472,14 +475,22 @@ fn segment_bytes_rotating_at_the_dictionary(trained_at: usize, around: u64) -> u
         }
         let first = store.log().segments().last().expect("a segment").first_lsn;
         let opened_by = store.log().read(first).expect("read").expect("the segment's first record");
-        if matches!(
-            store.decode_record(&opened_by).expect("decode").record,
-            continuum::codec::StoreRecord::Dictionary(_)
-        ) {
-            return segment_bytes;
-        }
-    }
-    panic!("no segment size from {around} has completion {trained_at}'s dictionary open a segment");
+        matches!(store.decode_record(&opened_by).expect("decode").record, continuum::codec::StoreRecord::Dictionary(_))
+    };
+    const STEP: u64 = 1024;
+    let first = (around..around + 64 * 1024)
+        .step_by(STEP as usize)
+        .find(|&segment_bytes| rotates_at_the_dictionary(segment_bytes))
+        .unwrap_or_else(|| {
+            panic!("no segment size from {around} has completion {trained_at}'s dictionary open a segment")
+        });
+    // The window's end, looked for up to 16 steps on (the windows seen are 8 to 14 steps wide).
+    let last = (1..=16)
+        .map(|steps| first + steps * STEP)
+        .take_while(|&segment_bytes| rotates_at_the_dictionary(segment_bytes))
+        .last()
+        .unwrap_or(first);
+    first + (last - first) / STEP / 2 * STEP
 }
 
 #[test]
