@@ -258,11 +258,24 @@ fn decode_message<M: Message + Default>(body: &[u8]) -> Result<M, CodecError> {
 /// An envelope storing its body plain: the header, then the `body_len` bytes `put_body` writes.
 fn plain_envelope(kind: u8, subject: u64, body_len: usize, put_body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut out = Vec::with_capacity(envelope::ENVELOPE_HEADER_BYTES + 10 + body_len);
-    envelope::write_header(&mut out, kind, SCHEMA_VERSION, subject, Compression::None);
-    let header_len = out.len();
-    put_body(&mut out);
-    debug_assert_eq!(out.len() - header_len, body_len, "the body's length was computed before it was written");
+    put_plain_envelope(&mut out, kind, subject, body_len, put_body);
     out
+}
+
+/// [`plain_envelope`] appended to `out`; returns the envelope's length.
+fn put_plain_envelope(
+    out: &mut Vec<u8>,
+    kind: u8,
+    subject: u64,
+    body_len: usize,
+    put_body: impl FnOnce(&mut Vec<u8>),
+) -> usize {
+    let start = out.len();
+    envelope::write_header(out, kind, SCHEMA_VERSION, subject, Compression::None);
+    let header_end = out.len();
+    put_body(out);
+    debug_assert_eq!(out.len() - header_end, body_len, "the body's length was computed before it was written");
+    out.len() - start
 }
 
 /// The parts of an `AtomStarted` record, borrowed from the caller ([`Codec::encode_start`]).
@@ -275,6 +288,14 @@ pub(crate) struct StartParts<'a> {
     pub parents: &'a [crate::store::AtomId],
     pub idempotency_key: &'a str,
     pub started_at_unix_us: u64,
+}
+
+impl StartParts<'_> {
+    /// About the length of the start record these parts make, plain (a sizing hint).
+    pub fn len_guess(&self) -> usize {
+        const FIXED: usize = envelope::ENVELOPE_HEADER_BYTES + 10 + 4 * 11 + 4 * 2;
+        FIXED + self.agent.len() + self.key.len() + self.idempotency_key.len() + self.parents.len() * 10
+    }
 }
 
 /// Dictionaries and reusable zstd contexts. `Sync`: shared by every thread of a store.
@@ -349,10 +370,24 @@ impl Codec {
     /// Encodes an `AtomCompleted` record from borrowed parts: the same bytes as
     /// [`Codec::encode`] of the owned record, without cloning the delta on the hot path.
     pub fn encode_completion(&self, atom: u64, delta: &proto::Delta, result: &[u8], ended_at_unix_us: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.put_completion(&mut out, atom, delta, result, ended_at_unix_us);
+        out
+    }
+
+    /// [`Codec::encode_completion`] appended to `out` (a batch being built in place).
+    pub fn put_completion(
+        &self,
+        out: &mut Vec<u8>,
+        atom: u64,
+        delta: &proto::Delta,
+        result: &[u8],
+        ended_at_unix_us: u64,
+    ) {
         use delta_encode::{field_len, put_field_header, put_text, put_uint64, text_len, uint64_len};
         let delta_len = delta_encode::encoded_len(delta);
         let body_len = uint64_len(atom) + field_len(delta_len) + text_len(result) + uint64_len(ended_at_unix_us);
-        self.wrap_written(kind::ATOM_COMPLETED, atom, body_len, |out| {
+        self.put_written(out, kind::ATOM_COMPLETED, atom, body_len, |out| {
             put_uint64(out, 1, atom);
             // The delta by hand (`delta_encode`): prost's bytes at about half the instructions.
             put_field_header(out, 2, delta_len);
@@ -365,9 +400,23 @@ impl Codec {
     /// [`Codec::encode_completion`] of a delta already encoded (`delta`: its protobuf bytes,
     /// checked with [`check_encoded_delta`]): the same record, with the bytes copied in.
     pub fn encode_completion_bytes(&self, atom: u64, delta: &[u8], result: &[u8], ended_at_unix_us: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.put_completion_bytes(&mut out, atom, delta, result, ended_at_unix_us);
+        out
+    }
+
+    /// [`Codec::encode_completion_bytes`] appended to `out` (a batch being built in place).
+    pub fn put_completion_bytes(
+        &self,
+        out: &mut Vec<u8>,
+        atom: u64,
+        delta: &[u8],
+        result: &[u8],
+        ended_at_unix_us: u64,
+    ) {
         use delta_encode::{field_len, put_field_header, put_text, put_uint64, text_len, uint64_len};
         let body_len = uint64_len(atom) + field_len(delta.len()) + text_len(result) + uint64_len(ended_at_unix_us);
-        self.wrap_written(kind::ATOM_COMPLETED, atom, body_len, |out| {
+        self.put_written(out, kind::ATOM_COMPLETED, atom, body_len, |out| {
             put_uint64(out, 1, atom);
             put_field_header(out, 2, delta.len());
             out.extend_from_slice(delta);
@@ -379,15 +428,29 @@ impl Codec {
     /// Puts the body that `put_body` writes (`body_len` bytes) in an envelope, as
     /// [`Codec::wrap`] would: a body stored plain (below the compression threshold) is written
     /// straight after the envelope's header instead of apart and then copied.
-    fn wrap_written(&self, kind: u8, subject: u64, body_len: usize, put_body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    /// Appended to `out`: a batch being built in place, or an empty buffer.
+    fn put_written(
+        &self,
+        out: &mut Vec<u8>,
+        kind: u8,
+        subject: u64,
+        body_len: usize,
+        put_body: impl FnOnce(&mut Vec<u8>),
+    ) {
         if body_len >= self.compress_from.0 {
             let mut body = Vec::with_capacity(body_len);
             put_body(&mut body);
-            return self.wrap(kind, subject, &body, true);
+            let wrapped = self.wrap(kind, subject, &body, true);
+            if out.is_empty() {
+                *out = wrapped;
+            } else {
+                out.extend_from_slice(&wrapped);
+            }
+            return;
         }
-        let out = plain_envelope(kind, subject, body_len, put_body);
-        self.count_encoded(body_len, out.len());
-        out
+        out.reserve(envelope::ENVELOPE_HEADER_BYTES + 10 + body_len);
+        let stored_len = put_plain_envelope(out, kind, subject, body_len, put_body);
+        self.count_encoded(body_len, stored_len);
     }
 
     /// Encodes an `AtomStarted` record from borrowed parts: the same bytes as
@@ -396,6 +459,13 @@ impl Codec {
     /// idempotency key into a record first (up to four allocations fewer per atom on the
     /// append path).
     pub fn encode_start(&self, start: &StartParts<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.put_start(&mut out, start);
+        out
+    }
+
+    /// [`Codec::encode_start`] appended to `out` (a batch being built in place).
+    pub fn put_start(&self, out: &mut Vec<u8>, start: &StartParts<'_>) {
         use delta_encode::{
             field_len, put_field_header, put_text, put_uint64, put_varint, text_len, uint64_len, varint_len,
         };
@@ -407,7 +477,7 @@ impl Codec {
             + if start.parents.is_empty() { 0 } else { field_len(parents_len) }
             + text_len(start.idempotency_key.as_bytes())
             + uint64_len(start.started_at_unix_us);
-        self.wrap_written(kind::ATOM_STARTED, start.atom, body_len, |out| {
+        self.put_written(out, kind::ATOM_STARTED, start.atom, body_len, |out| {
             put_uint64(out, 1, start.atom);
             put_uint64(out, 2, start.run);
             put_text(out, 3, start.agent.as_bytes());

@@ -28,6 +28,7 @@ use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::storage::{DirLock, FileStorage, Storage};
 
 use index::SegmentIndex;
+pub(crate) use record::BatchBuilder;
 use record::EncodedBatch;
 use streams::Streams;
 use writer::Writer;
@@ -433,7 +434,16 @@ impl Log {
     /// # Errors
     /// As [`Log::append_batch`].
     pub fn append_batch_with(&self, records: &[&[u8]], durability: Durability) -> Result<LsnRange> {
-        let batch = EncodedBatch::encode(records)?;
+        self.append_encoded(EncodedBatch::encode(records)?, durability)
+    }
+
+    /// Appends a batch built in place ([`BatchBuilder`]) with the given durability: what
+    /// [`Log::append_batch_with`] does with the same records.
+    pub(crate) fn append_built(&self, batch: BatchBuilder, durability: Durability) -> Result<LsnRange> {
+        self.append_encoded(batch.finish()?, durability)
+    }
+
+    fn append_encoded(&self, batch: EncodedBatch, durability: Durability) -> Result<LsnRange> {
         if durability == Durability::Buffered && !self.flusher_started.load(std::sync::atomic::Ordering::Relaxed) {
             self.inner.writer.check_writable()?;
             self.start_flusher();

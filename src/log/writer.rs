@@ -25,6 +25,7 @@
 //!    only then wakes its group's members. A failed write or sync poisons the log: members get
 //!    the error, later appenders `Poisoned`.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
@@ -64,6 +65,19 @@ enum SlotState {
 impl Slot {
     fn new() -> Arc<Self> {
         Arc::new(Self { state: Mutex::new(SlotState::Waiting), ready: Condvar::new(), changed: AtomicBool::new(false) })
+    }
+
+    /// A waiting slot: this thread's spare from its last append if nothing else holds it any
+    /// more (the leader drops its copy just after answering), else a new one.
+    fn take_spare() -> Arc<Self> {
+        if let Some(mut slot) = SPARE_SLOT.take()
+            && let Some(spare) = Arc::get_mut(&mut slot)
+        {
+            *spare.state.get_mut() = SlotState::Waiting;
+            *spare.changed.get_mut() = false;
+            return slot;
+        }
+        Self::new()
     }
 
     fn set(&self, state: SlotState) {
@@ -182,6 +196,16 @@ fn spin_for(commit_spin: Duration, last_sync: Duration) -> Duration {
     if last_sync.saturating_mul(2) <= commit_spin { commit_spin } else { Duration::ZERO }
 }
 
+thread_local! {
+    /// The member list of the last group this thread led, emptied, for its next group: a
+    /// leader takes a group and acknowledges it on its own thread, so the list is reused
+    /// rather than allocated per group (per append, for a single writer).
+    static SPARE_MEMBERS: Cell<Vec<Pending>> = const { Cell::new(Vec::new()) };
+    /// This thread's slot from its last append, for its next one if nothing else holds it
+    /// any more: one allocation fewer per append.
+    static SPARE_SLOT: Cell<Option<Arc<Slot>>> = const { Cell::new(None) };
+}
+
 /// One queued request: a batch to append, or (with `batch: None`) a request to sync.
 struct Pending {
     batch: Option<EncodedBatch>,
@@ -189,6 +213,8 @@ struct Pending {
     /// It may use the reserve at the end of the active segment (`limits::segment_reserve_bytes`).
     reserved: bool,
     slot: Arc<Slot>,
+    /// The LSNs its batch was given, once its group is written (empty for a sync request).
+    lsns: LsnRange,
 }
 
 impl Pending {
@@ -392,7 +418,20 @@ impl Writer {
     }
 
     fn submit(&self, batch: Option<EncodedBatch>, durability: Durability, reserved: bool) -> Result<LsnRange> {
-        let slot = Slot::new();
+        let slot = Slot::take_spare();
+        let result = self.submit_on(&slot, batch, durability, reserved);
+        SPARE_SLOT.set(Some(slot));
+        result
+    }
+
+    /// [`Writer::submit`], answered on `slot`.
+    fn submit_on(
+        &self,
+        slot: &Arc<Slot>,
+        batch: Option<EncodedBatch>,
+        durability: Durability,
+        reserved: bool,
+    ) -> Result<LsnRange> {
         let mut commit = self.commit.lock();
         loop {
             Self::check_open(&commit)?;
@@ -401,7 +440,13 @@ impl Writer {
             }
             self.room.wait(&mut commit);
         }
-        commit.queue.push_back(Pending { batch, durability, reserved, slot: Arc::clone(&slot) });
+        commit.queue.push_back(Pending {
+            batch,
+            durability,
+            reserved,
+            slot: Arc::clone(slot),
+            lsns: LsnRange::empty(),
+        });
         self.queue_len.store(commit.queue.len(), Ordering::Release);
         // The gathering leader wakes once, when its group is complete, not at every arrival.
         if commit.gathering && commit.queue.len() >= commit.expected_group {
@@ -435,7 +480,7 @@ impl Writer {
                 // Handed leadership.
             }
             let guard = commit.take().unwrap_or_else(|| self.commit.lock());
-            match self.lead(guard, &slot) {
+            match self.lead(guard, slot) {
                 Led::OwnGroup => return slot.take_done().expect("the leader leads until its own slot is filled"),
                 Led::TakenOver => lead_now = false,
             }
@@ -597,7 +642,8 @@ impl Writer {
         let segment_bytes = leader.active.header.segment_bytes;
         let room = segment_bytes.saturating_sub(leader.active.data_end);
         let reserve = limits::segment_reserve_bytes(segment_bytes);
-        let mut members = Vec::new();
+        let mut members = SPARE_MEMBERS.take();
+        debug_assert!(members.is_empty());
         let mut bytes = 0u64;
         while let Some(next) = commit.queue.front() {
             let frame_len = next.frame_len() as u64;
@@ -616,8 +662,8 @@ impl Writer {
         Group { members, rotate_first }
     }
 
-    /// Writes, syncs and publishes one group; returns each batch member's LSN range.
-    fn commit_group(&self, leader: &mut LeaderState, group: &mut Group) -> Result<Vec<LsnRange>, GroupError> {
+    /// Writes, syncs and publishes one group; gives each batch member its LSN range.
+    fn commit_group(&self, leader: &mut LeaderState, group: &mut Group) -> Result<(), GroupError> {
         if group.rotate_first {
             self.rotate(leader)?;
         }
@@ -625,7 +671,7 @@ impl Writer {
         let salt = leader.active.header.salt();
         let synced_through = u32::try_from(leader.synced_end).expect("segments are at most SEGMENT_BYTES_MAX < 4 GiB");
         let mut next_lsn = leader.active.next_lsn;
-        let mut ranges = Vec::with_capacity(group.members.len());
+        let first_lsn = leader.active.next_lsn;
         let mut new_sparse = Vec::new();
         let mut need_sync = false;
         let mut batches = 0;
@@ -640,7 +686,7 @@ impl Writer {
                 leader.last_indexed = Some(offset);
             }
             leader.buf.extend_from_slice(batch.seal(next_lsn, salt, synced_through));
-            ranges.push(LsnRange::new(Lsn::new(next_lsn), batch.record_count()));
+            member.lsns = LsnRange::new(Lsn::new(next_lsn), batch.record_count());
             next_lsn += u64::from(batch.record_count());
         }
         self.write_buffer(leader, write_start, need_sync).map_err(GroupError::poisoning)?;
@@ -654,9 +700,9 @@ impl Writer {
             leader.last_sync = self.sync_active(leader).map_err(GroupError::poisoning)?;
         }
         self.publish(leader, new_sparse);
-        let records = next_lsn - ranges.first().map_or(next_lsn, |range| range.first().get());
+        let records = next_lsn - first_lsn;
         self.metrics.record_group(batches, records, leader.buf.len() as u64);
-        Ok(ranges)
+        Ok(())
     }
 
     /// Writes the leader's buffer at `write_start`. During a run of groups that do not sync,
@@ -775,24 +821,21 @@ impl Writer {
         Ok(())
     }
 
-    fn acknowledge(group: Group, outcome: Result<Vec<LsnRange>>) {
+    fn acknowledge(group: Group, outcome: Result<()>) {
+        let mut members = group.members;
         match outcome {
-            Ok(ranges) => {
-                let mut ranges = ranges.into_iter();
-                for member in group.members {
-                    let result = match member.batch {
-                        Some(_) => Ok(ranges.next().expect("one range per batch member")),
-                        None => Ok(LsnRange::empty()),
-                    };
-                    member.slot.set(SlotState::Done(result));
+            Ok(()) => {
+                for member in members.drain(..) {
+                    member.slot.set(SlotState::Done(Ok(member.lsns)));
                 }
             }
             Err(error) => {
-                for member in group.members {
+                for member in members.drain(..) {
                     member.slot.set(SlotState::Done(Err(error.replicate())));
                 }
             }
         }
+        SPARE_MEMBERS.set(members);
     }
 }
 

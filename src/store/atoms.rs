@@ -9,7 +9,7 @@ use crate::codec::{self, StartParts, StoreRecord};
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::log::Lsn;
+use crate::log::{BatchBuilder, Lsn};
 use crate::store::Codec;
 use crate::store::index::{AtomEntry, EntryState, StoreIndex};
 use crate::store::types::{
@@ -69,6 +69,11 @@ impl Training {
         self.stage == TrainingStage::Done
     }
 }
+
+/// Bytes of a completion record beyond its delta and result (envelope, field headers, the
+/// atom and the time), with the length prefixes of a start and completion in a batch: what
+/// [`Store::record`] sizes its batch with, so that it seldom grows.
+const RECORD_OVERHEAD_GUESS: usize = 64;
 
 impl Store {
     /// Records that `agent` of `run` starts the atom it calls `key`, depending on `parents`.
@@ -146,7 +151,8 @@ impl Store {
             run,
             (agent, key, parents, idempotency_key),
             || delta.encode_to_vec(),
-            |codec, atom, now| codec.encode_completion(atom, delta, result, now),
+            result.len(),
+            |codec, out, atom, now| codec.put_completion(out, atom, delta, result, now),
         )
     }
 
@@ -189,27 +195,38 @@ impl Store {
             run,
             (agent, key, parents, idempotency_key),
             || delta.to_vec(),
-            |codec, atom, now| codec.encode_completion_bytes(atom, delta, result, now),
+            delta.len() + result.len(),
+            |codec, out, atom, now| codec.put_completion_bytes(out, atom, delta, result, now),
         )
     }
 
     /// Records an atom that has run (`record_atom`): reserves it, samples its delta (`sample`
-    /// encodes it) for dictionary training, encodes its completion (`completion`, given the
-    /// atom and the time) and appends both records as one batch.
+    /// encodes it) for dictionary training, and appends its start and its completion
+    /// (`completion` writes it, given the atom and the time; about `completion_bytes` of
+    /// delta and result) as one batch, both records encoded straight into the batch's frame.
     fn record(
         &self,
         run: RunId,
         (agent, key, parents, idempotency_key): (&str, &str, &[AtomId], &str),
         sample: impl FnOnce() -> Vec<u8>,
-        completion: impl FnOnce(&Codec, u64, u64) -> Vec<u8>,
+        completion_bytes: usize,
+        completion: impl FnOnce(&Codec, &mut Vec<u8>, u64, u64),
     ) -> Result<AtomId> {
-        let (atom, run32, started, now) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
-        // Sampled before encoding, as `complete_atom` does: a dictionary trained here is
-        // appended before the records it compresses.
-        self.sample_for_dictionary(sample);
-        let completed = completion(&self.shared.codec, atom.0, now);
+        let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
+        let now = now_us();
+        let start =
+            StartParts { atom: atom.0, run: run.0, agent, key, parents, idempotency_key, started_at_unix_us: now };
+        let codec = &self.shared.codec;
         // IMPORTANT: with the default `Sync`, both records are durable before return.
-        let appended = self.shared.log.append_batch_with(&[&started, &completed], self.shared.policies.atom_durability);
+        let appended = (|| {
+            let mut batch = BatchBuilder::with_capacity(start.len_guess() + RECORD_OVERHEAD_GUESS + completion_bytes);
+            batch.push_with(|out| codec.put_start(out, &start))?;
+            // Sampled before encoding, as `complete_atom` does: a dictionary trained here is
+            // appended before the records it compresses.
+            self.sample_for_dictionary(sample);
+            batch.push_with(|out| completion(codec, out, atom.0, now))?;
+            self.shared.log.append_built(batch, self.shared.policies.atom_durability)
+        })();
         let mut index = self.shared.index.write();
         match appended {
             Ok(lsns) => {
