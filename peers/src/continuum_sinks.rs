@@ -221,19 +221,21 @@ impl AtomSink for StoreSink {
         if let Last::Unknown = *last {
             *last = Last::Known(self.store.last_agent_atom(run, name));
         }
-        let parents: Vec<AtomId> = match *last {
-            Last::Known(parent) => parent.into_iter().collect(),
-            Last::Unknown => Vec::new(),
+        let parent = match *last {
+            Last::Known(parent) => parent,
+            Last::Unknown => None,
         };
+        // The agent's previous atom, if any, without a Vec per atom.
+        let parents = parent.as_slice();
         let mut digits = [0; 20];
         let key = decimal(atom.atom_id, &mut digits);
         let result = &atom.output.result;
         let id = if begin_complete() {
-            let id = self.store.begin_atom(run, name, key, &parents, "")?;
+            let id = self.store.begin_atom(run, name, key, parents, "")?;
             self.store.complete_atom_encoded(id, atom.encoded, result)?;
             id
         } else {
-            self.store.record_atom_encoded(run, name, key, &parents, "", atom.encoded, result)?
+            self.store.record_atom_encoded(run, name, key, parents, "", atom.encoded, result)?
         };
         *last = Last::Known(Some(id));
         Ok(())
