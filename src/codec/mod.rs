@@ -291,9 +291,12 @@ pub(crate) struct StartParts<'a> {
 }
 
 impl StartParts<'_> {
-    /// About the length of the start record these parts make, plain (a sizing hint).
+    /// About the length of the start record these parts make, plain (a sizing hint, at most
+    /// a little over).
     pub fn len_guess(&self) -> usize {
-        const FIXED: usize = envelope::ENVELOPE_HEADER_BYTES + 10 + 4 * 11 + 4 * 2;
+        // The envelope's header and subject varint; three `uint64` fields (a tag and up to ten
+        // bytes each); four length-delimited fields (a tag and a length of up to five bytes).
+        const FIXED: usize = envelope::ENVELOPE_HEADER_BYTES + 10 + 3 * 11 + 4 * 6;
         FIXED + self.agent.len() + self.key.len() + self.idempotency_key.len() + self.parents.len() * 10
     }
 }
