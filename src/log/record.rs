@@ -183,20 +183,33 @@ fn checked_payload_len<R: AsRef<[u8]>>(records: &[R]) -> crate::Result<usize> {
     let mut payload_len: u64 = 0;
     for record in records {
         let len = record.as_ref().len() as u64;
-        if len > u64::from(limits::RECORD_BYTES_MAX) {
-            return Err(crate::Error::RecordTooLarge { bytes: len, max: u64::from(limits::RECORD_BYTES_MAX) });
-        }
+        check_record_len(len)?;
         payload_len += 4 + len;
     }
-    if records.len() as u64 > u64::from(limits::BATCH_RECORDS_MAX) || payload_len > u64::from(limits::BATCH_BYTES_MAX) {
+    check_batch_size(records.len() as u64, payload_len)?;
+    Ok(usize::try_from(payload_len).expect("payload length is below BATCH_BYTES_MAX"))
+}
+
+/// A record of `len` bytes is within [`limits::RECORD_BYTES_MAX`].
+fn check_record_len(len: u64) -> crate::Result<()> {
+    if len > u64::from(limits::RECORD_BYTES_MAX) {
+        return Err(crate::Error::RecordTooLarge { bytes: len, max: u64::from(limits::RECORD_BYTES_MAX) });
+    }
+    Ok(())
+}
+
+/// A batch of `records` records and `payload_len` bytes of payload is within
+/// [`limits::BATCH_RECORDS_MAX`] and [`limits::BATCH_BYTES_MAX`].
+fn check_batch_size(records: u64, payload_len: u64) -> crate::Result<()> {
+    if records > u64::from(limits::BATCH_RECORDS_MAX) || payload_len > u64::from(limits::BATCH_BYTES_MAX) {
         return Err(crate::Error::BatchTooLarge {
-            records: records.len() as u64,
+            records,
             bytes: payload_len,
             records_max: u64::from(limits::BATCH_RECORDS_MAX),
             bytes_max: u64::from(limits::BATCH_BYTES_MAX),
         });
     }
-    Ok(usize::try_from(payload_len).expect("payload length is below BATCH_BYTES_MAX"))
+    Ok(())
 }
 
 /// Builds an [`EncodedBatch`] whose records are written straight into its frame, each by a
@@ -227,11 +240,12 @@ impl BatchBuilder {
         self.frame.extend_from_slice(&[0; 4]);
         write(&mut self.frame);
         let len = self.frame.len() - at - 4;
-        let Some(len32) = u32::try_from(len).ok().filter(|len| *len <= limits::RECORD_BYTES_MAX) else {
+        if let Err(error) = check_record_len(len as u64) {
             self.frame.truncate(at);
-            return Err(crate::Error::RecordTooLarge { bytes: len as u64, max: u64::from(limits::RECORD_BYTES_MAX) });
-        };
-        self.frame[at..at + 4].copy_from_slice(&len32.to_le_bytes());
+            return Err(error);
+        }
+        let len = u32::try_from(len).expect("record length was checked against RECORD_BYTES_MAX");
+        self.frame[at..at + 4].copy_from_slice(&len.to_le_bytes());
         self.record_count += 1;
         Ok(())
     }
@@ -243,16 +257,7 @@ impl BatchBuilder {
             return Err(crate::Error::EmptyBatch);
         }
         let payload_len = self.frame.len() - FRAME_HEADER_BYTES;
-        if self.record_count as u64 > u64::from(limits::BATCH_RECORDS_MAX)
-            || payload_len as u64 > u64::from(limits::BATCH_BYTES_MAX)
-        {
-            return Err(crate::Error::BatchTooLarge {
-                records: self.record_count as u64,
-                bytes: payload_len as u64,
-                records_max: u64::from(limits::BATCH_RECORDS_MAX),
-                bytes_max: u64::from(limits::BATCH_BYTES_MAX),
-            });
-        }
+        check_batch_size(self.record_count as u64, payload_len as u64)?;
         let payload_crc = crc32(&self.frame[FRAME_HEADER_BYTES..]);
         self.frame.resize(frame_len_for(payload_len), 0);
         let record_count =
