@@ -427,6 +427,56 @@ impl Latency {
 struct W2Rounds {
     engines: Vec<(Engine, Vec<f64>)>,
     ideal: Vec<f64>,
+    /// What continuum's commit path did in each of its engines' trials.
+    commits: Vec<(Engine, Vec<CommitTrial>)>,
+}
+
+/// What continuum's commit path did in one workload-2 trial: the difference of its metrics
+/// (`AtomSink::commit_metrics`) across the trial, beside the trial's rate.
+#[derive(Clone, Copy, Debug, Default)]
+struct CommitTrial {
+    rate: f64,
+    batches: u64,
+    fdatasyncs: u64,
+    fdatasync_ns: u64,
+    waits: u64,
+    slept: u64,
+    hold_offs: u64,
+}
+
+impl CommitTrial {
+    fn of(rate: f64, before: &continuum::MetricsSnapshot, after: &continuum::MetricsSnapshot) -> Self {
+        Self {
+            rate,
+            batches: after.batches.saturating_sub(before.batches),
+            fdatasyncs: after.fdatasyncs.saturating_sub(before.fdatasyncs),
+            fdatasync_ns: after.fdatasync_ns.sum.saturating_sub(before.fdatasync_ns.sum),
+            waits: after.commit_waits.saturating_sub(before.commit_waits),
+            slept: after.commit_wait_sleeps.saturating_sub(before.commit_wait_sleeps),
+            hold_offs: after.commit_spin_hold_offs.saturating_sub(before.commit_spin_hold_offs),
+        }
+    }
+}
+
+/// One row of the commit-path table: appends per `fdatasync`, its mean latency, the share of
+/// waits that slept, the hold-offs of spinning (and in how many trials), and the median rate
+/// of the trials without a hold-off and of those with one.
+fn commit_row(engine: Engine, trials: &[CommitTrial]) -> Vec<String> {
+    let sum = |field: fn(&CommitTrial) -> u64| trials.iter().map(field).sum::<u64>();
+    let (syncs, waits) = (sum(|t| t.fdatasyncs).max(1), sum(|t| t.waits).max(1));
+    let held = trials.iter().filter(|t| t.hold_offs > 0).count();
+    let mut with: Vec<f64> = trials.iter().filter(|t| t.hold_offs > 0).map(|t| t.rate).collect();
+    let mut without: Vec<f64> = trials.iter().filter(|t| t.hold_offs == 0).map(|t| t.rate).collect();
+    let median_or_none =
+        |rates: &mut Vec<f64>| if rates.is_empty() { "none".to_owned() } else { thousands(median(rates)) };
+    vec![
+        engine.name().to_owned(),
+        format!("{:.2}", sum(|t| t.batches) as f64 / syncs as f64),
+        format!("{:.1} µs", sum(|t| t.fdatasync_ns) as f64 / syncs as f64 / 1000.0),
+        format!("{:.0} %", 100.0 * sum(|t| t.slept) as f64 / waits as f64),
+        format!("{} ({held} of {})", sum(|t| t.hold_offs), trials.len()),
+        format!("{} / {}", median_or_none(&mut without), median_or_none(&mut with)),
+    ]
 }
 
 impl W2Rounds {
@@ -548,6 +598,7 @@ fn durable_append_16(
     // Fixed-size trials, engines in turn; the median trial's rate and the p99 of every append.
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); subjects.len()];
     let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); subjects.len()];
+    let mut commits: Vec<Vec<CommitTrial>> = vec![Vec::new(); subjects.len()];
     let (mut one_thread, mut ideal) = (Vec::new(), Vec::new());
     let mut longest_settle = Duration::ZERO;
     let ceilings = root.join(DURABLE_16).join("ceilings");
@@ -556,8 +607,13 @@ fn durable_append_16(
             // Background work an engine left behind (the store's paced policy snapshots, an
             // engine's purge or checkpoint) finishes before the next trial, not inside it.
             longest_settle = longest_settle.max(settle());
+            let before = subject.sink.commit_metrics();
             let (elapsed, mine) = concurrent_appends(subject, pool, scale.concurrent_per_writer, true);
-            rates[at].push((scale.concurrent_per_writer * u64::from(WRITERS)) as f64 / elapsed.as_secs_f64());
+            let rate = (scale.concurrent_per_writer * u64::from(WRITERS)) as f64 / elapsed.as_secs_f64();
+            if let (Some(before), Some(after)) = (before, subject.sink.commit_metrics()) {
+                commits[at].push(CommitTrial::of(rate, &before, &after));
+            }
+            rates[at].push(rate);
             latencies[at].extend(mine);
         }
         // The same number of appends with no engine: the ceilings the engines are read against.
@@ -571,6 +627,12 @@ fn durable_append_16(
     let rounds = W2Rounds {
         engines: subjects.iter().zip(&rates).map(|(subject, rates)| (subject.engine, rates.clone())).collect(),
         ideal: ideal.clone(),
+        commits: subjects
+            .iter()
+            .zip(commits)
+            .filter(|(_, trials)| !trials.is_empty())
+            .map(|(s, t)| (s.engine, t))
+            .collect(),
     };
     let ceilings = Ceilings { one_thread: median(&mut one_thread), ideal: median(&mut ideal) };
     let figures: Vec<(Engine, Latency)> = subjects
@@ -1098,6 +1160,23 @@ impl Report {
             log_rounds.len()
         ));
         lines.extend(table(&["against", "log ÷ it", "store ÷ it"], &paired_rows));
+        lines.push(String::new());
+        lines.push(
+            "continuum's commit path in these trials (its metrics across each trial): spinning is held off for 100 ms after two late yields (docs/ARCHITECTURE.md, \"Spinning waiters\"), and its waiters then sleep".to_owned(),
+        );
+        let commit_rows: Vec<Vec<String>> =
+            rounds.commits.iter().map(|(engine, trials)| commit_row(*engine, trials)).collect();
+        lines.extend(table(
+            &[
+                "engine",
+                "appends per fdatasync",
+                "fdatasync mean",
+                "waits that slept",
+                "hold-offs (trials)",
+                "median trial without / with a hold-off",
+            ],
+            &commit_rows,
+        ));
         let goals = [
             format!(
                 "W2 log: {} raft-engine (goal ≥ 2: {}), {} SQLite (goal ≥ 14: {})",

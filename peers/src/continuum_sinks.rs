@@ -94,6 +94,10 @@ impl AtomSink for LogSink {
         Ok(Some(used_bytes(&self.log)?))
     }
 
+    fn commit_metrics(&self) -> Option<continuum::MetricsSnapshot> {
+        Some(self.log.metrics())
+    }
+
     fn close(self: Box<Self>) -> Result<()> {
         self.log.close()?;
         Ok(())
@@ -270,6 +274,10 @@ impl AtomSink for StoreSink {
 
     fn used_bytes(&self) -> Result<Option<u64>> {
         Ok(Some(used_bytes(self.store.log())?))
+    }
+
+    fn commit_metrics(&self) -> Option<continuum::MetricsSnapshot> {
+        Some(self.store.metrics())
     }
 
     fn close(self: Box<Self>) -> Result<()> {

@@ -288,6 +288,14 @@ pub trait AtomSink: Send + Sync {
         Ok(None)
     }
 
+    /// continuum's own counters (commit groups, `fdatasync`s, waits that slept, spinning held
+    /// off: [`continuum::MetricsSnapshot`]), read before and after each workload-2 trial so
+    /// that a trial's figure can be read against what its commit path did. `None` for the
+    /// peers, which keep no such counters.
+    fn commit_metrics(&self) -> Option<continuum::MetricsSnapshot> {
+        None
+    }
+
     /// Closes the engine cleanly (syncing what it syncs on close).
     ///
     /// # Errors
@@ -366,6 +374,34 @@ mod tests {
             assert_eq!(sink.resume(3).expect("resumes").atoms, 0, "{}", engine.name());
             let usage = disk_usage(dir.path()).expect("usage");
             assert!(usage.allocated > 0 && usage.length > 0, "{}", engine.name());
+            sink.close().expect("closes");
+        }
+    }
+
+    /// The continuum sinks report their commit counters (which count the appends), the peers
+    /// none.
+    #[test]
+    fn only_continuum_reports_commit_metrics() {
+        let encoded = Deltas::new(5).next_encoded();
+        for engine in Engine::ALL {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let sink = engine.open(dir.path(), Mode::Durable).expect("opens");
+            let before = sink.commit_metrics();
+            for id in 1..=3 {
+                sink.append(&encoded.atom(1, id)).expect("appends");
+            }
+            match (engine.is_continuum(), before, sink.commit_metrics()) {
+                (true, Some(before), Some(after)) => {
+                    assert!(
+                        after.fdatasyncs >= before.fdatasyncs + 3,
+                        "{}: every durable append synced",
+                        engine.name()
+                    );
+                    assert!(after.batches >= before.batches + 3, "{}", engine.name());
+                }
+                (false, None, None) => {}
+                (_, before, after) => panic!("{}: {before:?} / {after:?}", engine.name()),
+            }
             sink.close().expect("closes");
         }
     }
