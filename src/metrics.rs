@@ -529,8 +529,8 @@ pub struct MetricsSnapshot {
     ///
     /// [`Config::commit_spin`]: crate::Config::commit_spin
     pub commit_wait_sleeps: u64,
-    /// Times spinning was held off (for 100 ms each) because two yields in a row came back
-    /// over a millisecond late: the CPU is shared with other work, and spinning would hand it
+    /// Times spinning was held off (for 10 ms, or up to 640 ms while hold-offs follow each
+    /// other) because two stalls within 50 ms made yields come back over a millisecond late: the CPU is shared with other work, and spinning would hand it
     /// over (docs/ARCHITECTURE.md, "Spinning waiters"). Waits sleep meanwhile.
     pub commit_spin_hold_offs: u64,
     /// Spins (of waiters and gathering leaders) that stopped because a yield came back over a

@@ -152,10 +152,21 @@ const SLOW_YIELDS_WINDOW: Duration = Duration::from_millis(50);
 /// a busy loop, slow yields keep coming a scheduler slice (a few milliseconds) apart.
 const SAME_STALL: Duration = Duration::from_millis(5);
 
-/// How long waiters and gatherers sleep instead of spinning once spinning is held off.
+/// How long waiters and gatherers first sleep instead of spinning once spinning is held off.
 /// Measured (`BENCHMARKS.md` §2, session 11): four `Sync` appenders beside three busy loops on
-/// two cores, 1,000 appends/s spinning against 28-33 k with spinning off.
-const SPIN_HOLD_OFF: Duration = Duration::from_millis(100);
+/// two cores, 1,000 appends/s spinning against 28-33 k with spinning off. Short, because a
+/// hold-off may be a false alarm: on a virtual machine whose host stalls a vCPU now and then,
+/// two stalls can land within [`SLOW_YIELDS_WINDOW`] with no other work on the CPU, and then
+/// sleeping waiters only cost throughput (16 writers: 24-36 % fewer appends/s in the trials a
+/// fixed 100 ms hold-off hit, `BENCHMARKS.md` §8, session 22).
+const SPIN_HOLD_OFF_MIN: Duration = Duration::from_millis(10);
+
+/// The longest hold-off. A hold-off that begins within [`SLOW_YIELDS_WINDOW`] of the end of
+/// the last one (spinning stalled again as soon as it was tried) lasts twice as long as that
+/// one, up to this; any other begins at [`SPIN_HOLD_OFF_MIN`]. So a CPU that stays shared
+/// with other work sees spinning tried for a few milliseconds every 640 ms, and a sporadic
+/// stall costs 10 ms of sleeping waiters.
+const SPIN_HOLD_OFF_MAX: Duration = Duration::from_millis(640);
 
 /// How a spin ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -293,8 +304,11 @@ pub(crate) struct Writer {
     spin_ns: AtomicU64,
     /// When the writer was made: the origin of `spin_held_off_until`.
     epoch: Instant,
-    /// Until when (nanoseconds after `epoch`) nobody spins; 0: not held off.
+    /// Until when (nanoseconds after `epoch`) nobody spins; 0: never held off.
     spin_held_off_until: AtomicU64,
+    /// How long the last hold-off lasted, in nanoseconds (from [`SPIN_HOLD_OFF_MIN`], doubling
+    /// up to [`SPIN_HOLD_OFF_MAX`] while hold-offs follow each other).
+    spin_hold_off_ns: AtomicU64,
     /// When (nanoseconds after `epoch`) the last stall began (its first slow yield; see
     /// [`SAME_STALL`]); 0: never.
     last_stall: AtomicU64,
@@ -338,6 +352,7 @@ impl Writer {
             spin_ns: AtomicU64::new(nanos(commit_spin)),
             epoch: Instant::now(),
             spin_held_off_until: AtomicU64::new(0),
+            spin_hold_off_ns: AtomicU64::new(0),
             last_stall: AtomicU64::new(0),
             queue_len: AtomicUsize::new(0),
             commit: Mutex::new(CommitState::default()),
@@ -498,9 +513,17 @@ impl Writer {
         Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
     }
 
+    /// Whether spinning is held off at `now` (since `epoch`).
+    #[cfg(test)]
+    fn held_off_at(&self, now: Duration) -> bool {
+        nanos(now) < self.spin_held_off_until.load(Ordering::Relaxed)
+    }
+
     /// A yield came back late. If it is not part of the last stall (within [`SAME_STALL`] of
     /// its first slow yield), it starts a new one, and a new stall within [`SLOW_YIELDS_WINDOW`]
-    /// of the last one holds spinning off for [`SPIN_HOLD_OFF`] from now.
+    /// of the last one holds spinning off from now, unless it is held off already: for
+    /// [`SPIN_HOLD_OFF_MIN`], or twice the last hold-off if that ended less than
+    /// [`SLOW_YIELDS_WINDOW`] ago (at most [`SPIN_HOLD_OFF_MAX`]).
     fn note_slow_yield(&self) {
         self.note_slow_yield_at(self.epoch.elapsed());
     }
@@ -522,10 +545,21 @@ impl Writer {
             }
         };
         let mut held_off = false;
-        if previous != 0 && now_ns.saturating_sub(previous) <= nanos(SLOW_YIELDS_WINDOW) {
-            let until = nanos(now + SPIN_HOLD_OFF);
-            // A hold-off is counted once, not again for a stall that lands in it.
-            held_off = self.spin_held_off_until.swap(until, Ordering::Relaxed) < now_ns;
+        let held_until = self.spin_held_off_until.load(Ordering::Relaxed);
+        // A stall that lands in a hold-off neither starts nor lengthens one.
+        if previous != 0 && now_ns.saturating_sub(previous) <= nanos(SLOW_YIELDS_WINDOW) && held_until <= now_ns {
+            let last = self.spin_hold_off_ns.load(Ordering::Relaxed);
+            let recurs = held_until != 0 && now_ns - held_until <= nanos(SLOW_YIELDS_WINDOW);
+            let length =
+                if recurs { last.saturating_mul(2).min(nanos(SPIN_HOLD_OFF_MAX)) } else { nanos(SPIN_HOLD_OFF_MIN) };
+            // Of the threads that see the same stall, one starts the hold-off.
+            held_off = self
+                .spin_held_off_until
+                .compare_exchange(held_until, now_ns + length, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+            if held_off {
+                self.spin_hold_off_ns.store(length, Ordering::Relaxed);
+            }
         }
         self.metrics.record_slow_yield(held_off);
     }
@@ -909,19 +943,23 @@ mod tests {
         let writer = &log.inner.writer;
         let spin = Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT);
         assert_eq!(writer.spin_now(), spin);
-        let t = writer.epoch.elapsed();
+        let t = writer.epoch.elapsed() + Duration::from_secs(1);
         writer.note_slow_yield_at(t);
-        assert_eq!(writer.spin_now(), spin, "one stall alone is a hiccup");
+        assert!(!writer.held_off_at(t), "one stall alone is a hiccup");
         for late in 1..10 {
             writer.note_slow_yield_at(t + Duration::from_micros(late * 30));
         }
-        assert_eq!(writer.spin_now(), spin, "threads coming back late from the same stall are one stall");
-        writer.note_slow_yield_at(t + SAME_STALL + Duration::from_millis(1));
-        assert_eq!(writer.spin_now(), Duration::ZERO, "a second stall within the window holds spinning off");
+        assert!(!writer.held_off_at(t + SAME_STALL), "threads coming back late from the same stall are one stall");
+        let second = t + SAME_STALL + Duration::from_millis(1);
+        writer.note_slow_yield_at(second);
+        assert!(writer.held_off_at(second), "a second stall within the window holds spinning off");
+        assert!(writer.held_off_at(second + SPIN_HOLD_OFF_MIN - Duration::from_micros(1)));
+        assert!(!writer.held_off_at(second + SPIN_HOLD_OFF_MIN), "the first hold-off is the shortest");
         let metrics = log.metrics();
         assert_eq!((metrics.commit_spin_slow_yields, metrics.commit_spin_hold_offs), (11, 1));
-        writer.note_slow_yield_at(t + SAME_STALL * 3);
+        writer.note_slow_yield_at(second + SAME_STALL + Duration::from_millis(1));
         assert_eq!(log.metrics().commit_spin_hold_offs, 1, "a stall during a hold-off is not a new one");
+        assert!(!writer.held_off_at(second + SPIN_HOLD_OFF_MIN), "nor does it lengthen it");
         // Stalls further apart than the window do not hold spinning off.
         let later = crate::Log::builder(std::path::Path::new("/later"))
             .storage(Arc::new(crate::storage::sim::SimStorage::new(2)))
@@ -933,5 +971,38 @@ mod tests {
         writer.note_slow_yield_at(t + SLOW_YIELDS_WINDOW + Duration::from_millis(1));
         assert_eq!(writer.spin_now(), spin);
         assert_eq!(later.metrics().commit_spin_hold_offs, 0);
+    }
+
+    /// Holds spinning off the way a CPU shared with other work does: two stalls `SAME_STALL`
+    /// apart, starting `at`; returns when the hold-off they start ends, if they start one.
+    fn two_stalls(writer: &Writer, at: Duration) -> Option<Duration> {
+        let second = at + SAME_STALL + Duration::from_millis(1);
+        writer.note_slow_yield_at(at);
+        writer.note_slow_yield_at(second);
+        writer.held_off_at(second).then(|| Duration::from_nanos(writer.spin_held_off_until.load(Ordering::Relaxed)))
+    }
+
+    #[test]
+    fn hold_offs_that_follow_each_other_double_up_to_the_longest_and_a_lone_one_is_short() {
+        let log = crate::Log::builder(std::path::Path::new("/store"))
+            .storage(Arc::new(crate::storage::sim::SimStorage::new(3)))
+            .open()
+            .expect("open");
+        let writer = &log.inner.writer;
+        let mut at = writer.epoch.elapsed() + Duration::from_secs(1);
+        let mut lengths = Vec::new();
+        for _ in 0..9 {
+            // Spinning is tried again when the hold-off ends and stalls at once (after a short
+            // hold-off its first stall is already within the window of the last one).
+            let ended = two_stalls(writer, at).expect("the two stalls hold spinning off");
+            lengths.push(Duration::from_nanos(writer.spin_hold_off_ns.load(Ordering::Relaxed)).as_millis());
+            at = ended + Duration::from_millis(2);
+        }
+        assert_eq!(lengths, [10, 20, 40, 80, 160, 320, 640, 640, 640]);
+        assert_eq!(log.metrics().commit_spin_hold_offs, 9);
+        // Spinning then ran clean for longer than the window: the next hold-off is short again.
+        let later = at + SLOW_YIELDS_WINDOW * 2;
+        let ended = two_stalls(writer, later).expect("held off");
+        assert_eq!(ended - (later + SAME_STALL + Duration::from_millis(1)), SPIN_HOLD_OFF_MIN);
     }
 }
