@@ -25,7 +25,7 @@ const LULL_PROBES: u32 = 2;
 /// Policy snapshots wait for one: a snapshot rebuilds, encodes and compresses an agent's whole
 /// context (about a millisecond of CPU for a 20 KB context), and written in the middle of a
 /// burst of atoms they take that CPU from the appending threads on a small machine (16 agents
-/// bursting on 2 cores: 15–25 % fewer atoms per second, `BENCHMARKS.md` §8, session 11). Agents
+/// bursting on 2 cores: 15–25 % fewer atoms per second, `BENCHMARKS_HISTORY.md`, session 11). Agents
 /// usually pause between atoms (a model call takes seconds), so a lull comes soon.
 pub(crate) fn wait_for_lull(mut next_lsn: impl FnMut() -> u64, deadline: Instant, stopping: &AtomicBool) -> bool {
     let mut quiet = 0;
