@@ -433,7 +433,7 @@ struct W2Rounds {
 
 /// What continuum's commit path did in one workload-2 trial: the difference of its metrics
 /// (`AtomSink::commit_metrics`) across the trial, beside the trial's rate.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct CommitTrial {
     rate: f64,
     batches: u64,

@@ -157,7 +157,7 @@ const SAME_STALL: Duration = Duration::from_millis(5);
 /// two cores, 1,000 appends/s spinning against 28-33 k with spinning off. Short, because a
 /// hold-off may be a false alarm: on a virtual machine whose host stalls a vCPU now and then,
 /// two stalls can land within [`SLOW_YIELDS_WINDOW`] with no other work on the CPU, and then
-/// sleeping waiters only cost throughput (16 writers: 24-36 % fewer appends/s in the trials a
+/// sleeping waiters only cost throughput (16 writers: 24-42 % fewer appends/s in the trials a
 /// fixed 100 ms hold-off hit, `BENCHMARKS.md` §8, session 22).
 const SPIN_HOLD_OFF_MIN: Duration = Duration::from_millis(10);
 
