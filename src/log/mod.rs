@@ -689,6 +689,12 @@ impl Log {
         self.inner.metrics.set_enabled(enabled);
     }
 
+    /// Marks CPU work of the store's own background thread until the guard drops: late yields
+    /// of spinning appenders meanwhile do not hold spinning off (`writer::OwnWork`).
+    pub(crate) fn own_background_work(&self) -> writer::OwnWork<'_> {
+        self.inner.writer.own_work()
+    }
+
     /// The live metrics, for the layers above to record into.
     pub(crate) fn metrics_handle(&self) -> &Metrics {
         &self.inner.metrics

@@ -171,7 +171,9 @@ fn run(
         }
         // Every wake-up takes the dictionary to train and the due snapshots, whatever job woke
         // it: a request whose own wake-up found the queue full is not left waiting.
+        let work = store.shared.log.own_background_work();
         store.train_pending_dictionary();
+        drop(work);
         let (mut ready, deferred_until) = take_ready(due, &mut recent, Instant::now());
         next_deferred = deferred_until;
         if !ready.is_empty() {
@@ -249,7 +251,10 @@ fn write_snapshots(store: &Store, due: Vec<(u32, AtomId)>, pace: Pace, recent: &
                 *atom
             })
             .collect();
-        for (atom, result) in atoms.iter().zip(store.policy_snapshots(&atoms)) {
+        let work = store.shared.log.own_background_work();
+        let written = store.policy_snapshots(&atoms);
+        drop(work);
+        for (atom, result) in atoms.iter().zip(written) {
             if let Err(error) = result {
                 store.policy_snapshot_failed(*atom, &error);
             }
