@@ -969,10 +969,17 @@ mod tests {
         assert!(end == SpinEnd::SlowYield || started.elapsed() >= Duration::from_millis(5), "it ran to its deadline");
     }
 
+    /// A log at `dir` on simulated storage (seeded `seed`), whose writer the spin tests drive.
+    fn sim_log(dir: &str, seed: u64) -> crate::Log {
+        crate::Log::builder(std::path::Path::new(dir))
+            .storage(Arc::new(crate::storage::sim::SimStorage::new(seed)))
+            .open()
+            .expect("open")
+    }
+
     #[test]
     fn two_stalls_close_together_hold_spinning_off() {
-        let storage = Arc::new(crate::storage::sim::SimStorage::new(1));
-        let log = crate::Log::builder(std::path::Path::new("/store")).storage(storage).open().expect("open");
+        let log = sim_log("/store", 1);
         let writer = &log.inner.writer;
         let spin = Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT);
         assert_eq!(writer.spin_now(), spin);
@@ -994,10 +1001,7 @@ mod tests {
         assert_eq!(log.metrics().commit_spin_hold_offs, 1, "a stall during a hold-off is not a new one");
         assert!(!writer.held_off_at(second + SPIN_HOLD_OFF_MIN), "nor does it lengthen it");
         // Stalls further apart than the window do not hold spinning off.
-        let later = crate::Log::builder(std::path::Path::new("/later"))
-            .storage(Arc::new(crate::storage::sim::SimStorage::new(2)))
-            .open()
-            .expect("open");
+        let later = sim_log("/later", 2);
         let writer = &later.inner.writer;
         let t = writer.epoch.elapsed();
         writer.note_slow_yield_at(t);
@@ -1008,10 +1012,7 @@ mod tests {
 
     #[test]
     fn stalls_during_the_stores_own_background_work_do_not_hold_spinning_off() {
-        let log = crate::Log::builder(std::path::Path::new("/store"))
-            .storage(Arc::new(crate::storage::sim::SimStorage::new(4)))
-            .open()
-            .expect("open");
+        let log = sim_log("/store", 4);
         let writer = &log.inner.writer;
         let at = writer.epoch.elapsed() + Duration::from_secs(1);
         {
@@ -1038,10 +1039,7 @@ mod tests {
 
     #[test]
     fn hold_offs_that_follow_each_other_double_up_to_the_longest_and_a_lone_one_is_short() {
-        let log = crate::Log::builder(std::path::Path::new("/store"))
-            .storage(Arc::new(crate::storage::sim::SimStorage::new(3)))
-            .open()
-            .expect("open");
+        let log = sim_log("/store", 3);
         let writer = &log.inner.writer;
         let mut at = writer.epoch.elapsed() + Duration::from_secs(1);
         let mut lengths = Vec::new();
