@@ -62,7 +62,7 @@ pub struct Config {
     /// `Duration::ZERO` always sleeps. Spinning pays when the appending threads have little
     /// else to do between appends; when the CPU is short (more runnable threads than cores
     /// doing real work), sleeping leaves it to them: a spin stops at a yield that comes back
-    /// over a millisecond late, and two of those within 50 ms turn spinning off for 10 ms, or
+    /// over a millisecond late, and three of those within 25 ms turn spinning off for 10 ms, or
     /// longer (up to 640 ms) while it keeps stalling as soon as it is tried again
     /// (docs/ARCHITECTURE.md, "Spinning stands aside on a busy CPU"). Default
     /// [`limits::COMMIT_SPIN_US_DEFAULT`] µs; at most [`limits::COMMIT_SPIN_US_MAX`] µs.

@@ -530,11 +530,12 @@ pub struct MetricsSnapshot {
     /// [`Config::commit_spin`]: crate::Config::commit_spin
     pub commit_wait_sleeps: u64,
     /// Times spinning was held off (for 10 ms, or up to 640 ms while hold-offs follow each
-    /// other) because two stalls within 50 ms made yields come back over a millisecond late: the CPU is shared with other work, and spinning would hand it
-    /// over (docs/ARCHITECTURE.md, "Spinning waiters"). Waits sleep meanwhile.
+    /// other) because three stalls within 25 ms made yields come back over a millisecond late:
+    /// the CPU is shared with other work, and spinning would hand it over
+    /// (docs/ARCHITECTURE.md, "Spinning stands aside on a busy CPU"). Waits sleep meanwhile.
     pub commit_spin_hold_offs: u64,
     /// Spins (of waiters and gathering leaders) that stopped because a yield came back over a
-    /// millisecond late; two within 50 ms hold spinning off.
+    /// millisecond late; three stalls within 25 ms hold spinning off.
     pub commit_spin_slow_yields: u64,
     /// Latency of `Sync` appends, call to acknowledgement (every one timed).
     pub append_sync_ns: HistogramSnapshot,

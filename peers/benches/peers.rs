@@ -1162,7 +1162,7 @@ impl Report {
         lines.extend(table(&["against", "log ÷ it", "store ÷ it"], &paired_rows));
         lines.push(String::new());
         lines.push(
-            "continuum's commit path in these trials (its metrics across each trial): spinning is held off after two stalls (yields back over 1 ms late) within 50 ms, and its waiters then sleep (docs/ARCHITECTURE.md, \"Spinning stands aside on a busy CPU\")".to_owned(),
+            "continuum's commit path in these trials (its metrics across each trial): spinning is held off after three stalls (yields back over 1 ms late) within 25 ms, and its waiters then sleep (docs/ARCHITECTURE.md, \"Spinning stands aside on a busy CPU\")".to_owned(),
         );
         let commit_rows: Vec<Vec<String>> =
             rounds.commits.iter().map(|(engine, trials)| commit_row(*engine, trials)).collect();

@@ -140,9 +140,18 @@ struct Waited {
 /// 2-4 ms (a scheduler slice of the other process).
 const YIELD_SLOW: Duration = Duration::from_millis(1);
 
-/// Two stalls this close together hold spinning off: one alone is a hiccup (the hypervisor, a
-/// kernel thread), a stream of them is a CPU shared with other work.
-const SLOW_YIELDS_WINDOW: Duration = Duration::from_millis(50);
+/// Three stalls within this hold spinning off: one alone is a hiccup (the hypervisor, a
+/// kernel thread), and on this virtual machine two close together are too; a steady stream of
+/// them is a CPU shared with other work. Measured (session 23, 16 threads spinning on two
+/// vCPUs, every slow yield recorded): on the idle machine 91 stalls in 30 s, two of them within
+/// 50 ms of each other 10 times (which held spinning off until then), three within 25 ms never
+/// (three within 50 ms once); beside one busy loop (or three), a stall every 7.7 ms, so three
+/// within 25 ms at every stall from the third on.
+const STALLS_WINDOW: Duration = Duration::from_millis(25);
+
+/// A hold-off that begins less than this after the last one ended (spinning stalled again as
+/// soon as it was tried) lasts twice as long as that one ([`SPIN_HOLD_OFF_MAX`]).
+const HOLD_OFF_RECURS_WITHIN: Duration = Duration::from_millis(50);
 
 /// Slow yields within this of the first are one stall: when the hypervisor holds a vCPU for a
 /// millisecond or two, every thread spinning on it comes back late at once. Measured here
@@ -156,13 +165,13 @@ const SAME_STALL: Duration = Duration::from_millis(5);
 /// Measured (`BENCHMARKS.md` §2, session 11): four `Sync` appenders beside three busy loops on
 /// two cores, 1,000 appends/s spinning against 28-33 k with spinning off. Short, because a
 /// hold-off may be a false alarm: on a virtual machine whose host stalls a vCPU now and then,
-/// two stalls can land within [`SLOW_YIELDS_WINDOW`] with no other work on the CPU, and then
-/// sleeping waiters only cost throughput (16 writers: 24-42 % fewer appends/s in the trials a
+/// stalls can land within [`STALLS_WINDOW`] with no other work on the CPU, and then sleeping
+/// waiters only cost throughput (16 writers: 24-42 % fewer appends/s in the trials a
 /// fixed 100 ms hold-off hit, `BENCHMARKS.md` §8, session 22).
 const SPIN_HOLD_OFF_MIN: Duration = Duration::from_millis(10);
 
-/// The longest hold-off. A hold-off that begins within [`SLOW_YIELDS_WINDOW`] of the end of
-/// the last one (spinning stalled again as soon as it was tried) lasts twice as long as that
+/// The longest hold-off. A hold-off that begins within [`HOLD_OFF_RECURS_WITHIN`] of the end
+/// of the last one (spinning stalled again as soon as it was tried) lasts twice as long as that
 /// one, up to this; any other begins at [`SPIN_HOLD_OFF_MIN`]. So a CPU that stays shared
 /// with other work sees spinning tried for a few milliseconds every 640 ms, and a sporadic
 /// stall costs 10 ms of sleeping waiters.
@@ -312,6 +321,8 @@ pub(crate) struct Writer {
     /// When (nanoseconds after `epoch`) the last stall began (its first slow yield; see
     /// [`SAME_STALL`]); 0: never.
     last_stall: AtomicU64,
+    /// When the stall before the last one began; 0: never.
+    stall_before: AtomicU64,
     /// Pieces of CPU work of the store's own background thread in progress ([`OwnWork`]):
     /// while any is, a late yield is not a stall.
     own_work: AtomicUsize,
@@ -372,6 +383,7 @@ impl Writer {
             spin_held_off_until: AtomicU64::new(0),
             spin_hold_off_ns: AtomicU64::new(0),
             last_stall: AtomicU64::new(0),
+            stall_before: AtomicU64::new(0),
             own_work: AtomicUsize::new(0),
             queue_len: AtomicUsize::new(0),
             commit: Mutex::new(CommitState::default()),
@@ -539,10 +551,10 @@ impl Writer {
     }
 
     /// A yield came back late. If it is not part of the last stall (within [`SAME_STALL`] of
-    /// its first slow yield), it starts a new one, and a new stall within [`SLOW_YIELDS_WINDOW`]
-    /// of the last one holds spinning off from now, unless it is held off already: for
-    /// [`SPIN_HOLD_OFF_MIN`], or twice the last hold-off if that ended less than
-    /// [`SLOW_YIELDS_WINDOW`] ago (at most [`SPIN_HOLD_OFF_MAX`]).
+    /// its first slow yield), it starts a new one, and the third stall since the last hold-off
+    /// ended within [`STALLS_WINDOW`] holds spinning off from now: for [`SPIN_HOLD_OFF_MIN`],
+    /// or twice the last hold-off if that ended less than [`HOLD_OFF_RECURS_WITHIN`] ago (at
+    /// most [`SPIN_HOLD_OFF_MAX`]).
     fn note_slow_yield(&self) {
         self.note_slow_yield_at(self.epoch.elapsed());
     }
@@ -577,12 +589,15 @@ impl Writer {
                 Err(current) => stall = current,
             }
         };
+        // One thread wins each new stall above, so the stalls shift through here one at a time.
+        let earlier = self.stall_before.swap(previous, Ordering::Relaxed);
         let mut held_off = false;
         let held_until = self.spin_held_off_until.load(Ordering::Relaxed);
-        // A stall that lands in a hold-off neither starts nor lengthens one.
-        if previous != 0 && now_ns.saturating_sub(previous) <= nanos(SLOW_YIELDS_WINDOW) && held_until <= now_ns {
+        // Only stalls after the last hold-off ended count (so a stall during one neither starts
+        // nor lengthens one): `earlier` is the first of the three.
+        if earlier != 0 && earlier >= held_until && now_ns.saturating_sub(earlier) <= nanos(STALLS_WINDOW) {
             let last = self.spin_hold_off_ns.load(Ordering::Relaxed);
-            let recurs = held_until != 0 && now_ns - held_until <= nanos(SLOW_YIELDS_WINDOW);
+            let recurs = held_until != 0 && now_ns.saturating_sub(held_until) <= nanos(HOLD_OFF_RECURS_WITHIN);
             let length =
                 if recurs { last.saturating_mul(2).min(nanos(SPIN_HOLD_OFF_MAX)) } else { nanos(SPIN_HOLD_OFF_MIN) };
             // Of the threads that see the same stall, one starts the hold-off.
@@ -978,7 +993,7 @@ mod tests {
     }
 
     #[test]
-    fn two_stalls_close_together_hold_spinning_off() {
+    fn three_stalls_close_together_hold_spinning_off() {
         let log = sim_log("/store", 1);
         let writer = &log.inner.writer;
         let spin = Duration::from_micros(limits::COMMIT_SPIN_US_DEFAULT);
@@ -989,25 +1004,50 @@ mod tests {
         for late in 1..10 {
             writer.note_slow_yield_at(t + Duration::from_micros(late * 30));
         }
-        assert!(!writer.held_off_at(t + SAME_STALL), "threads coming back late from the same stall are one stall");
         let second = t + SAME_STALL + Duration::from_millis(1);
         writer.note_slow_yield_at(second);
-        assert!(writer.held_off_at(second), "a second stall within the window holds spinning off");
-        assert!(writer.held_off_at(second + SPIN_HOLD_OFF_MIN - Duration::from_micros(1)));
-        assert!(!writer.held_off_at(second + SPIN_HOLD_OFF_MIN), "the first hold-off is the shortest");
+        assert!(!writer.held_off_at(second), "two stalls are hiccups on a virtual machine");
+        let third = second + SAME_STALL;
+        writer.note_slow_yield_at(third);
+        assert!(!writer.held_off_at(third), "threads coming back late from the same stall are one stall");
+        let third = second + SAME_STALL + Duration::from_millis(1);
+        writer.note_slow_yield_at(third);
+        assert!(writer.held_off_at(third), "a third stall within the window holds spinning off");
+        assert!(writer.held_off_at(third + SPIN_HOLD_OFF_MIN - Duration::from_micros(1)));
+        assert!(!writer.held_off_at(third + SPIN_HOLD_OFF_MIN), "the first hold-off is the shortest");
         let metrics = log.metrics();
-        assert_eq!((metrics.commit_spin_slow_yields, metrics.commit_spin_hold_offs), (11, 1));
-        writer.note_slow_yield_at(second + SAME_STALL + Duration::from_millis(1));
-        assert_eq!(log.metrics().commit_spin_hold_offs, 1, "a stall during a hold-off is not a new one");
-        assert!(!writer.held_off_at(second + SPIN_HOLD_OFF_MIN), "nor does it lengthen it");
-        // Stalls further apart than the window do not hold spinning off.
+        assert_eq!((metrics.commit_spin_slow_yields, metrics.commit_spin_hold_offs), (13, 1));
+        for more in 1..=3 {
+            writer.note_slow_yield_at(third + (SAME_STALL + Duration::from_millis(1)) * more);
+        }
+        assert_eq!(log.metrics().commit_spin_hold_offs, 1, "stalls during a hold-off are not a new one");
+        assert!(!writer.held_off_at(third + SPIN_HOLD_OFF_MIN), "nor do they lengthen it");
+        // Three stalls further apart than the window do not hold spinning off.
         let later = sim_log("/later", 2);
         let writer = &later.inner.writer;
         let t = writer.epoch.elapsed();
         writer.note_slow_yield_at(t);
-        writer.note_slow_yield_at(t + SLOW_YIELDS_WINDOW + Duration::from_millis(1));
+        writer.note_slow_yield_at(t + STALLS_WINDOW / 2);
+        writer.note_slow_yield_at(t + STALLS_WINDOW + Duration::from_millis(1));
         assert_eq!(writer.spin_now(), spin);
         assert_eq!(later.metrics().commit_spin_hold_offs, 0);
+    }
+
+    #[test]
+    fn stalls_before_a_hold_off_ended_do_not_count_toward_the_next() {
+        let log = sim_log("/store", 5);
+        let writer = &log.inner.writer;
+        let at = writer.epoch.elapsed() + Duration::from_secs(1);
+        let ended = three_stalls(writer, at).expect("held off");
+        // A stall during the hold-off, then two after it within the window: the first fell in
+        // the hold-off and does not count; a third after it does.
+        writer.note_slow_yield_at(ended - Duration::from_millis(4));
+        writer.note_slow_yield_at(ended + Duration::from_millis(2));
+        writer.note_slow_yield_at(ended + Duration::from_millis(8));
+        assert!(!writer.held_off_at(ended + Duration::from_millis(8)));
+        assert_eq!(log.metrics().commit_spin_hold_offs, 1);
+        writer.note_slow_yield_at(ended + Duration::from_millis(14));
+        assert!(writer.held_off_at(ended + Duration::from_millis(14)), "three stalls after it do");
     }
 
     #[test]
@@ -1017,24 +1057,27 @@ mod tests {
         let at = writer.epoch.elapsed() + Duration::from_secs(1);
         {
             let _work = writer.own_work();
-            assert_eq!(two_stalls(writer, at), None, "the CPU went to our own background thread");
+            assert_eq!(three_stalls(writer, at), None, "the CPU went to our own background thread");
         }
         let metrics = log.metrics();
-        assert_eq!((metrics.commit_spin_slow_yields, metrics.commit_spin_hold_offs), (2, 0));
-        // Its stalls were not kept: one more stall alone, after the work, is a hiccup.
+        assert_eq!((metrics.commit_spin_slow_yields, metrics.commit_spin_hold_offs), (3, 0));
+        // Its stalls were not kept: one more stall, after the work, is a hiccup.
         let after = at + Duration::from_millis(20);
         writer.note_slow_yield_at(after);
         assert!(!writer.held_off_at(after));
-        assert!(two_stalls(writer, after + SAME_STALL * 2).is_some(), "once the work ends, stalls count again");
+        assert!(three_stalls(writer, after + SAME_STALL * 2).is_some(), "once the work ends, stalls count again");
     }
 
-    /// Holds spinning off the way a CPU shared with other work does: two stalls `SAME_STALL`
-    /// apart, starting `at`; returns when the hold-off they start ends, if they start one.
-    fn two_stalls(writer: &Writer, at: Duration) -> Option<Duration> {
-        let second = at + SAME_STALL + Duration::from_millis(1);
-        writer.note_slow_yield_at(at);
-        writer.note_slow_yield_at(second);
-        writer.held_off_at(second).then(|| Duration::from_nanos(writer.spin_held_off_until.load(Ordering::Relaxed)))
+    /// Holds spinning off the way a CPU shared with other work does: three stalls just over
+    /// `SAME_STALL` apart, starting `at`; returns when the hold-off they start ends, if they
+    /// start one.
+    fn three_stalls(writer: &Writer, at: Duration) -> Option<Duration> {
+        let apart = SAME_STALL + Duration::from_millis(1);
+        for stall in 0..3 {
+            writer.note_slow_yield_at(at + apart * stall);
+        }
+        let third = at + apart * 2;
+        writer.held_off_at(third).then(|| Duration::from_nanos(writer.spin_held_off_until.load(Ordering::Relaxed)))
     }
 
     #[test]
@@ -1044,17 +1087,17 @@ mod tests {
         let mut at = writer.epoch.elapsed() + Duration::from_secs(1);
         let mut lengths = Vec::new();
         for _ in 0..9 {
-            // Spinning is tried again when the hold-off ends and stalls at once (after a short
-            // hold-off its first stall is already within the window of the last one).
-            let ended = two_stalls(writer, at).expect("the two stalls hold spinning off");
+            // Spinning is tried again when the hold-off ends and stalls at once: the third stall
+            // comes 14 ms after it ended, within `HOLD_OFF_RECURS_WITHIN`.
+            let ended = three_stalls(writer, at).expect("the three stalls hold spinning off");
             lengths.push(Duration::from_nanos(writer.spin_hold_off_ns.load(Ordering::Relaxed)).as_millis());
             at = ended + Duration::from_millis(2);
         }
         assert_eq!(lengths, [10, 20, 40, 80, 160, 320, 640, 640, 640]);
         assert_eq!(log.metrics().commit_spin_hold_offs, 9);
         // Spinning then ran clean for longer than the window: the next hold-off is short again.
-        let later = at + SLOW_YIELDS_WINDOW * 2;
-        let ended = two_stalls(writer, later).expect("held off");
-        assert_eq!(ended - (later + SAME_STALL + Duration::from_millis(1)), SPIN_HOLD_OFF_MIN);
+        let later = at + HOLD_OFF_RECURS_WITHIN * 2;
+        let ended = three_stalls(writer, later).expect("held off");
+        assert_eq!(ended - (later + (SAME_STALL + Duration::from_millis(1)) * 2), SPIN_HOLD_OFF_MIN);
     }
 }
