@@ -370,6 +370,10 @@ impl StorageFile for LoadFile {
         Ok(())
     }
 
+    fn start_writeback(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.file.start_writeback(offset, len)
+    }
+
     fn len(&self) -> io::Result<u64> {
         self.file.len()
     }

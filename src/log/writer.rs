@@ -1031,9 +1031,9 @@ mod tests {
         let second = t + SAME_STALL + Duration::from_millis(1);
         writer.note_slow_yield_at(second);
         assert!(!writer.held_off_at(second), "two stalls are hiccups on a virtual machine");
-        let third = second + SAME_STALL;
-        writer.note_slow_yield_at(third);
-        assert!(!writer.held_off_at(third), "threads coming back late from the same stall are one stall");
+        let same_as_second = second + SAME_STALL;
+        writer.note_slow_yield_at(same_as_second);
+        assert!(!writer.held_off_at(same_as_second), "threads coming back late from the same stall are one stall");
         let third = second + SAME_STALL + Duration::from_millis(1);
         writer.note_slow_yield_at(third);
         assert!(writer.held_off_at(third), "a third stall within the window holds spinning off");

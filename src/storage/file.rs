@@ -214,9 +214,10 @@ mod tests {
         file.allocate(4 << 20).expect("allocate");
         let written: Vec<u8> = (0..(2 << 20)).map(|i: u32| (i % 251) as u8).collect();
         file.write_all_at(&written, 0).expect("write");
-        if let Some(mut map) = file.writable_map().expect("map") {
-            assert!(map.write_at(&written[..4096], 2 << 20));
-        }
+        let mapped = match file.writable_map().expect("map") {
+            Some(mut map) => map.write_at(&written[..4096], 2 << 20),
+            None => false,
+        };
         file.start_writeback(0, 3 << 20).expect("start writeback");
         file.start_writeback(0, 0).expect("an empty range is nothing to do");
         let mut read = vec![0; 2 << 20];
@@ -226,5 +227,6 @@ mod tests {
         drop(file);
         let bytes = std::fs::read(&path).expect("reread");
         assert!(bytes[..2 << 20] == written[..]);
+        assert!(!mapped || bytes[2 << 20..(2 << 20) + 4096] == written[..4096], "the bytes written through the map");
     }
 }
