@@ -13,9 +13,10 @@
 //!    off for a while.
 //!    A gathering leader (step 3) spins the same way while waiters spin, and the arrival that
 //!    completes its group takes its place and leads (the old leader becomes a waiter).
-//! 3. The leader *gathers*: if the last group synced, it waits (at most half that sync's time)
-//!    until as many requests are queued as the last group held plus those that queued during
-//!    its sync, so that appenders acknowledged together commit together again.
+//! 3. The leader *gathers*: if the last group synced, it waits (at most that sync's time while
+//!    gathers complete their groups, half of it after one that ran out) until as many requests
+//!    are queued as the last group held plus those that queued during its sync, so that
+//!    appenders acknowledged together commit together again.
 //! 4. It takes a group from the front of the queue (bounded in bytes, never crossing a segment
 //!    boundary), assigns LSNs, seals frame headers, and releases the commit lock, so that the
 //!    next group forms while it writes and syncs.
@@ -212,6 +213,19 @@ const WRITEBACK_KICK_BYTES: u64 = 1 << 20;
 /// The longest a leader waits for its group to gather.
 const GATHER_BUDGET_MAX: Duration = Duration::from_millis(1);
 
+/// How long a leader may wait for its group to gather after a group whose `fdatasync` took
+/// `last_sync`: all of that time while the last gather completed its group, half of it after
+/// one that ran out, at most [`GATHER_BUDGET_MAX`]. Appenders acknowledged together come back
+/// together, but how long their next appends take to arrive depends on their work and the
+/// CPUs, not on the disk: the store's 16 writers on two vCPUs took 45–60 µs, past half of a
+/// fast sync, and a third of a trial's gathers ran out short of a member or several
+/// (`BENCHMARKS.md` §2). Where the members expected do not come back (agents that pause
+/// between atoms), a gather runs out and the next waits half as long, as before.
+fn gather_budget(last_sync: Duration, last_gather_completed: bool) -> Duration {
+    let budget = if last_gather_completed { last_sync } else { last_sync / 2 };
+    budget.min(GATHER_BUDGET_MAX)
+}
+
 /// How long a waiting appender spins before sleeping, given the configured spin and the last
 /// group's `fdatasync`: the whole spin while that sync took at most half of it, else none (a
 /// slow disk would make the waiter spin for nothing and then sleep anyway, and there the
@@ -259,8 +273,11 @@ struct CommitState {
     /// How many requests the next group is expected to gather: the last group's members (who
     /// are likely appending again) plus those that queued while it synced.
     expected_group: usize,
-    /// How long a leader may wait for the expected group to gather: half the last sync.
+    /// How long a leader may wait for the expected group to gather ([`gather_budget`]).
     gather_budget: Duration,
+    /// Whether the last gather saw its expected group queued (at once, or before its budget
+    /// ran out).
+    last_gather_completed: bool,
     /// Whether a leader is waiting for arrivals.
     gathering: bool,
     /// The gather (numbered from `gathers`) whose leader is spinning, without the commit lock,
@@ -654,7 +671,8 @@ impl Writer {
                 self.spin_ns.store(nanos(spin_for(self.commit_spin, sync)), Ordering::Relaxed);
             }
             commit.expected_group = group.members.len() + commit.queue.len();
-            commit.gather_budget = last_sync.map_or(Duration::ZERO, |sync| (sync / 2).min(GATHER_BUDGET_MAX));
+            commit.gather_budget =
+                last_sync.map_or(Duration::ZERO, |sync| gather_budget(sync, commit.last_gather_completed));
             if let Err(GroupError { error, poisons: true }) = &outcome {
                 let kind = error.io_kind().unwrap_or(io::ErrorKind::Other);
                 if commit.poisoned.is_none() {
@@ -689,7 +707,11 @@ impl Writer {
     /// then no longer leads).
     fn gather(&self, commit: &mut MutexGuard<'_, CommitState>) -> bool {
         let target = commit.expected_group.min(limits::COMMIT_QUEUE_DEPTH_MAX);
-        if commit.queue.len() >= target || commit.gather_budget.is_zero() {
+        if commit.queue.len() >= target {
+            commit.last_gather_completed = true;
+            return false;
+        }
+        if commit.gather_budget.is_zero() {
             return false;
         }
         let deadline = Instant::now() + commit.gather_budget;
@@ -711,8 +733,12 @@ impl Writer {
             if commit.spin_gathering == Some(gather) {
                 commit.spin_gathering = None;
             }
-            let Some(at) = commit.taken_over.iter().position(|taken| *taken == gather) else { return false };
+            let Some(at) = commit.taken_over.iter().position(|taken| *taken == gather) else {
+                commit.last_gather_completed = commit.queue.len() >= target;
+                return false;
+            };
             commit.taken_over.swap_remove(at);
+            // The arrival that took over found its group complete and recorded so.
             return true;
         }
         commit.gathering = true;
@@ -722,6 +748,7 @@ impl Writer {
             }
         }
         commit.gathering = false;
+        commit.last_gather_completed = commit.queue.len() >= target;
         false
     }
 
@@ -979,6 +1006,46 @@ fn error_op(error: &Error) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gather_waits_a_whole_sync_while_gathers_complete_and_half_after_one_ran_out() {
+        let sync = Duration::from_micros(120);
+        assert_eq!(gather_budget(sync, true), sync);
+        assert_eq!(gather_budget(sync, false), sync / 2);
+        assert_eq!(gather_budget(Duration::from_millis(5), true), GATHER_BUDGET_MAX);
+        assert_eq!(gather_budget(Duration::from_millis(5), false), GATHER_BUDGET_MAX);
+        assert_eq!(gather_budget(Duration::ZERO, true), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_gather_records_whether_its_expected_group_came() {
+        let log = sim_log("/gather", 3);
+        let writer = &log.inner.writer;
+        let request = || Pending {
+            batch: None,
+            durability: Durability::Sync,
+            reserved: false,
+            slot: Slot::new(),
+            lsns: LsnRange::empty(),
+        };
+        let mut commit = writer.commit.lock();
+        commit.queue.extend([request(), request()]);
+        (commit.expected_group, commit.gather_budget) = (2, Duration::from_millis(1));
+        assert!(!writer.gather(&mut commit));
+        assert!(commit.last_gather_completed, "the expected group was queued already");
+        // Two of three expected: the gather waits its budget out (spinning or not) and says so.
+        commit.expected_group = 3;
+        for spin in [true, false] {
+            writer.spin_ns.store(if spin { nanos(Duration::from_millis(1)) } else { 0 }, Ordering::Relaxed);
+            commit.last_gather_completed = true;
+            assert!(!writer.gather(&mut commit), "nobody took over");
+            assert!(!commit.last_gather_completed, "spinning: {spin}");
+        }
+        commit.queue.push_back(request());
+        assert!(!writer.gather(&mut commit));
+        assert!(commit.last_gather_completed);
+        commit.queue.clear();
+    }
 
     #[test]
     fn waiters_spin_only_while_the_last_sync_took_at_most_half_the_spin() {
