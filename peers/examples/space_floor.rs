@@ -21,7 +21,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use continuum_peers::{Deltas, FdatasyncProbe};
+use continuum_peers::{Deltas, FdatasyncProbe, HEADER_BYTES};
 
 /// Deltas the dictionaries are trained on (the store trains its final one on 2,000).
 const TRAIN: usize = 20_000;
@@ -33,8 +33,9 @@ const SYNCS: usize = 2_000;
 const GOAL: f64 = 0.30;
 /// Workload 1's goal: a durable append within this factor of the raw `fdatasync`.
 const W1_GOAL: f64 = 1.15;
-/// Bytes of identity each atom carries besides its delta (agent `u32`, atom id `u64`).
-const IDENTITY_BYTES: f64 = 12.0;
+/// Bytes of identity each atom carries besides its delta: the header the log-style peers
+/// store (agent `u32`, atom id `u64`).
+const IDENTITY_BYTES: f64 = HEADER_BYTES as f64;
 /// The smallest peer's bytes per atom in the suite's runs (okaywal, data set as loaded).
 const SMALLEST_PEER_BYTES: f64 = 535.9;
 

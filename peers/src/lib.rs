@@ -22,7 +22,7 @@ mod workload;
 use std::path::Path;
 
 pub use disk::{DiskUsage, FdatasyncProbe, Machine, disk_usage};
-pub use workload::{AtomRef, Deltas, Encoded};
+pub use workload::{AtomRef, Deltas, Encoded, HEADER_BYTES};
 
 /// How the continuum store sink writes an atom: `record_atom_encoded` (the default) or
 /// `begin_atom + complete_atom_encoded` (`CONTINUUM_PEERS_STORE=begin_complete`).

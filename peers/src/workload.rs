@@ -90,7 +90,7 @@ pub struct AtomRef<'a> {
 
 /// Bytes of the header the log-style engines (continuum's raw log, okaywal) put before the
 /// delta: agent (`u32` little-endian) and atom id (`u64` little-endian).
-pub(crate) const HEADER_BYTES: usize = 12;
+pub const HEADER_BYTES: usize = 12;
 
 /// The header and the delta, as one record.
 pub(crate) fn framed(atom: &AtomRef<'_>) -> Vec<u8> {
