@@ -107,6 +107,8 @@ pub enum StoreRecord {
     RunDropped(proto::RunDropped),
     /// An atom was pinned or unpinned.
     AtomPinned(proto::AtomPinned),
+    /// A compaction round released atoms no rebuild can reach any more.
+    HistoryReleased(proto::HistoryReleased),
 }
 
 /// The kind of a store record, as the codec's `peek` reports it from the envelope alone.
@@ -137,6 +139,8 @@ pub enum RecordKind {
     RunDropped,
     /// [`StoreRecord::AtomPinned`].
     AtomPinned,
+    /// [`StoreRecord::HistoryReleased`].
+    HistoryReleased,
 }
 
 impl RecordKind {
@@ -154,6 +158,7 @@ impl RecordKind {
             kind::ATOM_RECLAIMED => RecordKind::AtomReclaimed,
             kind::RUN_DROPPED => RecordKind::RunDropped,
             kind::ATOM_PINNED => RecordKind::AtomPinned,
+            kind::HISTORY_RELEASED => RecordKind::HistoryReleased,
             _ => return None,
         })
     }
@@ -173,6 +178,7 @@ mod kind {
     pub const ATOM_RECLAIMED: u8 = 10;
     pub const RUN_DROPPED: u8 = 11;
     pub const ATOM_PINNED: u8 = 12;
+    pub const HISTORY_RELEASED: u8 = 13;
 }
 
 /// The schema version every kind is written with today; readers accept this and older.
@@ -193,6 +199,7 @@ impl StoreRecord {
             StoreRecord::AtomReclaimed(_) => kind::ATOM_RECLAIMED,
             StoreRecord::RunDropped(_) => kind::RUN_DROPPED,
             StoreRecord::AtomPinned(_) => kind::ATOM_PINNED,
+            StoreRecord::HistoryReleased(_) => kind::HISTORY_RELEASED,
         }
     }
 
@@ -210,6 +217,7 @@ impl StoreRecord {
             StoreRecord::AtomReclaimed(m) => m.atom,
             StoreRecord::RunDropped(m) => m.run,
             StoreRecord::AtomPinned(m) => m.atom,
+            StoreRecord::HistoryReleased(_) => 0,
         }
     }
 
@@ -227,6 +235,7 @@ impl StoreRecord {
             StoreRecord::AtomReclaimed(m) => m.encode_to_vec(),
             StoreRecord::RunDropped(m) => m.encode_to_vec(),
             StoreRecord::AtomPinned(m) => m.encode_to_vec(),
+            StoreRecord::HistoryReleased(m) => m.encode_to_vec(),
         }
     }
 
@@ -244,6 +253,7 @@ impl StoreRecord {
             kind::ATOM_RECLAIMED => StoreRecord::AtomReclaimed(decode_message(body)?),
             kind::RUN_DROPPED => StoreRecord::RunDropped(decode_message(body)?),
             kind::ATOM_PINNED => StoreRecord::AtomPinned(decode_message(body)?),
+            kind::HISTORY_RELEASED => StoreRecord::HistoryReleased(decode_message(body)?),
             other => return Err(CodecError::UnknownKind(other)),
         };
         Ok(record)

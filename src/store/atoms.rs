@@ -311,10 +311,11 @@ impl Store {
         Ok((atom, run32))
     }
 
-    /// Whether nothing can continue from `atom` (whose index entry is `entry`): retention
-    /// reclaimed its delta and it has no snapshot, so it cannot be a parent.
-    fn history_gone(&self, entry: &AtomEntry, atom: AtomId) -> bool {
-        entry.reclaimed && !self.shared.snapshots.lock().contains(&atom.0)
+    /// Whether nothing can continue from `atom` (whose index entry is `entry`): a compaction
+    /// round released it (no rebuild can reach it: `purge.rs`), or reclaimed its delta and it
+    /// has no snapshot. It cannot be a parent, a rollback's target or pinned.
+    pub(crate) fn history_gone(&self, entry: &AtomEntry, atom: AtomId) -> bool {
+        entry.released || (entry.reclaimed && !self.shared.snapshots.lock().contains(&atom.0))
     }
 
     /// The atom of (run, agent, key), confirmed against its start record.
@@ -730,6 +731,8 @@ impl Store {
     /// [`Error::HistoryReclaimed`] if retention reclaimed `to`'s history and it has no snapshot
     /// (nothing could continue from it: it can no longer be a parent); the log's errors.
     pub fn rollback(&self, run: RunId, agent: &str, to: AtomId, reason: &str) -> Result<Vec<AtomId>> {
+        // No compaction round plans from the heads before this rollback and marks after it.
+        let _purge = self.shared.purge.lock();
         let (run32, agent_id) = {
             let index = self.shared.index.read();
             let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
@@ -766,6 +769,8 @@ impl Store {
     /// [`Error::InvalidParent`] if `from` has not completed; the errors of
     /// [`Store::begin_atom`].
     pub fn fork(&self, run: RunId, agent: &str, from: AtomId, key: &str) -> Result<AtomId> {
+        // No compaction round plans without this branch and releases its parent meanwhile.
+        let _purge = self.shared.purge.lock();
         let completed = self.shared.index.read().atom(from).is_some_and(|entry| entry.state == EntryState::Completed);
         if !completed {
             return Err(Error::InvalidParent { parent: from.0, reason: "a fork starts from a completed atom" });

@@ -29,7 +29,7 @@ pub(crate) const FILE_NAME: &str = "index.ckpt";
 /// Its temporary name while it is written (the log's recovery deletes leftover `.tmp` files).
 const TEMP_NAME: &str = "index.ckpt.tmp";
 const MAGIC: [u8; 8] = *b"CONTIDX1";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// magic, version, reserved, covered LSN, body length, body CRC, header CRC.
 const HEADER_BYTES: usize = 40;
 /// Records a fold must cover beyond the newest checkpoint before another is written at open
@@ -377,6 +377,26 @@ fn put_state(out: &mut Writer, state: &FoldState) {
         out.varint(run.0);
     }
     out.varint(orphans.dropped_below);
+    // Released atoms, as ranges (the entry's flags byte has no bit left).
+    let released = released_ranges(index);
+    out.varint(released.len() as u64);
+    for (first, count) in released {
+        out.varint(first);
+        out.varint(count);
+    }
+}
+
+/// The released atoms of `index` as (first id, count) ranges, ascending.
+fn released_ranges(index: &StoreIndex) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for (at, _) in index.atoms.iter().filter(|(_, entry)| entry.released) {
+        let id = at as u64 + 1;
+        match ranges.last_mut() {
+            Some((first, count)) if *first + *count == id => *count += 1,
+            _ => ranges.push((id, 1)),
+        }
+    }
+    ranges
 }
 
 fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
@@ -425,6 +445,12 @@ fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
         orphans.rollbacks.push((input.varint()?, RunId(input.varint()?)));
     }
     orphans.dropped_below = input.varint()?;
+    let (mut first, mut count) = (Vec::new(), Vec::new());
+    for _ in 0..input.count()? {
+        first.push(input.varint()?);
+        count.push(input.varint()?);
+    }
+    index.release(&first, &count)?;
     // The records after the checkpoint are folded into runs whose spans must already cover
     // their atoms (a rollback walks its run's span).
     index.note_atom_spans();

@@ -25,18 +25,18 @@
 //! Every step is crash-safe on its own: a crash leaves each segment either as it was or
 //! rewritten, and every decision is recomputed from durable state on the next round.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::rc::Rc;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::codec::{CodecError, RecordKind, StoreRecord};
+use crate::codec::{CodecError, RecordKind, StoreRecord, proto};
 use crate::error::{Error, Result};
 use crate::log::{Lsn, Rewrite, RewriteOptions};
 use crate::store::Store;
 use crate::store::index::EntryState;
 use crate::store::lull::{BurstWatch, LULL_WAIT_MAX, wait_for_lull};
+use crate::store::purge::{self, AtomFacts, PurgeDecision, PurgeInputs};
 use crate::store::types::{AtomId, RunId, RunStatus};
 
 /// Bytes a reclaimed completion record is assumed to keep, when planning (the real size is
@@ -44,6 +44,10 @@ use crate::store::types::{AtomId, RunId, RunStatus};
 const RECLAIMED_RECORD_BYTES_ESTIMATE: u64 = 64;
 /// Bytes of a record's length prefix in its frame.
 const RECORD_PREFIX_BYTES: u64 = 4;
+/// How long a round waits for an atom reserved before its marks to write its start record.
+const START_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+/// Ranges of released atoms per `HistoryReleased` record (at most ~20 bytes each).
+const RELEASED_RANGES_PER_RECORD: usize = 65_536;
 
 /// What one round of [`Store::compact`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -107,6 +111,16 @@ enum Fate {
     Strip,
 }
 
+/// What became of an atom reserved before a round's marks.
+enum Start {
+    /// Its start record is at this LSN.
+    Written(u64),
+    /// Its reservation was given up (nothing was written).
+    GivenUp,
+    /// Still not written after [`START_WAIT_MAX`]: taken as branching from released history.
+    Late,
+}
+
 /// The plan of one round.
 struct Plan {
     /// LSNs at or above this are untouched.
@@ -118,8 +132,8 @@ struct Plan {
     atom_runs: HashMap<u64, u32>,
     /// Guard records of dropped runs.
     dead_guards: HashSet<u64>,
-    /// Completed atoms whose deltas are reclaimable.
-    strip: BTreeSet<u64>,
+    /// What is live: the snapshots kept, the deltas stripped, the atoms released.
+    decision: PurgeDecision,
     /// Per sealed segment in range: (first LSN, next LSN, record bytes, live bytes).
     segments: Vec<SegmentTally>,
 }
@@ -157,7 +171,7 @@ impl Plan {
             }
             RecordKind::AtomsAbandoned | RecordKind::AtomPinned if dropped(subject) => Fate::Dead,
             RecordKind::AtomCompleted if dropped(subject) => Fate::Dead,
-            RecordKind::AtomCompleted if self.strip.contains(&subject) => Fate::Strip,
+            RecordKind::AtomCompleted if self.decision.strip.contains(&subject) => Fate::Strip,
             RecordKind::GuardStarted | RecordKind::GuardCompleted if self.dead_guards.contains(&lsn) => Fate::Dead,
             _ => Fate::Live,
         }
@@ -191,23 +205,13 @@ impl Store {
 
     fn compact_round(&self, follow_lulls: bool) -> Result<CompactionReport> {
         let _one_at_a_time = self.shared.compacting.lock();
-        // IMPORTANT: the round reclaims history that the kept snapshots cover, so their names
-        // must be durable first (policy snapshots defer their directory sync).
-        self.shared.sync_snapshot_dir(false)?;
-        let mut report = CompactionReport { runs_dropped: self.drop_expired_runs()?.len(), ..Default::default() };
-        report.snapshots_deleted = self.prune_all_snapshots()?;
-        let plan = self.plan()?;
-        if !plan.dead_guards.is_empty() {
-            // The guards of dropped runs are never looked up again (their keys name the
-            // dropped run's id): their memory goes now, their records with the rewrites.
-            self.shared.index.write().forget_guards(&plan.dead_guards);
-        }
-        if !self.mark_reclaimed(&plan)? {
+        let mut report = CompactionReport::default();
+        let Some(plan) = self.plan_and_release(&mut report)? else {
             report.aborted = true;
             report.round = self.shared.compaction_rounds.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
             *self.shared.last_compaction.lock() = Some(report.clone());
             return Ok(report);
-        }
+        };
         let policy = self.shared.policies.compaction;
         let options = RewriteOptions { compression: policy.cold_compression };
         let closing = || self.shared.closing.load(std::sync::atomic::Ordering::Acquire);
@@ -367,63 +371,87 @@ impl Store {
         Ok(report)
     }
 
-    /// Applies snapshot retention to every agent.
-    fn prune_all_snapshots(&self) -> Result<usize> {
-        let newest_per_agent: Vec<u64> = {
-            let index = self.shared.index.read();
-            let snapshots = self.shared.snapshots.lock();
-            let mut newest = HashMap::new();
-            for atom in snapshots.iter() {
-                if let Some(entry) = index.atom(AtomId(*atom)) {
-                    newest.insert(entry.agent, *atom);
-                }
-            }
-            newest.into_values().collect()
-        };
-        let mut deleted = 0;
-        for atom in newest_per_agent {
-            deleted += self.prune_snapshots_of(AtomId(atom))?;
+    /// The part of a round that decides what is live, under the purge lock (so that no
+    /// rollback, fork or pin changes the heads it plans from): finished runs past their age are
+    /// dropped, the plan is made, what it strips and releases is marked in the index and the
+    /// release made durable, and the snapshots retention drops are deleted. `None` if an atom
+    /// begun meanwhile branches from history the plan would release (the round stops).
+    fn plan_and_release(&self, report: &mut CompactionReport) -> Result<Option<Plan>> {
+        let _purge = self.shared.purge.lock();
+        // IMPORTANT: the round reclaims history that the kept snapshots cover, so their names
+        // must be durable first (policy snapshots defer their directory sync).
+        self.shared.sync_snapshot_dir(false)?;
+        report.runs_dropped = self.drop_expired_runs()?.len();
+        let plan = self.plan()?;
+        if !plan.dead_guards.is_empty() {
+            // The guards of dropped runs are never looked up again (their keys name the
+            // dropped run's id): their memory goes now, their records with the rewrites.
+            self.shared.index.write().forget_guards(&plan.dead_guards);
         }
-        Ok(deleted)
+        if !self.mark_released(&plan)? {
+            return Ok(None);
+        }
+        // IMPORTANT: what the round releases is durable before it deletes a snapshot or
+        // rewrites a delta away, so that no reopen takes a released atom for a rebuildable one.
+        self.record_released(&plan.decision.released)?;
+        self.delete_snapshots(&plan.decision.snapshots_pruned)?;
+        report.snapshots_deleted = plan.decision.snapshots_pruned.len();
+        Ok(Some(plan))
+    }
+
+    /// Appends the durable record of the atoms a round released (none: nothing is written).
+    fn record_released(&self, released: &[u64]) -> Result<()> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for &id in released {
+            match ranges.last_mut() {
+                Some((first, count)) if *first + *count == id => *count += 1,
+                _ => ranges.push((id, 1)),
+            }
+        }
+        for chunk in ranges.chunks(RELEASED_RANGES_PER_RECORD) {
+            let record = StoreRecord::HistoryReleased(proto::HistoryReleased {
+                first: chunk.iter().map(|(first, _)| *first).collect(),
+                count: chunk.iter().map(|(_, count)| *count).collect(),
+                at_unix_us: crate::store::now_us(),
+            });
+            self.append_reserved(&record)?;
+        }
+        Ok(())
     }
 
     /// Scans the log up to its current end and decides the fate of every record.
     fn plan(&self) -> Result<Plan> {
         let bound = self.shared.log.next_lsn().get();
-        let (atoms_known, dropped_runs, snapshot_atoms, targets_from) = self.plan_inputs();
+        // IMPORTANT: only snapshots whose names are durable bound what the round reclaims.
+        // Taken before the index lock: it may wait for a snapshot directory sync.
+        let snapshots = self.shared.durable_snapshots();
+        let (atoms_known, dropped_runs) = {
+            let index = self.shared.index.read();
+            let dropped = (1..=index.runs.len() as u64)
+                .filter(|run| index.run(RunId(*run)).is_some_and(|entry| entry.status == RunStatus::Dropped))
+                .filter_map(|run| u32::try_from(run).ok())
+                .collect();
+            (index.atoms.len() as u64, dropped)
+        };
         let mut plan = Plan {
             bound,
             atoms_known,
             dropped_runs,
             atom_runs: HashMap::new(),
             dead_guards: HashSet::new(),
-            strip: BTreeSet::new(),
+            decision: PurgeDecision::default(),
             segments: Vec::new(),
         };
         let graph = self.scan_graph(&mut plan)?;
-        plan.strip = self.reclaimable(&graph, &snapshot_atoms, &targets_from);
+        let facts = self.entry_facts(&graph, &plan.dropped_runs);
+        plan.decision = purge::decide(&PurgeInputs {
+            parents: &graph.parents,
+            facts: &facts,
+            snapshots: &snapshots,
+            snapshots_per_agent: self.shared.policies.retention.snapshots_per_agent,
+        });
         self.tally_segments(&mut plan)?;
         Ok(plan)
-    }
-
-    /// From the index: the highest atom id, the dropped runs, the kept snapshots, and per
-    /// agent the first target atom (its oldest kept snapshot; 0 if it has none).
-    fn plan_inputs(&self) -> (u64, HashSet<u32>, BTreeSet<u64>, HashMap<u32, u64>) {
-        // IMPORTANT: only snapshots whose names are durable bound what the round reclaims.
-        // Taken before the index lock: it may wait for a snapshot directory sync.
-        let snapshots: BTreeSet<u64> = self.shared.durable_snapshots();
-        let index = self.shared.index.read();
-        let dropped = (1..=index.runs.len() as u64)
-            .filter(|run| index.run(RunId(*run)).is_some_and(|entry| entry.status == RunStatus::Dropped))
-            .filter_map(|run| u32::try_from(run).ok())
-            .collect();
-        let mut oldest = HashMap::new();
-        for atom in snapshots.iter().rev() {
-            if let Some(entry) = index.atom(AtomId(*atom)) {
-                oldest.insert(entry.agent, *atom);
-            }
-        }
-        (index.atoms.len() as u64, dropped, snapshots, oldest)
     }
 
     /// Pass 1: every atom's run, agent and parents, and the guard records of dropped runs.
@@ -466,73 +494,9 @@ impl Store {
         Ok(graph)
     }
 
-    /// The completed atoms whose deltas no target needs (module docs, step 2).
-    fn reclaimable(&self, graph: &Graph, snapshots: &BTreeSet<u64>, targets_from: &HashMap<u32, u64>) -> BTreeSet<u64> {
-        let Some(&last) = graph.parents.keys().next_back() else { return BTreeSet::new() };
-        let entries = self.entry_facts(graph);
-        let entry = |id: u64| entries.get(&id);
-        // Each agent's head (its newest atom no rollback abandoned) is a target too: after a
-        // rollback to an atom older than the agent's oldest kept snapshot (one of the
-        // abandoned branch's, say), the agent continues from that atom.
-        let mut heads: HashMap<u32, u64> = HashMap::new();
-        for (&id, &(agent, _, _, abandoned)) in &entries {
-            if !abandoned {
-                let head = heads.entry(agent).or_insert(id);
-                *head = (*head).max(id);
-            }
-        }
-        let heads: HashSet<u64> = heads.into_values().collect();
-        // Ascending: the kept snapshots usable for each atom (shared along chains).
-        let mut usable: HashMap<u64, Rc<Vec<u64>>> = HashMap::with_capacity(graph.parents.len());
-        let empty = Rc::new(Vec::new());
-        for (&id, parents) in &graph.parents {
-            let mut set = match parents.split_first() {
-                None => Rc::clone(&empty),
-                Some((first, rest)) => {
-                    let mut set = usable.get(first).cloned().unwrap_or_else(|| Rc::clone(&empty));
-                    for parent in rest {
-                        let other = usable.get(parent).cloned().unwrap_or_else(|| Rc::clone(&empty));
-                        if !Rc::ptr_eq(&set, &other) {
-                            set = Rc::new(set.iter().copied().filter(|s| other.contains(s)).collect());
-                        }
-                    }
-                    set
-                }
-            };
-            if snapshots.contains(&id) {
-                let mut with = (*set).clone();
-                with.push(id);
-                set = Rc::new(with);
-            }
-            usable.insert(id, set);
-        }
-        // Descending: the lowest snapshot bound of any rebuild that passes through each atom.
-        let mut bound: HashMap<u64, u64> = HashMap::new();
-        let mut strip = BTreeSet::new();
-        for (&id, parents) in graph.parents.range(..=last).rev() {
-            let Some(&(agent, strippable, pinned, _)) = entry(id) else { continue };
-            let mut b = bound.remove(&id).unwrap_or(u64::MAX);
-            let target_from = targets_from.get(&agent).copied().unwrap_or(0);
-            if id >= target_from || pinned || heads.contains(&id) {
-                let lowest = usable.get(&id).and_then(|set| set.iter().min().copied()).unwrap_or(0);
-                b = b.min(lowest);
-            }
-            if b < id {
-                for parent in parents {
-                    let slot = bound.entry(*parent).or_insert(u64::MAX);
-                    *slot = (*slot).min(b);
-                }
-            } else if strippable {
-                strip.insert(id);
-            }
-        }
-        strip
-    }
-
-    /// For every atom of `graph` still in the index: its agent, whether it completed with its
-    /// delta not yet reclaimed, whether it is pinned, and whether a rollback abandoned it.
-    /// Copied a chunk at a time, so that appends never wait long for the index.
-    fn entry_facts(&self, graph: &Graph) -> HashMap<u64, (u32, bool, bool, bool)> {
+    /// What the index knows of every atom of `graph` (an atom it no longer holds is left
+    /// out: dead). Copied a chunk at a time, so that appends never wait long for the index.
+    fn entry_facts(&self, graph: &Graph, dropped_runs: &HashSet<u32>) -> HashMap<u64, AtomFacts> {
         const CHUNK: usize = 4096;
         let ids: Vec<u64> = graph.parents.keys().copied().collect();
         let mut facts = HashMap::with_capacity(ids.len());
@@ -540,8 +504,16 @@ impl Store {
             let index = self.shared.index.read();
             for &id in chunk {
                 if let Some(e) = index.atom(AtomId(id)) {
-                    facts
-                        .insert(id, (e.agent, e.state == EntryState::Completed && !e.reclaimed, e.pinned, e.abandoned));
+                    let fact = AtomFacts {
+                        agent: e.agent,
+                        completed: e.state == EntryState::Completed,
+                        reclaimed: e.reclaimed,
+                        pinned: e.pinned,
+                        abandoned: e.abandoned,
+                        released: e.released,
+                        dropped: dropped_runs.contains(&e.run),
+                    };
+                    facts.insert(id, fact);
                 }
             }
         }
@@ -589,30 +561,81 @@ impl Store {
         Ok(())
     }
 
-    /// Marks the atoms about to lose their deltas. Returns `false` (and marks nothing) if an
-    /// atom begun since the plan was made branches from one of them.
-    fn mark_reclaimed(&self, plan: &Plan) -> Result<bool> {
-        // Taken before the index lock: it may wait for a snapshot directory sync.
-        let snapshots = self.shared.durable_snapshots();
-        let mut index = self.shared.index.write();
-        for id in plan.atoms_known + 1..=index.atoms.len() as u64 {
-            let Some(entry) = index.atom(AtomId(id)).copied() else { continue };
-            if entry.started_lsn == 0 {
-                continue;
+    /// Marks the atoms about to lose their deltas, and those the round releases. Returns
+    /// `false` (and leaves nothing marked) if an atom begun since the plan was made branches
+    /// from one the round releases. An atom reserved before the marks but not yet started is
+    /// waited for (its parents are known once its start is written); one begun after them is
+    /// refused such a parent by `reserve_atom`.
+    fn mark_released(&self, plan: &Plan) -> Result<bool> {
+        let released: HashSet<u64> = plan.decision.released.iter().copied().collect();
+        let in_flight = {
+            let mut index = self.shared.index.write();
+            let mut in_flight = Vec::new();
+            for id in plan.atoms_known + 1..=index.atoms.len() as u64 {
+                let Some(entry) = index.atom(AtomId(id)).copied() else { continue };
+                if entry.started_lsn == 0 {
+                    in_flight.push(id);
+                } else if self.branches_from(entry.started_lsn, &released)? {
+                    tracing::info!(atom = id, "a new branch needs history being released; compaction retries later");
+                    return Ok(false);
+                }
             }
-            if let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)?
-                && started.parents.iter().any(|p| plan.strip.contains(p) && !snapshots.contains(p))
-            {
-                tracing::info!(atom = id, "a new branch needs history being reclaimed; compaction retries later");
-                return Ok(false);
-            }
-        }
-        for id in &plan.strip {
-            if let Some(entry) = index.atom_mut(AtomId(*id)) {
-                entry.reclaimed = true;
+            self.set_released_marks(&mut index, plan, true);
+            in_flight
+        };
+        for id in in_flight {
+            let branches = match self.wait_for_start(AtomId(id)) {
+                Start::Written(lsn) => self.branches_from(lsn, &released),
+                Start::GivenUp => Ok(false),
+                Start::Late => Ok(true),
+            };
+            if !matches!(branches, Ok(false)) {
+                self.set_released_marks(&mut self.shared.index.write(), plan, false);
+                tracing::info!(atom = id, "a new branch may need history being released; compaction retries later");
+                return branches.map(|_| false);
             }
         }
         Ok(true)
+    }
+
+    /// Sets (or takes back) the marks of what `plan` strips and releases. The plan strips only
+    /// deltas not reclaimed before and releases only atoms not released before, so taking the
+    /// marks back restores the index as it was.
+    fn set_released_marks(&self, index: &mut crate::store::index::StoreIndex, plan: &Plan, on: bool) {
+        for id in &plan.decision.strip {
+            if let Some(entry) = index.atom_mut(AtomId(*id)) {
+                entry.reclaimed = on;
+            }
+        }
+        for id in &plan.decision.released {
+            if let Some(entry) = index.atom_mut(AtomId(*id)) {
+                entry.released = on;
+            }
+        }
+    }
+
+    /// Whether the atom whose start record is at `lsn` has a parent in `released`.
+    fn branches_from(&self, lsn: u64, released: &HashSet<u64>) -> Result<bool> {
+        match self.read_record(lsn)? {
+            StoreRecord::AtomStarted(started) => Ok(started.parents.iter().any(|p| released.contains(p))),
+            _ => Err(Error::InconsistentLog { lsn, reason: "an atom's start is not a start record" }),
+        }
+    }
+
+    /// Waits (up to [`START_WAIT_MAX`]) for `atom`'s start record to be written.
+    fn wait_for_start(&self, atom: AtomId) -> Start {
+        let deadline = Instant::now() + START_WAIT_MAX;
+        loop {
+            match self.shared.index.read().atom(atom) {
+                None => return Start::GivenUp,
+                Some(entry) if entry.started_lsn != 0 => return Start::Written(entry.started_lsn),
+                Some(_) => {}
+            }
+            if Instant::now() >= deadline {
+                return Start::Late;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 
     /// What the rewrite does with one record.
@@ -769,10 +792,10 @@ mod tests {
         }
         let snapshot = atoms[4].get();
         assert_eq!(store.snapshots(), vec![atoms[4]], "the policy snapshot is usable for rebuilds at once");
-        let (_, _, planned, _) = store.plan_inputs();
+        let planned = store.plan().expect("plan").decision.snapshots_kept;
         assert!(!planned.contains(&snapshot), "its name is not durable yet: {planned:?}");
         store.shared.sync_snapshot_dir(false).expect("sync");
-        let (_, _, planned, _) = store.plan_inputs();
+        let planned = store.plan().expect("plan").decision.snapshots_kept;
         assert!(planned.contains(&snapshot), "durable after the directory sync: {planned:?}");
     }
 

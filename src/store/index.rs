@@ -59,6 +59,8 @@ pub(crate) struct AtomEntry {
     pub reclaimed: bool,
     /// Pinned: retention keeps what its context needs.
     pub pinned: bool,
+    /// A compaction round released it: no rebuild can reach it any more (`purge.rs`).
+    pub released: bool,
 }
 
 impl AtomEntry {
@@ -71,11 +73,22 @@ impl AtomEntry {
         abandoned: false,
         reclaimed: false,
         pinned: false,
+        released: false,
     };
 
     /// A new entry in `state`.
     pub fn new(started_lsn: u64, run: u32, agent: u32, state: EntryState) -> Self {
-        Self { started_lsn, ended_lsn: 0, run, agent, state, abandoned: false, reclaimed: false, pinned: false }
+        Self {
+            started_lsn,
+            ended_lsn: 0,
+            run,
+            agent,
+            state,
+            abandoned: false,
+            reclaimed: false,
+            pinned: false,
+            released: false,
+        }
     }
 }
 
@@ -324,6 +337,27 @@ impl StoreIndex {
         for (run, span) in self.runs.iter_mut().zip(spans) {
             run.atom_span = span;
         }
+    }
+
+    /// Marks the atoms of `first[i] .. first[i] + count[i]` released. Ranges are clipped to the
+    /// atoms the index holds, so a damaged record costs no more than the index's size.
+    ///
+    /// # Errors
+    /// `None` if the two lists differ in length.
+    pub fn release(&mut self, first: &[u64], count: &[u64]) -> Option<()> {
+        if first.len() != count.len() {
+            return None;
+        }
+        let len = self.atoms.len() as u64;
+        for (&from, &count) in first.iter().zip(count) {
+            let to = from.saturating_add(count).min(len.saturating_add(1));
+            for id in from.max(1)..to {
+                if let Some(entry) = self.atom_mut(AtomId(id)) {
+                    entry.released = true;
+                }
+            }
+        }
+        Some(())
     }
 
     /// Marks every atom of (`run`, `agent`) after `after` abandoned; returns them. Walks the

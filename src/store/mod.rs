@@ -18,6 +18,7 @@ mod index;
 mod inspect;
 mod lull;
 mod policy;
+mod purge;
 mod rebuild;
 mod replay;
 mod retention;
@@ -245,6 +246,7 @@ impl Shared {
             policies,
             snapshot_clock: Mutex::new(policy::SnapshotClocks::default()),
             compacting: Mutex::new(()),
+            purge: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
@@ -500,6 +502,10 @@ pub(crate) struct Shared {
     snapshot_clock: Mutex<policy::SnapshotClocks>,
     /// Compaction runs one at a time.
     compacting: Mutex<()>,
+    /// Held while a compaction round plans what is live and marks what it releases, and by
+    /// everything that changes what is live (rollback, fork, pin): no plan is made from heads
+    /// that change under it (`purge.rs`). Taken after `compacting`, never before it.
+    purge: Mutex<()>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.
     closing: std::sync::atomic::AtomicBool,
     /// Compaction rounds completed since open, and the last one's report.

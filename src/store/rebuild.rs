@@ -358,6 +358,11 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
             index.drop_run(RunId(dropped.run), dropped.next_atom);
             orphans.dropped_below = orphans.dropped_below.max(dropped.next_atom);
         }
+        StoreRecord::HistoryReleased(released) => {
+            index
+                .release(&released.first, &released.count)
+                .ok_or(Error::InconsistentLog { lsn, reason: "a release's ranges do not pair up" })?;
+        }
         StoreRecord::AtomCompleted(_) | StoreRecord::AtomFailed(_) | StoreRecord::AtomReclaimed(_) => {
             return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
         }

@@ -609,8 +609,9 @@ impl Store {
             }
         }
         self.shared.log.metrics_handle().record_snapshot_write(bytes.len() as u64, started.elapsed());
+        // Retention prunes snapshots in the next compaction round's plan (`purge.rs`), which
+        // knows what each one still serves.
         self.shared.snapshots.lock().insert(atom.0);
-        self.prune_snapshots_of(atom)?;
         Ok(())
     }
 

@@ -114,25 +114,6 @@ impl Store {
         results
     }
 
-    /// Deletes the snapshots of `atom`'s agent beyond the newest `snapshots_per_agent`.
-    /// Returns how many were deleted.
-    pub(crate) fn prune_snapshots_of(&self, atom: AtomId) -> Result<usize> {
-        let victims: Vec<u64> = {
-            let index = self.shared.index.read();
-            let Some(agent) = index.atom(atom).map(|entry| entry.agent) else { return Ok(0) };
-            let snapshots = self.shared.snapshots.lock();
-            let keep = self.shared.policies.retention.snapshots_per_agent;
-            // Snapshots of pinned atoms are kept, and do not count towards the K.
-            let of_agent = snapshots
-                .iter()
-                .rev()
-                .filter(|id| index.atom(AtomId(**id)).is_some_and(|e| e.agent == agent && !e.pinned));
-            of_agent.skip(keep).copied().collect()
-        };
-        self.delete_snapshots(&victims)?;
-        Ok(victims.len())
-    }
-
     /// Deletes snapshot files: out of the set first (no new rebuild picks them), then unlinked,
     /// then the directory synced.
     pub(crate) fn delete_snapshots(&self, atoms: &[u64]) -> Result<()> {
@@ -166,9 +147,13 @@ impl Store {
     /// [`Error::UnknownAtom`], [`Error::HistoryReclaimed`] when pinning an atom whose context
     /// can no longer be rebuilt, the rebuild's other errors, and the log's append errors.
     pub fn pin(&self, atom: AtomId, pinned: bool) -> Result<()> {
-        // No round may plan without this pin, or strip what the check below relies on.
-        let _no_compaction = self.shared.compacting.lock();
+        // No round may plan without this pin, or release what the checks below rely on.
+        let _purge = self.shared.purge.lock();
         if pinned {
+            let gone = self.shared.index.read().atom(atom).is_some_and(|entry| self.history_gone(entry, atom));
+            if gone {
+                return Err(Error::HistoryReclaimed { atom: atom.0, reclaimed: atom.0 });
+            }
             self.rebuild_context(atom)?;
         }
         let mut index = self.shared.index.write();
