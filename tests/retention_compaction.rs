@@ -203,6 +203,9 @@ fn retention_keeps_the_newest_k_snapshots_of_each_agent() {
     let sim = SimStorage::new(3);
     let store = open_with(&sim, every(2), keep(2));
     let ids = chain(&store, "k", 10, 5);
+    // Retention decides in a compaction round's plan, which knows what each snapshot serves.
+    assert_eq!(store.snapshots(), vec![ids[1], ids[3], ids[5], ids[7], ids[9]]);
+    store.compact().expect("compact");
     assert_eq!(store.snapshots(), vec![ids[7], ids[9]]);
     let files = sim.file_names(Path::new("/store/snapshots"));
     assert_eq!(files.len(), 2, "{files:?}");

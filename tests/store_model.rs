@@ -32,7 +32,7 @@ use proptest::prelude::*;
 
 const RUNS: [&str; 2] = ["r", "s"];
 const AGENTS: [&str; 2] = ["planner", "tool"];
-const STEPS: usize = 4;
+const STEPS: usize = 8;
 
 #[derive(Clone, Debug)]
 enum Action {
@@ -42,10 +42,14 @@ enum Action {
     Record { run: usize, agent: usize, step: usize },
     /// The agent's head is pinned.
     Pin { run: usize, agent: usize },
-    /// The agent rolls back to its first completed atom still on its line.
-    Rollback { run: usize, agent: usize },
-    /// A new branch from the agent's first completed atom, under a fresh key.
-    Fork { run: usize, agent: usize },
+    /// The agent rolls back to one of its completed atoms still on its line (the `pick`-th,
+    /// modulo their number).
+    Rollback { run: usize, agent: usize, pick: usize },
+    /// A new branch from one of the agent's completed atoms still on its line, under a fresh
+    /// key.
+    Fork { run: usize, agent: usize, pick: usize },
+    /// A compaction round (retention, then compaction) now.
+    Compact,
     /// The run finishes and retention drops it; its name is free for a new run.
     Drop { run: usize },
     /// An index checkpoint now.
@@ -78,8 +82,10 @@ fn work() -> impl Strategy<Value = Action> {
             .prop_map(|(run, agent, step, fails)| Action::Execute { run, agent, step, fails }),
         3 => (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS).prop_map(|(run, agent, step)| Action::Record { run, agent, step }),
         1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Pin { run, agent }),
-        1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Rollback { run, agent }),
-        1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Fork { run, agent }),
+        2 => (0..RUNS.len(), 0..AGENTS.len(), 0..2 * STEPS)
+            .prop_map(|(run, agent, pick)| Action::Rollback { run, agent, pick }),
+        1 => (0..RUNS.len(), 0..AGENTS.len(), 0..2 * STEPS).prop_map(|(run, agent, pick)| Action::Fork { run, agent, pick }),
+        2 => Just(Action::Compact),
         1 => (0..RUNS.len()).prop_map(|run| Action::Drop { run }),
         1 => Just(Action::Checkpoint),
     ]
@@ -158,11 +164,13 @@ impl ModelAtom {
 }
 
 impl Model {
-    /// The agent's first completed atom still on its line: what a rollback goes back to and a
-    /// fork starts from.
-    fn first_completed(&self, run: usize, agent: usize) -> Option<(RunId, AtomId)> {
+    /// The agent's `pick`-th completed atom still on its line (modulo their number): what a
+    /// rollback goes back to and a fork starts from.
+    fn completed(&self, run: usize, agent: usize, pick: usize) -> Option<(RunId, AtomId)> {
         let (id, atoms) = self.runs.get(&run)?;
-        let atom = atoms.iter().find(|a| a.agent == agent && !a.abandoned && a.output.is_some())?;
+        let line: Vec<&ModelAtom> =
+            atoms.iter().filter(|a| a.agent == agent && !a.abandoned && a.output.is_some()).collect();
+        let atom = line.get(pick % line.len().max(1))?;
         Some((*id, atom.id))
     }
 
@@ -280,14 +288,18 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             store.pin(head, true).unwrap_or_else(|e| panic!("pin the head {head}: {e}"));
             model.pinned.push(head);
         }
-        Action::Rollback { run, agent } => {
-            let Some((id, to)) = model.first_completed(run, agent) else { return };
+        Action::Rollback { run, agent, pick } => {
+            let Some((id, to)) = model.completed(run, agent, pick) else { return };
             let mut abandoned = match store.rollback(id, AGENTS[agent], to, "model") {
-                Ok(abandoned) => abandoned,
-                // An atom retention reclaimed the history of (an agent's old atom) cannot be
-                // rolled back to; nothing changes.
+                // The agent continues from `to`: its context must rebuild.
+                Ok(abandoned) => {
+                    store.rebuild_context(to).unwrap_or_else(|e| panic!("the rollback's head {to}: {e}"));
+                    abandoned
+                }
+                // An atom whose history retention released cannot be rolled back to; nothing
+                // changes, and the refusal is true: nothing can rebuild it.
                 Err(Error::HistoryReclaimed { .. }) => {
-                    assert!(store.atom(to).expect("atom").delta_reclaimed, "atom {to} is refused, not reclaimed");
+                    assert!(store.rebuild_context(to).is_err(), "atom {to} is refused, yet it rebuilds");
                     return;
                 }
                 Err(error) => panic!("rollback to {to}: {error}"),
@@ -301,20 +313,21 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             abandoned.sort_unstable();
             assert_eq!(abandoned, expected, "the rollback abandons the agent's later atoms");
         }
-        Action::Fork { run, agent } => {
-            let Some((id, from)) = model.first_completed(run, agent) else { return };
+        Action::Fork { run, agent, pick } => {
+            let Some((id, from)) = model.completed(run, agent, pick) else { return };
             model.forks += 1;
             let key = format!("fork-{}", model.forks);
             let atom = match store.fork(id, AGENTS[agent], from, &key) {
                 Ok(atom) => atom,
-                Err(Error::InvalidParent { .. }) => {
-                    assert!(store.atom(from).expect("atom").delta_reclaimed, "atom {from} is refused, not reclaimed");
+                Err(Error::InvalidParent { .. } | Error::HistoryReclaimed { .. }) => {
+                    assert!(store.rebuild_context(from).is_err(), "atom {from} is refused, yet it rebuilds");
                     return;
                 }
                 Err(error) => panic!("fork from {from}: {error}"),
             };
             let output = model.output();
             store.complete_atom(atom, &output).expect("complete the fork");
+            store.rebuild_context(atom).unwrap_or_else(|e| panic!("the fork {atom}: {e}"));
             let atoms = &mut model.runs.get_mut(&run).expect("run").1;
             atoms.push(ModelAtom::new(atom, agent, key, Some(output)));
         }
@@ -329,6 +342,9 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
         }
         Action::Checkpoint => {
             store.checkpoint_index().expect("checkpoint");
+        }
+        Action::Compact => {
+            store.compact().expect("compact");
         }
         Action::Reopen | Action::Crash { .. } | Action::Interrupted { .. } => unreachable!("the caller reopens"),
     }
@@ -430,8 +446,8 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
             Some(atom) => Attempt::Pin { atom, acked: store.pin(atom, true).is_ok() },
             None => Attempt::Nothing,
         },
-        Action::Rollback { run, agent } => {
-            let Some((id, to)) = model.first_completed(run, agent) else { return Attempt::Nothing };
+        Action::Rollback { run, agent, pick } => {
+            let Some((id, to)) = model.completed(run, agent, pick) else { return Attempt::Nothing };
             let atoms = &model.runs[&run].1;
             let expected: Vec<AtomId> =
                 atoms.iter().filter(|a| a.agent == agent && a.id > to && !a.abandoned).map(|a| a.id).collect();
@@ -445,8 +461,8 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
                 Err(_) => Attempt::Rollback { expected, acked: false, refused: false },
             }
         }
-        Action::Fork { run, agent } => {
-            let Some((id, from)) = model.first_completed(run, agent) else { return Attempt::Nothing };
+        Action::Fork { run, agent, pick } => {
+            let Some((id, from)) = model.completed(run, agent, pick) else { return Attempt::Nothing };
             model.forks += 1;
             let key = format!("fork-{}", model.forks);
             let output = model.output();
@@ -463,6 +479,10 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
         }
         Action::Checkpoint => {
             let _ = store.checkpoint_index();
+            Attempt::Nothing
+        }
+        Action::Compact => {
+            let _ = store.compact();
             Attempt::Nothing
         }
         Action::Reopen | Action::Crash { .. } | Action::Interrupted { .. } => unreachable!("not interrupted"),

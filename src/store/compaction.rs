@@ -388,6 +388,10 @@ impl Store {
             // dropped run's id): their memory goes now, their records with the rewrites.
             self.shared.index.write().forget_guards(&plan.dead_guards);
         }
+        #[cfg(test)]
+        if let Some(hook) = self.shared.after_plan.lock().take() {
+            hook();
+        }
         if !self.mark_released(&plan)? {
             return Ok(None);
         }
@@ -768,6 +772,60 @@ mod tests {
         fn lock_dir(&self, dir: &Path) -> std::io::Result<DirLock> {
             FileStorage::new().lock_dir(dir)
         }
+    }
+
+    /// A rollback that comes while a round plans waits for the round's marks, then sees what the
+    /// round releases: it cannot move the agent onto history the round planned without (its
+    /// head would be one no rebuild reaches). Without the purge lock the rollback lands between
+    /// the plan and the marks.
+    #[test]
+    fn a_rollback_during_a_round_waits_for_its_plan_and_sees_what_it_releases() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(
+            Store::builder(dir.path())
+                .segment_bytes(16 * 1024)
+                .snapshot_policy(SnapshotPolicy { every_atoms: 10, every: std::time::Duration::ZERO })
+                .retention(crate::RetentionPolicy { snapshots_per_agent: 1, finished_run_age: None })
+                .compaction(CompactionPolicy {
+                    live_fraction_min: 1.0,
+                    interval: None,
+                    cold_compression: None,
+                    ..CompactionPolicy::default()
+                })
+                .background(false)
+                .open()
+                .expect("open"),
+        );
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let mut transcript = Transcript::new(9);
+        let mut atoms = Vec::new();
+        for i in 0..30 {
+            let parents: Vec<_> = atoms.last().copied().into_iter().collect();
+            let output = AtomOutput { delta: transcript.next_delta(600), result: Vec::new() };
+            atoms.push(store.record_atom(run, "a", &i.to_string(), &parents, "", &output).expect("atom"));
+        }
+        let to = atoms[24];
+        let rollback = Arc::new(parking_lot::Mutex::new(None));
+        let (in_hook, slot) = (Arc::clone(&store), Arc::clone(&rollback));
+        *store.shared.after_plan.lock() = Some(Box::new(move || {
+            let thread = std::thread::spawn(move || in_hook.rollback(run, "a", to, "race"));
+            *slot.lock() = Some(thread);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }));
+        let report = store.compact().expect("compact");
+        assert!(report.deltas_reclaimed > 0, "{report:?}");
+        let thread = rollback.lock().take().expect("the hook ran");
+        match thread.join().expect("rollback thread") {
+            Ok(_) => {
+                store.rebuild_context(to).expect("a rollback that succeeded leaves a head that rebuilds");
+            }
+            Err(crate::Error::HistoryReclaimed { .. }) => {
+                assert_eq!(store.last_agent_atom(run, "a"), atoms.last().copied());
+            }
+            Err(other) => panic!("unexpected error {other}"),
+        }
+        let head = store.last_agent_atom(run, "a").expect("head");
+        store.rebuild_context(head).expect("the head rebuilds");
     }
 
     /// A policy snapshot's name is durable only after the snapshot directory's next sync, so a

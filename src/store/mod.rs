@@ -247,6 +247,8 @@ impl Shared {
             snapshot_clock: Mutex::new(policy::SnapshotClocks::default()),
             compacting: Mutex::new(()),
             purge: Mutex::new(()),
+            #[cfg(test)]
+            after_plan: Mutex::new(None),
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
@@ -506,6 +508,9 @@ pub(crate) struct Shared {
     /// everything that changes what is live (rollback, fork, pin): no plan is made from heads
     /// that change under it (`purge.rs`). Taken after `compacting`, never before it.
     purge: Mutex<()>,
+    /// Called by a compaction round between its plan and its marks (tests of the purge lock).
+    #[cfg(test)]
+    after_plan: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.
     closing: std::sync::atomic::AtomicBool,
     /// Compaction rounds completed since open, and the last one's report.
