@@ -297,9 +297,10 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                     abandoned
                 }
                 // An atom whose history retention released cannot be rolled back to; nothing
-                // changes, and the refusal is true: nothing can rebuild it.
+                // changes. Never the agent's head or a pinned atom: retention keeps those.
                 Err(Error::HistoryReclaimed { .. }) => {
-                    assert!(store.rebuild_context(to).is_err(), "atom {to} is refused, yet it rebuilds");
+                    assert_ne!(model.head(run, agent), Some(to), "the head {to} is refused");
+                    assert!(!model.pinned.contains(&to), "the pinned atom {to} is refused");
                     return;
                 }
                 Err(error) => panic!("rollback to {to}: {error}"),
@@ -320,7 +321,8 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let atom = match store.fork(id, AGENTS[agent], from, &key) {
                 Ok(atom) => atom,
                 Err(Error::InvalidParent { .. } | Error::HistoryReclaimed { .. }) => {
-                    assert!(store.rebuild_context(from).is_err(), "atom {from} is refused, yet it rebuilds");
+                    assert_ne!(model.head(run, agent), Some(from), "a fork from the head {from} is refused");
+                    assert!(!model.pinned.contains(&from), "a fork from the pinned atom {from} is refused");
                     return;
                 }
                 Err(error) => panic!("fork from {from}: {error}"),

@@ -45,7 +45,9 @@ impl Default for SnapshotPolicy {
 /// compaction").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetentionPolicy {
-    /// Snapshots kept per agent, newest first (default 5, at least 1).
+    /// Snapshots kept per agent, newest first (default 5, at least 1); snapshots of atoms a
+    /// rollback abandoned and of pinned atoms do not count. Applied by each compaction round:
+    /// a snapshot written between rounds stays until the next one.
     pub snapshots_per_agent: usize,
     /// Finished runs older than this (since they finished) are dropped entirely by the next
     /// compaction. `None` (the default) keeps them forever.
