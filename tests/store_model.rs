@@ -32,7 +32,7 @@ use proptest::prelude::*;
 
 const RUNS: [&str; 2] = ["r", "s"];
 const AGENTS: [&str; 2] = ["planner", "tool"];
-const STEPS: usize = 8;
+const STEPS: usize = 12;
 
 #[derive(Clone, Debug)]
 enum Action {
@@ -117,7 +117,7 @@ fn action() -> impl Strategy<Value = Action> {
 fn open(sim: &SimStorage, background: bool) -> Store {
     Store::builder(Path::new("/model"))
         .storage(Arc::new(sim.process()))
-        .segment_bytes(16 * 1024)
+        .segment_bytes(4 * 1024)
         .snapshot_policy(SnapshotPolicy { every_atoms: 3, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
         .index_checkpoint_after(u64::MAX)

@@ -70,7 +70,8 @@ pub struct CompactionReport {
     pub bytes_read: u64,
     /// Bytes of the rewritten segments after.
     pub bytes_written: u64,
-    /// `bytes_read - bytes_written`, plus the bytes of deleted segments.
+    /// `bytes_read - bytes_written` (0 if the rewrites came out larger), plus the bytes of
+    /// deleted segments.
     pub bytes_reclaimed: u64,
     /// Whether the round stopped early: an agent branched from history being reclaimed, or
     /// the store is closing (the next round tries again).
@@ -316,7 +317,10 @@ impl Store {
             // Background work yields half of its time to the foreground.
             std::thread::sleep(started.elapsed());
         }
-        report.bytes_reclaimed = report.bytes_read - report.bytes_written;
+        // A compressed rewrite of a small segment can come out larger than its original (its
+        // records were compressed one by one with the dictionary, and are stored plain inside
+        // the frame): nothing was reclaimed then, and the report says so.
+        report.bytes_reclaimed = report.bytes_read.saturating_sub(report.bytes_written);
         let (deleted, bytes) = self.delete_empty_prefix()?;
         report.segments_deleted = deleted;
         report.bytes_reclaimed += bytes;
