@@ -42,7 +42,26 @@ fn record(store: &Store, run: RunId, count: u64) -> Vec<AtomId> {
     atoms
 }
 
-/// The trigger: atoms 1..30, a compaction (deltas below the oldest kept snapshot, 20,
+/// A rollback to `to` and a fork from it either succeed and leave a head that rebuilds, or are
+/// refused because `to`'s history is gone.
+fn rollback_and_fork_rebuild_or_are_refused(store: &Store, run: RunId, to: AtomId) {
+    match store.rollback(run, "a", to, "retry") {
+        Ok(_) => {
+            store.rebuild_context(to).expect("a rollback succeeded, so its head must rebuild");
+        }
+        Err(Error::HistoryReclaimed { .. }) => {}
+        Err(other) => panic!("unexpected error {other}"),
+    }
+    match store.fork(run, "a", to, "fork") {
+        Ok(fork) => {
+            store.rebuild_context(fork).expect("a fork succeeded, so it must rebuild");
+        }
+        Err(Error::HistoryReclaimed { .. } | Error::InvalidParent { .. }) => {}
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+/// The trigger: atoms 1..30, a compaction (deltas below the oldest kept snapshot, 20,
 /// go), atoms 31..40 (the snapshot at 40 prunes the one at 20): nothing can rebuild 21..29 any
 /// more, so a rollback or a fork to 25 must be refused, and leave the agent where it was.
 #[test]
@@ -56,22 +75,8 @@ fn a_rollback_or_fork_to_an_atom_whose_history_is_gone_is_refused() {
     atoms.extend(record(&store, run, 10));
     store.compact().expect("compact");
     let to = atoms[24];
-    match store.rollback(run, "a", to, "retry") {
-        Ok(_) => {
-            store.rebuild_context(to).expect("a rollback succeeded, so its head must rebuild");
-        }
-        Err(Error::HistoryReclaimed { .. }) => {
-            assert_eq!(store.last_agent_atom(run, "a"), atoms.last().copied(), "a refused rollback abandons nothing");
-        }
-        Err(other) => panic!("unexpected error {other}"),
-    }
-    match store.fork(run, "a", to, "fork") {
-        Ok(fork) => {
-            store.rebuild_context(fork).expect("a fork succeeded, so it must rebuild");
-        }
-        Err(Error::HistoryReclaimed { .. } | Error::InvalidParent { .. }) => {}
-        Err(other) => panic!("unexpected error {other}"),
-    }
+    rollback_and_fork_rebuild_or_are_refused(&store, run, to);
+    assert_eq!(store.last_agent_atom(run, "a"), atoms.last().copied(), "a refused rollback abandons nothing");
     // The head is still whole, and stays so across a reopen.
     let head = store.last_agent_atom(run, "a").expect("head");
     store.rebuild_context(head).expect("head");
@@ -99,20 +104,7 @@ fn history_released_by_a_round_stays_released_after_a_reopen() {
         to = atoms[24];
     }
     let store = open(dir.path());
-    match store.rollback(run, "a", to, "retry") {
-        Ok(_) => {
-            store.rebuild_context(to).expect("a rollback succeeded, so its head must rebuild");
-        }
-        Err(Error::HistoryReclaimed { .. }) => {}
-        Err(other) => panic!("unexpected error {other}"),
-    }
-    match store.fork(run, "a", to, "fork") {
-        Ok(fork) => {
-            store.rebuild_context(fork).expect("a fork succeeded, so it must rebuild");
-        }
-        Err(Error::HistoryReclaimed { .. } | Error::InvalidParent { .. }) => {}
-        Err(other) => panic!("unexpected error {other}"),
-    }
+    rollback_and_fork_rebuild_or_are_refused(&store, run, to);
 }
 
 /// Snapshots on a branch a rollback abandoned do not count towards the K an agent keeps: after
