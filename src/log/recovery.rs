@@ -357,6 +357,9 @@ fn recover_segments(
     drop(view);
     let file_bytes = file.len().map_err(|e| Error::io("stat", &path, e))?;
     sealed.found.push(FoundSegment { path: path.clone(), header, next_lsn: scan.next_lsn, file_bytes });
+    if let (RecoveryMode::Strict, Tail::Invalid { offset, bytes }) = (mode, &scan.tail) {
+        return Err(corruption(&path, *offset, CorruptionKind::TornTail { bytes: *bytes }));
+    }
     // Before the tail is cut or anything written: the evidence is taken as the files are.
     let lost = manifest::check(dir, segments.listed, &sealed.found)?;
     settle_lost(lost, mode, report)?;

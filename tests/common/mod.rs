@@ -155,6 +155,12 @@ impl DurableFiles {
         sim
     }
 
+    /// The length of the file at `path`.
+    pub fn len(&self, path: &Path) -> u64 {
+        let (_, bytes) = self.files.iter().find(|(at, _)| at == path).expect("the file is in the snapshot");
+        bytes.len() as u64
+    }
+
     /// The byte at `offset` of the file at `path`.
     pub fn byte(&self, path: &Path, offset: u64) -> u8 {
         let (_, bytes) = self.files.iter().find(|(at, _)| at == path).expect("the file is in the snapshot");
