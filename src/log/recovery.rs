@@ -774,7 +774,7 @@ fn settle_last_tail(
 /// never leaves the last segment shorter than it was written (the evidence of lost records
 /// relies on that, docs/FORMAT.md §6).
 fn cut_tail(file: &dyn StorageFile, path: &Path, offset: u64, bytes: u64) -> Result<()> {
-    const ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
     let end = offset + bytes;
     let mut at = offset;
     while at < end {

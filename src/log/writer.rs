@@ -393,6 +393,7 @@ struct Group {
 }
 
 impl Writer {
+    #[expect(clippy::too_many_arguments, reason = "one private constructor, called once by the log")]
     pub fn new(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
