@@ -368,8 +368,9 @@ fn summary_json(summary: &Summary, log: &Log, dir: &Path) -> Value {
             "ignored_at_open": f.checkpoint.ignored_at_open,
         })),
         "records": {"total": totals.count, "by_kind": totals.by_kind},
-        "bytes_on_disk": {"total": disk_bytes, "segment_files": segment_file_bytes, "snapshots": snapshot_bytes,
-            "other": other_bytes(summary)},
+        "bytes_on_disk": {"total": disk_bytes, "segment_files": segment_file_bytes,
+            "segment_used": log_data_bytes, "segment_preallocated": segment_file_bytes.saturating_sub(*log_data_bytes),
+            "snapshots": snapshot_bytes, "other": other_bytes(summary)},
         "log_data_bytes": log_data_bytes,
         "compression": {"record_bytes_stored": totals.stored_bytes, "record_bytes_raw": totals.body_bytes,
             "ratio": ratio(totals.stored_bytes, totals.body_bytes)},
@@ -413,9 +414,10 @@ fn summary_text(summary: &Summary, log: &Log, dir: &Path, out: &mut dyn Write) -
     let kinds: Vec<String> = totals.by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
     writeln!(out, "records: {} ({})", totals.count, kinds.join(", "))?;
     let other = other_bytes(summary);
+    let preallocated = segment_file_bytes.saturating_sub(*log_data_bytes);
     writeln!(
         out,
-        "bytes on disk: {disk_bytes} (segment files {segment_file_bytes}, preallocated; snapshots {snapshot_bytes}; other {other})"
+        "bytes on disk: {disk_bytes} (segment files {segment_file_bytes}: {log_data_bytes} used, {preallocated} preallocated; snapshots {snapshot_bytes}; other {other})"
     )?;
     writeln!(out, "log data: {log_data_bytes} bytes (segment headers, frame headers and records)")?;
     let (stored, raw) = (totals.stored_bytes, totals.body_bytes);
@@ -461,11 +463,15 @@ fn recovery_json(dir: &Path, report: &continuum::RecoveryReport) -> Value {
         "torn_tail": report.torn_tail.as_ref().map(range),
         "skipped": report.skipped.iter().map(range).collect::<Vec<_>>(),
         "lost_lsns": report.lost_lsns.iter().map(|(from, to)| json!([from, to])).collect::<Vec<_>>(),
+        "lost_records": report.lost_records.iter().map(|lost| json!({
+            "file": relative(dir, &lost.segment), "evidence": lost.evidence.to_string(),
+            "from_lsn": lost.from_lsn, "to_lsn": lost.to_lsn, "bytes": lost.bytes,
+        })).collect::<Vec<_>>(),
     })
 }
 
 fn write_recovery(dir: &Path, report: &continuum::RecoveryReport, out: &mut dyn Write) -> Result<(), Failure> {
-    if report.torn_tail.is_none() && report.skipped.is_empty() && report.lost_lsns.is_empty() {
+    if report.torn_tail.is_none() && !report.found_loss() {
         writeln!(out, "recovery: clean")?;
         return Ok(());
     }
@@ -492,6 +498,14 @@ fn write_recovery(dir: &Path, report: &continuum::RecoveryReport, out: &mut dyn 
             1 => writeln!(out, "recovery: LSN {from} lost in skipped bytes")?,
             _ => writeln!(out, "recovery: LSNs {from}..={} lost in skipped bytes", to - 1)?,
         }
+    }
+    for lost in &report.lost_records {
+        let known = if lost.to_lsn > lost.from_lsn {
+            format!("LSNs {}..={}", lost.from_lsn, lost.to_lsn - 1)
+        } else {
+            format!("LSNs from {} on", lost.from_lsn)
+        };
+        writeln!(out, "recovery: RECORDS LOST ({}) in {}: {known}", lost.evidence, relative(dir, &lost.segment))?;
     }
     Ok(())
 }

@@ -293,6 +293,39 @@ pub enum CorruptionKind {
         /// How many bytes after the last valid batch are not zero.
         bytes: u64,
     },
+    /// The log manifest (`log.manifest`) does not verify.
+    #[error("the log manifest is invalid ({reason})")]
+    BadManifest {
+        /// What about the manifest is wrong.
+        reason: &'static str,
+    },
+    /// A segment is an older copy of the one the log manifest lists (a rewrite it replaced),
+    /// or another segment under the same name.
+    #[error(
+        "the segment is not the one the log manifest lists (sequence {found_seq} generation {found_generation}, \
+         listed sequence {listed_seq} generation {listed_generation})"
+    )]
+    StaleSegment {
+        /// The sequence number the manifest lists.
+        listed_seq: u64,
+        /// The segment's sequence number.
+        found_seq: u64,
+        /// The generation the manifest lists.
+        listed_generation: u32,
+        /// The segment's generation.
+        found_generation: u32,
+    },
+    /// Evidence that acknowledged records existed past the end of the log (a deleted or
+    /// shortened segment), refused in strict recovery.
+    #[error("records are lost from the log: {evidence} (LSNs from {from_lsn}, at least up to {to_lsn})")]
+    RecordsLost {
+        /// What shows it.
+        evidence: crate::log::LossEvidence,
+        /// The first LSN lost.
+        from_lsn: u64,
+        /// The LSN after the last one known lost (equal to `from_lsn` when unknown).
+        to_lsn: u64,
+    },
     /// A batch read back after recovery fails its checksum.
     #[error("a batch fails its checksum: {reason}")]
     BadBatch {

@@ -67,6 +67,7 @@ fn place_active_after(storage: &SimStorage, dir: &Path, sealed: &SegmentHeader) 
         store_id: sealed.store_id,
         end_lsn: 0,
         compressed: false,
+        generation: segment::GENERATION_WRITER,
     };
     let file = storage.open(&dir.join(segment::file_name(header.first_lsn)), OpenMode::CreateNew)?;
     file.allocate(header.segment_bytes)?;

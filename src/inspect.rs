@@ -143,7 +143,8 @@ fn file_len(storage: &dyn Storage, path: &Path) -> Result<Option<u64>> {
 
 /// Every file of the store (segments, snapshots, the lock file, anything else), by path
 /// relative to `dir`, with its size in bytes (segments are preallocated: their size is the
-/// configured segment size however full they are).
+/// configured segment size however full they are, except the active segment of a closed log,
+/// which a clean close trims to its data).
 ///
 /// # Errors
 /// [`Error::Io`] when a directory cannot be listed or a file opened.

@@ -55,6 +55,10 @@ pub const SEGMENT_BYTES_MIN: u64 = 4 * 1024;
 /// Largest allowed segment file.
 pub const SEGMENT_BYTES_MAX: u64 = 1024 * 1024 * 1024;
 
+/// Most segments the log manifest lists (32 bytes each): a log of default-sized segments
+/// holds 64 TiB before reaching it. The manifest is read whole, so this bounds that read.
+pub const MANIFEST_SEGMENTS_MAX: usize = 1 << 20;
+
 /// Default segment file size ([`Config::segment_bytes`](crate::Config::segment_bytes)).
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 

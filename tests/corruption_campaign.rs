@@ -306,8 +306,11 @@ fn campaign_on_synced_segment(region: &'static str, pick: impl Fn(&[Segment]) ->
     let target = pick(&segments);
     let mut tally = Tally::default();
     // Every byte of the header and the frames; of the zero-filled rest, where every offset takes
-    // the same path through recovery, the first 64 bytes and then every 7th (for runtime).
-    let offsets = (0..SEGMENT_BYTES).filter(|&offset| offset < target.data_end + 64 || offset.is_multiple_of(7));
+    // the same path through recovery, the first 64 bytes and then every 7th (for runtime). The
+    // close trimmed the active segment to its frames: it has no zero-filled rest.
+    let file_bytes = snapshot.len(&target.path);
+    let offsets =
+        (0..SEGMENT_BYTES.min(file_bytes)).filter(|&offset| offset < target.data_end + 64 || offset.is_multiple_of(7));
     for offset in offsets {
         for &pattern in patterns(offset) {
             let flipped = snapshot.byte(&target.path, offset) ^ pattern;

@@ -331,6 +331,8 @@ fn a_torn_tail_is_reported_not_cut() {
     let (last, data_end) = (segments[1].path.clone(), segments[1].data_bytes);
     let before = std::fs::read(&last).expect("read");
     let mut torn = before.clone();
+    // The close trimmed the file to its data: the garbage a crash could leave goes past it.
+    torn.resize(torn.len().max(data_end as usize + 100), 0);
     torn[data_end as usize..data_end as usize + 100].fill(0xEE);
     std::fs::write(&last, &torn).expect("tear");
     let (code, out, _) = dump(store.path(), &["summary"]);
@@ -371,4 +373,22 @@ fn flip_byte(path: &Path, offset: usize) {
     let mut bytes = std::fs::read(path).expect("read file");
     bytes[offset] ^= 0x40;
     std::fs::write(path, bytes).expect("write file");
+}
+
+#[test]
+fn verify_fails_on_records_lost_from_the_end_of_the_log() {
+    let store = golden_store();
+    let segments = Log::open_read_only(store.path()).expect("read-only open").segments();
+    let last = segments[1].path.clone();
+    // Cut at the first frame boundary: records 18 and 19 are gone, nothing torn is left.
+    let file = std::fs::OpenOptions::new().write(true).open(&last).expect("open");
+    file.set_len(64).expect("truncate");
+    drop(file);
+    let (code, out, _) = dump(store.path(), &["verify"]);
+    assert_eq!(code, 1, "verify of a store that lost records must fail: {out}");
+    assert!(out.contains("PROBLEM 00000000000000000018.seg offset 0: records lost from the end of the log"), "{out}");
+    let (code, out, _) = dump(store.path(), &["summary"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("recovery: RECORDS LOST"), "{out}");
+    assert!(out.contains("LSNs 18..=19"), "{out}");
 }

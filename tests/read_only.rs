@@ -67,6 +67,8 @@ fn torn_log(dir: &Path, garbage: usize) -> (PathBuf, u64) {
     let segment = log.segments().pop().expect("a segment");
     log.close().expect("close");
     let mut bytes = std::fs::read(&segment.path).expect("read");
+    // The close trimmed the file to its data: the garbage a crash could leave goes past it.
+    bytes.resize(bytes.len().max(segment.data_bytes as usize + garbage), 0);
     bytes[segment.data_bytes as usize..segment.data_bytes as usize + garbage].fill(0x5A);
     std::fs::write(&segment.path, bytes).expect("tear");
     (segment.path, segment.data_bytes)

@@ -169,6 +169,7 @@ impl Log {
             bytes: SegmentBytes::mapped(view),
             next_lsn: header.end_lsn,
             compressed: header.compressed,
+            generation: header.generation,
             ..meta
         };
         // Every rewrite moves frames, so the stream index's offsets into it change.
@@ -183,6 +184,9 @@ impl Log {
         if let (Some(streams), Some(rewritten)) = (self.streams(), reindex) {
             streams.reindex(&rewritten);
         }
+        // After the rename: a manifest listing the new generation never names a file that
+        // does not exist yet, and one still listing the old generation accepts the new one.
+        self.inner.manifest.publish(&self.inner.index, None)?;
         Ok(report)
     }
 
@@ -208,7 +212,10 @@ fn compacted_header(meta: &SegmentMeta) -> Result<SegmentHeader> {
         offset: 0,
         kind: crate::error::CorruptionKind::BadSegmentHeader { reason },
     })?;
-    Ok(SegmentHeader { end_lsn: meta.next_lsn, ..original })
+    let generation = original.next_generation().ok_or_else(|| Error::InvalidConfig {
+        reason: format!("segment {} was rewritten too many times", meta.path.display()),
+    })?;
+    Ok(SegmentHeader { end_lsn: meta.next_lsn, generation, ..original })
 }
 
 /// Streams the records of `meta` through `decide` into `out`.

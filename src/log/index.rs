@@ -45,6 +45,8 @@ impl SegmentBytes {
 #[derive(Clone, Debug)]
 pub(crate) struct SegmentMeta {
     pub seq: u64,
+    /// The header's generation (`segment.rs`), listed in the log manifest.
+    pub generation: u32,
     /// Salt of the segment's frame checksums.
     pub salt: u64,
     /// Whether compressed frames may appear (a format-version-2 rewrite).

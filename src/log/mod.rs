@@ -7,6 +7,7 @@ mod compact;
 mod index;
 mod inflated;
 mod iter;
+pub(crate) mod manifest;
 pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod segment;
@@ -28,6 +29,7 @@ use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::storage::{DirLock, FileStorage, Storage};
 
 use index::SegmentIndex;
+use manifest::{Manifest, ManifestWriter, TailRecord};
 pub(crate) use record::BatchBuilder;
 use record::EncodedBatch;
 use streams::Streams;
@@ -38,7 +40,8 @@ pub use compact::{
 };
 pub(crate) use iter::{HeldRange, HeldSources};
 pub use iter::{LogIter, RecordRef};
-pub use recovery::{InvalidRange, RecoveryReport};
+pub use manifest::MANIFEST_FILE_NAME;
+pub use recovery::{InvalidRange, LossEvidence, LostRecords, RecoveryReport};
 pub use streams::StreamKey;
 
 /// Records of a stream [`Log::visit_stream`] looks up at a time (12 bytes each).
@@ -283,6 +286,8 @@ struct Inner {
     index: Arc<RwLock<SegmentIndex>>,
     writer: Writer,
     report: RecoveryReport,
+    /// Rewrites `log.manifest` when segments are created, rewritten or deleted.
+    manifest: Arc<ManifestWriter>,
     truncating: Mutex<()>,
     stop: Mutex<bool>,
     stop_signal: Condvar,
@@ -342,15 +347,23 @@ impl Log {
             _ => Error::io("lock", &dir, e),
         })?;
         let recovered = recovery::recover(storage.as_ref(), &dir, &config, stream_key)?;
-        Ok(Self::from_recovered(storage, dir, config, recovered, lock, Metrics::new(metrics_enabled), false))
+        let tail = opened_tail(&recovered.active)?;
+        let store_id = recovered.active.header.store_id;
+        // Once recovery has settled what the log holds, the manifest lists exactly that.
+        manifest::write(storage.as_ref(), &dir, &Manifest::of_index(&recovered.index, store_id, tail))?;
+        let manifest = ManifestWriter::new(Arc::clone(&storage), dir.clone(), store_id, tail);
+        let metrics = Metrics::new(metrics_enabled);
+        Ok(Self::from_recovered(storage, dir, config, recovered, manifest, lock, metrics, false))
     }
 
     /// The log over what recovery (writable or read-only) found.
+    #[expect(clippy::too_many_arguments, reason = "one private constructor, called from the two opens")]
     fn from_recovered(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
         config: Config,
         recovered: recovery::Recovered,
+        manifest: ManifestWriter,
         lock: DirLock,
         metrics: Metrics,
         read_only: bool,
@@ -371,6 +384,7 @@ impl Log {
         let metrics = Arc::new(metrics);
         let streams = recovered.streams.map(|streams| Streams::new(streams, &recovered.index.segments));
         let index = Arc::new(RwLock::new(recovered.index));
+        let manifest = Arc::new(manifest);
         let writer = Writer::new(
             Arc::clone(&storage),
             dir.clone(),
@@ -378,6 +392,7 @@ impl Log {
             config.commit_spin,
             recovered.active,
             Arc::clone(&index),
+            Arc::clone(&manifest),
             Arc::clone(&metrics),
         );
         if read_only {
@@ -390,6 +405,7 @@ impl Log {
             index,
             writer,
             report: recovered.report,
+            manifest,
             truncating: Mutex::new(()),
             stop: Mutex::new(false),
             stop_signal: Condvar::new(),
@@ -647,8 +663,9 @@ impl Log {
     /// Deletes every sealed segment whose records all have LSNs below `lsn`, oldest first.
     /// The active segment is never deleted. Returns how many segments were deleted.
     ///
-    /// Crash-safe: segments leave the index first, then each file is unlinked and the
-    /// directory synced before the next one, so a crash leaves a contiguous log.
+    /// Crash-safe: segments leave the index and the log manifest first, then each file is
+    /// unlinked and the directory synced before the next one, so a crash leaves a contiguous
+    /// log.
     ///
     /// # Errors
     /// [`Error::Io`] if an unlink or directory sync fails; the segments not yet deleted stay.
@@ -663,6 +680,11 @@ impl Log {
         };
         if let (Some(streams), Some(last)) = (&self.inner.streams, victims.last()) {
             streams.forget_below(last.next_lsn);
+        }
+        if !victims.is_empty() {
+            // IMPORTANT: the manifest stops listing the segments before they go, so that a
+            // listed segment found missing is always lost records, never a truncated prefix.
+            self.inner.manifest.publish(&self.inner.index, None)?;
         }
         for meta in &victims {
             let storage = self.inner.storage.as_ref();
@@ -720,10 +742,13 @@ impl Log {
         &self.inner.config
     }
 
-    /// Syncs everything appended, stops the background flusher and closes the log.
+    /// Syncs everything appended, stops the background flusher and closes the log. A clean
+    /// close also gives back the active segment's unused preallocation: the log manifest
+    /// records the length the file is cut to, and the next writable open preallocates it
+    /// again ("Closing" in docs/ARCHITECTURE.md).
     ///
     /// # Errors
-    /// The final sync's error; the log is closed either way.
+    /// The final sync's error, or the trim's; the log is closed either way.
     pub fn close(self) -> Result<()> {
         self.shutdown()
     }
@@ -736,7 +761,8 @@ impl Log {
         }
         let synced = if self.inner.writer.is_dirty() { self.inner.writer.sync() } else { Ok(()) };
         self.inner.writer.close();
-        synced
+        synced?;
+        self.inner.writer.trim_on_close()
     }
 
     fn start_flusher(&self) {
@@ -763,6 +789,18 @@ impl Drop for Log {
         // Best effort: `close` reports the final sync's error; dropping cannot.
         let _ = self.shutdown();
     }
+}
+
+/// The tail record of a log just opened: its recovered records are durable, and a last
+/// segment that could not be preallocated again (a full disk) is recorded at its length.
+fn opened_tail(active: &recovery::ActiveState) -> Result<TailRecord> {
+    let file_bytes = active.file.len().map_err(|e| Error::io("stat", &active.path, e))?;
+    let short = file_bytes < active.header.segment_bytes;
+    Ok(TailRecord {
+        seq: active.header.seq,
+        next_lsn: active.next_lsn,
+        trimmed_bytes: if short { file_bytes.max(1) } else { 0 },
+    })
 }
 
 /// The background flusher: syncs unsynced bytes every `interval` until the log shuts down.

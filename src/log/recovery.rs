@@ -23,6 +23,7 @@ use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
 use crate::log::index::{SegmentBytes, SegmentIndex, SegmentMeta, SparseEntry};
+use crate::log::manifest::{self, FoundSegment, Manifest};
 use crate::log::record::{
     self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_COMPRESSED_RECORDS, KIND_RECORDS,
 };
@@ -53,6 +54,12 @@ pub struct RecoveryReport {
     pub skipped: Vec<InvalidRange>,
     /// LSN ranges `[start, end)` lost in skipped ranges.
     pub lost_lsns: Vec<(u64, u64)>,
+    /// Evidence that acknowledged records existed past what recovery found (a deleted or
+    /// shortened segment; docs/FORMAT.md §6, "Lost records"), reported under
+    /// [`RecoveryMode::TolerateTornTail`] and [`RecoveryMode::SkipCorrupted`] (under
+    /// [`RecoveryMode::Strict`] the open fails with `RecordsLost`). A writable open that
+    /// reports it carries on from what it found and records that as the log from then on.
+    pub lost_records: Vec<LostRecords>,
     /// Leftover temporary files (from a crash during segment creation) that were deleted.
     pub temp_files_removed: usize,
     /// Wall time recovery took.
@@ -68,6 +75,60 @@ pub struct InvalidRange {
     pub offset: u64,
     /// Bytes in the range.
     pub bytes: u64,
+}
+
+impl RecoveryReport {
+    /// Whether recovery found records lost ([`RecoveryReport::lost_records`]), lost LSNs in
+    /// skipped ranges, or skipped ranges: anything but a clean log or a cut torn tail.
+    pub fn found_loss(&self) -> bool {
+        !self.lost_records.is_empty() || !self.lost_lsns.is_empty() || !self.skipped.is_empty()
+    }
+}
+
+/// Evidence that records existed past the end of what recovery found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostRecords {
+    /// What shows it.
+    pub evidence: LossEvidence,
+    /// The segment file it is about (which may be missing), or the manifest.
+    pub segment: PathBuf,
+    /// The first LSN lost.
+    pub from_lsn: u64,
+    /// The LSN after the last one known lost; equal to `from_lsn` when how many is unknown.
+    pub to_lsn: u64,
+    /// Bytes of the segment file known missing (0 when unknown).
+    pub bytes: u64,
+}
+
+/// What shows that records were lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LossEvidence {
+    /// The log manifest lists a segment that does not exist.
+    #[error("segment {seq}, listed in the log manifest, is missing")]
+    SegmentMissing {
+        /// Its sequence number.
+        seq: u64,
+    },
+    /// A segment ends before the LSN the manifest recorded for it (its end when it was
+    /// sealed, or the durable end of the active segment at the last open or clean close).
+    #[error("the segment ends before LSN {recorded_next_lsn}, which the log manifest recorded")]
+    EndsBeforeRecorded {
+        /// The LSN the manifest recorded.
+        recorded_next_lsn: u64,
+    },
+    /// The last segment's file is shorter than it was preallocated (or trimmed at a clean
+    /// close) to, which no crash does.
+    #[error("the last segment's file is {file_bytes} bytes, shorter than the {expected_bytes} it was written with")]
+    ShorterThanWritten {
+        /// The file's length.
+        file_bytes: u64,
+        /// Its preallocated length, or the length a clean close trimmed it to.
+        expected_bytes: u64,
+    },
+    /// The segments carry generations, so a manifest was written, and it is gone.
+    #[error("the log manifest is missing")]
+    ManifestMissing,
 }
 
 /// The result of recovery: the rebuilt index and the open active segment.
@@ -149,12 +210,16 @@ pub(crate) fn recover(
     let mut report = RecoveryReport::default();
     let names = storage.list_dir(dir).map_err(|e| Error::io("list directory", dir, e))?;
     report.temp_files_removed = remove_temp_files(storage, dir, &names)?;
+    let listed = read_manifest(storage, dir, config.recovery_mode)?;
     let mut lsns: Vec<u64> = names.iter().filter_map(|name| segment::parse_file_name(name)).collect();
     lsns.sort_unstable();
     report.segments = lsns.len();
     let mut recovered = match lsns.split_last() {
-        None => create_first_segment(storage, dir, config)?,
-        Some((&last, sealed)) => recover_segments(storage, dir, config, stream_key, sealed, last, &mut report)?,
+        None => create_first_segment(storage, dir, config, listed.as_ref(), &mut report)?,
+        Some((&last, sealed)) => {
+            let segments = Segments { sealed, last, listed: listed.as_ref() };
+            recover_segments(storage, dir, config, stream_key, &segments, &mut report)?
+        }
     };
     if recovered.streams.is_none() {
         recovered.streams = stream_key.map(RecoveredStreams::unread);
@@ -164,6 +229,48 @@ pub(crate) fn recover(
     report.duration = started.elapsed();
     recovered.report = report;
     Ok(recovered)
+}
+
+/// The log manifest, if there is one. One that does not verify fails the open, except under
+/// [`RecoveryMode::SkipCorrupted`], which goes on without it (and reports it missing).
+pub(crate) fn read_manifest(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> Result<Option<Manifest>> {
+    match manifest::read(storage, dir) {
+        Err(error @ Error::Corruption { .. }) if mode == RecoveryMode::SkipCorrupted => {
+            tracing::warn!(%error, "ignored the log manifest (SkipCorrupted)");
+            Ok(None)
+        }
+        other => other,
+    }
+}
+
+/// The segment files recovery found, with the manifest that lists them.
+struct Segments<'a> {
+    sealed: &'a [u64],
+    last: u64,
+    listed: Option<&'a Manifest>,
+}
+
+/// Applies the mode to the evidence of lost records: fails under [`RecoveryMode::Strict`],
+/// reports it otherwise.
+pub(crate) fn settle_lost(lost: Vec<LostRecords>, mode: RecoveryMode, report: &mut RecoveryReport) -> Result<()> {
+    if mode == RecoveryMode::Strict
+        && let Some(first) = lost.first()
+    {
+        let kind =
+            CorruptionKind::RecordsLost { evidence: first.evidence, from_lsn: first.from_lsn, to_lsn: first.to_lsn };
+        return Err(corruption(&first.segment, 0, kind));
+    }
+    for lost in &lost {
+        tracing::error!(
+            segment = %lost.segment.display(),
+            evidence = %lost.evidence,
+            from_lsn = lost.from_lsn,
+            to_lsn = lost.to_lsn,
+            "records are lost from the end of the log"
+        );
+    }
+    report.lost_records.extend(lost);
+    Ok(())
 }
 
 fn remove_temp_files(storage: &dyn Storage, dir: &Path, names: &[String]) -> Result<usize> {
@@ -179,17 +286,30 @@ fn remove_temp_files(storage: &dyn Storage, dir: &Path, names: &[String]) -> Res
     Ok(temps.len())
 }
 
-fn create_first_segment(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recovered> {
+/// Creates the first segment of a log with no segment file: a new log, or (when a manifest
+/// lists segments, all of them missing) a log whose records were all lost, which goes on after
+/// the LSNs and the sequence numbers the manifest lists, so that none is ever reused.
+fn create_first_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    config: &Config,
+    listed: Option<&Manifest>,
+    report: &mut RecoveryReport,
+) -> Result<Recovered> {
+    let lost = manifest::check(dir, listed, &[])?;
+    settle_lost(lost, config.recovery_mode, report)?;
+    let after = listed.and_then(|m| m.segments.last().map(|last| (m, last)));
     let header = SegmentHeader {
-        seq: 1,
-        first_lsn: 1,
+        seq: after.map_or(1, |(_, last)| last.seq + 1),
+        first_lsn: report.lost_records.iter().map(|lost| lost.to_lsn).max().unwrap_or(1).max(1),
         segment_bytes: config.segment_bytes,
-        store_id: segment::new_store_id(),
+        store_id: after.map_or_else(segment::new_store_id, |(m, _)| m.store_id),
         end_lsn: 0,
         compressed: false,
+        generation: segment::GENERATION_WRITER,
     };
     let created = segment::create(storage, dir, header)?;
-    let active = ActiveState::new(header, created.path, created.file, SEGMENT_HEADER_BYTES as u64, 1);
+    let active = ActiveState::new(header, created.path, created.file, SEGMENT_HEADER_BYTES as u64, header.first_lsn);
     let mut index = SegmentIndex::default();
     index.segments.push(active_meta(&active, Vec::new(), Vec::new()));
     Ok(Recovered { index, active, report: RecoveryReport::default(), streams: None })
@@ -206,6 +326,7 @@ pub(crate) fn active_meta(active: &ActiveState, sparse: Vec<SparseEntry>, skips:
     };
     SegmentMeta {
         seq: active.header.seq,
+        generation: active.header.generation,
         salt: active.header.salt(),
         compressed: false,
         first_lsn: active.header.first_lsn,
@@ -223,11 +344,52 @@ fn recover_segments(
     dir: &Path,
     config: &Config,
     stream_key: Option<StreamKey>,
+    segments: &Segments<'_>,
+    report: &mut RecoveryReport,
+) -> Result<Recovered> {
+    let mut sealed = recover_sealed(storage, dir, config, stream_key, segments.sealed, segments.last, report)?;
+    let mode = config.recovery_mode;
+    let path = dir.join(segment::file_name(segments.last));
+    let file = storage.open(&path, OpenMode::ReadWrite).map_err(|e| Error::io("open", &path, e))?;
+    let view = file.view().map_err(|e| Error::io("map", &path, e))?;
+    let header = check_header(&view, &path, segments.last, sealed.previous, mode, report)?;
+    let scan = scan_segment(written_part(&view, file.as_ref()), &header, &path, mode, true)?;
+    drop(view);
+    let file_bytes = file.len().map_err(|e| Error::io("stat", &path, e))?;
+    sealed.found.push(FoundSegment { path: path.clone(), header, next_lsn: scan.next_lsn, file_bytes });
+    if let (RecoveryMode::Strict, Tail::Invalid { offset, bytes }) = (mode, &scan.tail) {
+        return Err(corruption(&path, *offset, CorruptionKind::TornTail { bytes: *bytes }));
+    }
+    // Before the tail is cut or anything written: the evidence is taken as the files are.
+    let lost = manifest::check(dir, segments.listed, &sealed.found)?;
+    settle_lost(lost, mode, report)?;
+    let active = settle_last_tail(&scan, &header, &path, file, mode, report)?;
+    report.records += scan.records;
+    let mut index = sealed.index;
+    index.segments.push(active_meta(&active, scan.sparse, scan.skips));
+    Ok(Recovered { index, active, report: RecoveryReport::default(), streams: sealed.streams })
+}
+
+/// What recovery found in the sealed segments.
+struct SealedRecovered {
+    index: SegmentIndex,
+    /// The last sealed segment's header and the LSN after it.
+    previous: Option<(SegmentHeader, u64)>,
+    streams: Option<RecoveredStreams>,
+    found: Vec<FoundSegment>,
+}
+
+fn recover_sealed(
+    storage: &dyn Storage,
+    dir: &Path,
+    config: &Config,
+    stream_key: Option<StreamKey>,
     sealed: &[u64],
     last: u64,
     report: &mut RecoveryReport,
-) -> Result<Recovered> {
+) -> Result<SealedRecovered> {
     let mut index = SegmentIndex::default();
+    let mut found = Vec::with_capacity(sealed.len() + 1);
     let mut previous: Option<(SegmentHeader, u64)> = None;
     // Sealed segments are scanned in parallel (verifying every frame's CRC is most of a large
     // log's recovery), then checked and settled one by one in order, so that the error
@@ -275,23 +437,17 @@ fn recover_segments(
         }
         let scan = settle_sealed_tail(scan, &path, config.recovery_mode, report)?;
         previous = Some((header, scan.next_lsn));
+        let file_bytes = view.len() as u64;
+        found.push(FoundSegment { path: path.clone(), header, next_lsn: scan.next_lsn, file_bytes });
         index.segments.push(sealed_meta(header, &path, scan, SegmentBytes::mapped(view)));
     }
-    let path = dir.join(segment::file_name(last));
-    let file = storage.open(&path, OpenMode::ReadWrite).map_err(|e| Error::io("open", &path, e))?;
-    let view = file.view().map_err(|e| Error::io("map", &path, e))?;
-    let header = check_header(&view, &path, last, previous, config.recovery_mode, report)?;
-    let scan = scan_segment(written_part(&view, file.as_ref()), &header, &path, config.recovery_mode, true)?;
-    drop(view);
-    let active = settle_last_tail(&scan, &header, &path, file, config.recovery_mode, report)?;
-    report.records += scan.records;
-    index.segments.push(active_meta(&active, scan.sparse, scan.skips));
-    Ok(Recovered { index, active, report: RecoveryReport::default(), streams })
+    Ok(SealedRecovered { index, previous, streams, found })
 }
 
 fn sealed_meta(header: SegmentHeader, path: &Path, scan: SegmentScan, bytes: SegmentBytes) -> SegmentMeta {
     SegmentMeta {
         seq: header.seq,
+        generation: header.generation,
         salt: header.salt(),
         compressed: header.compressed,
         first_lsn: header.first_lsn,
@@ -601,7 +757,7 @@ fn settle_last_tail(
         if mode == RecoveryMode::Strict {
             return Err(corruption(path, offset, CorruptionKind::TornTail { bytes }));
         }
-        cut_tail(file.as_ref(), path, scan.data_end)?;
+        cut_tail(file.as_ref(), path, offset, bytes)?;
         tracing::warn!(segment = %path.display(), offset, bytes, "cut a torn tail");
         report.torn_tail = Some(InvalidRange { segment: path.to_path_buf(), offset, bytes });
     } else {
@@ -609,17 +765,43 @@ fn settle_last_tail(
         // wrote but never synced; they are published now, so they must be durable first.
         file.sync_data().map_err(|e| Error::io("fdatasync", path, e))?;
     }
+    preallocate_again(file.as_ref(), header, path)?;
     Ok(ActiveState::new(*header, path.to_path_buf(), file, scan.data_end, scan.next_lsn))
 }
 
-/// Cuts the file at `data_end` and zero-fills it back to the length it had, durably, so that
-/// no stale byte of the cut tail can ever be read as part of a later frame.
-fn cut_tail(file: &dyn StorageFile, path: &Path, data_end: u64) -> Result<()> {
-    let file_bytes = file.len().map_err(|e| Error::io("stat", path, e))?;
-    file.set_len(data_end).map_err(|e| Error::io("truncate", path, e))?;
-    file.allocate(file_bytes.max(data_end)).map_err(|e| Error::io("preallocate", path, e))?;
+/// Overwrites the torn tail `offset..offset + bytes` with zeros, durably, so that no stale
+/// byte of it can ever be read as part of a later frame. The file keeps its length: a crash
+/// never leaves the last segment shorter than it was written (the evidence of lost records
+/// relies on that, docs/FORMAT.md §6).
+fn cut_tail(file: &dyn StorageFile, path: &Path, offset: u64, bytes: u64) -> Result<()> {
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    let end = offset + bytes;
+    let mut at = offset;
+    while at < end {
+        let len = (end - at).min(ZEROS.len() as u64);
+        file.write_all_at(&ZEROS[..len as usize], at).map_err(|e| Error::io("write", path, e))?;
+        at += len;
+    }
     // IMPORTANT: the cut must be durable before new frames are written over the old tail.
     file.sync_data().map_err(|e| Error::io("fdatasync", path, e))
+}
+
+/// Preallocates the last segment back to its `segment_bytes` when a clean close trimmed it. A
+/// full disk leaves it short (the writer writes past its end, and the open's manifest records
+/// the length it has); any other failure fails the open.
+fn preallocate_again(file: &dyn StorageFile, header: &SegmentHeader, path: &Path) -> Result<()> {
+    let file_bytes = file.len().map_err(|e| Error::io("stat", path, e))?;
+    if header.is_compacted() || file_bytes >= header.segment_bytes {
+        return Ok(());
+    }
+    match file.allocate(header.segment_bytes) {
+        Ok(()) => file.sync_data().map_err(|e| Error::io("fdatasync", path, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+            tracing::warn!(segment = %path.display(), file_bytes, "no room to preallocate the last segment again");
+            Ok(())
+        }
+        Err(e) => Err(Error::io("preallocate", path, e)),
+    }
 }
 
 #[cfg(test)]

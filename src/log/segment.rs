@@ -3,14 +3,16 @@
 //! ```text
 //! segment := header frame* zero-fill
 //! header  := magic:[u8;8] format_version:u32 header_bytes:u32 segment_seq:u64 first_lsn:u64
-//!            segment_bytes:u64 store_id:u64 end_lsn:u64 reserved:[u8;4] header_crc:u32
+//!            segment_bytes:u64 store_id:u64 end_lsn:u64 generation:u32 header_crc:u32
 //!            (64 bytes, LE)
 //! ```
 //!
 //! `header_crc` is CRC-32 (IEEE) of bytes 0..60. `end_lsn` is 0 in a segment the writer
 //! created; a segment rewritten by compaction holds a subset of the original's records (LSN
-//! gaps allowed) and `end_lsn` is the LSN after the original's last record. See
-//! `docs/FORMAT.md`.
+//! gaps allowed) and `end_lsn` is the LSN after the original's last record. `generation` is 1
+//! in a segment the writer created (0 in one written before generations existed) and grows by
+//! one with every rewrite, so that the log manifest can tell an older copy of a rewritten
+//! segment from the current one. See `docs/FORMAT.md`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,7 +44,7 @@ const FIRST_LSN_AT: usize = 24;
 const SEGMENT_BYTES_AT: usize = 32;
 const STORE_ID_AT: usize = 40;
 const END_LSN_AT: usize = 48;
-const RESERVED_AT: usize = 56;
+const GENERATION_AT: usize = 56;
 const HEADER_CRC_AT: usize = 60;
 const _: () = assert!(HEADER_CRC_AT + 4 == SEGMENT_HEADER_BYTES);
 const _: () = assert!(SEGMENT_HEADER_BYTES.is_multiple_of(crate::log::record::FRAME_ALIGN_BYTES));
@@ -65,7 +67,13 @@ pub(crate) struct SegmentHeader {
     pub end_lsn: u64,
     /// Whether compaction rewrote the segment with compressed frames (format version 2).
     pub compressed: bool,
+    /// [`GENERATION_WRITER`] in a segment the writer created, one more with every rewrite; 0 in
+    /// a segment written before generations existed.
+    pub generation: u32,
 }
+
+/// The generation of a segment the writer creates.
+pub(crate) const GENERATION_WRITER: u32 = 1;
 
 impl SegmentHeader {
     /// The header's bytes.
@@ -80,7 +88,8 @@ impl SegmentHeader {
         bytes[FIRST_LSN_AT..SEGMENT_BYTES_AT].copy_from_slice(&self.first_lsn.to_le_bytes());
         bytes[SEGMENT_BYTES_AT..STORE_ID_AT].copy_from_slice(&self.segment_bytes.to_le_bytes());
         bytes[STORE_ID_AT..END_LSN_AT].copy_from_slice(&self.store_id.to_le_bytes());
-        bytes[END_LSN_AT..RESERVED_AT].copy_from_slice(&self.end_lsn.to_le_bytes());
+        bytes[END_LSN_AT..GENERATION_AT].copy_from_slice(&self.end_lsn.to_le_bytes());
+        bytes[GENERATION_AT..HEADER_CRC_AT].copy_from_slice(&self.generation.to_le_bytes());
         let crc = crc32fast::hash(&bytes[..HEADER_CRC_AT]);
         bytes[HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         bytes
@@ -105,9 +114,6 @@ impl SegmentHeader {
         if read_u32_le(bytes, HEADER_BYTES_AT) as usize != SEGMENT_HEADER_BYTES {
             return Err("unsupported header size");
         }
-        if bytes[RESERVED_AT..HEADER_CRC_AT].iter().any(|&b| b != 0) {
-            return Err("reserved bytes are set");
-        }
         let header = Self {
             seq: read_u64_le(bytes, SEQ_AT),
             first_lsn: read_u64_le(bytes, FIRST_LSN_AT),
@@ -115,6 +121,7 @@ impl SegmentHeader {
             store_id: read_u64_le(bytes, STORE_ID_AT),
             end_lsn: read_u64_le(bytes, END_LSN_AT),
             compressed,
+            generation: read_u32_le(bytes, GENERATION_AT),
         };
         if header.first_lsn == 0 || header.seq == 0 {
             return Err("sequence or first LSN is zero");
@@ -144,6 +151,12 @@ impl SegmentHeader {
     /// Whether compaction rewrote this segment.
     pub fn is_compacted(&self) -> bool {
         self.end_lsn != 0
+    }
+
+    /// The generation a rewrite of this segment carries: one more than this one's (a segment
+    /// written before generations existed counts as the writer's).
+    pub fn next_generation(&self) -> Option<u32> {
+        self.generation.max(GENERATION_WRITER).checked_add(1)
     }
 }
 
@@ -222,7 +235,15 @@ mod tests {
 
     /// The header the tests vary.
     fn header(end_lsn: u64) -> SegmentHeader {
-        SegmentHeader { seq: 7, first_lsn: 1234, segment_bytes: 1 << 20, store_id: 99, end_lsn, compressed: false }
+        SegmentHeader {
+            seq: 7,
+            first_lsn: 1234,
+            segment_bytes: 1 << 20,
+            store_id: 99,
+            end_lsn,
+            compressed: false,
+            generation: GENERATION_WRITER,
+        }
     }
 
     #[test]

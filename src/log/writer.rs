@@ -40,6 +40,7 @@ use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::index::{SegmentBytes, SegmentIndex, SparseEntry};
+use crate::log::manifest::{ManifestWriter, TailRecord};
 use crate::log::record::EncodedBatch;
 use crate::log::recovery::{self, ActiveState};
 use crate::log::segment::{self, SegmentHeader};
@@ -325,6 +326,8 @@ struct LeaderState {
     /// Offset below which the active segment's bytes are synced or their writeback was started
     /// ([`WRITEBACK_KICK_BYTES`]).
     writeback_from: u64,
+    /// Whether a clean close trimmed the active segment (it is done once).
+    trimmed: bool,
 }
 
 /// The group-commit writer.
@@ -361,6 +364,8 @@ pub(crate) struct Writer {
     arrivals: Condvar,
     leader: Mutex<LeaderState>,
     index: Arc<RwLock<SegmentIndex>>,
+    /// Rewritten at every rotation and at a clean close's trim.
+    manifest: Arc<ManifestWriter>,
     /// Whether the active segment may hold unsynced bytes (read by the flusher).
     dirty_hint: AtomicBool,
     metrics: Arc<Metrics>,
@@ -388,6 +393,7 @@ struct Group {
 }
 
 impl Writer {
+    #[expect(clippy::too_many_arguments, reason = "one private constructor, called once by the log")]
     pub fn new(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
@@ -395,6 +401,7 @@ impl Writer {
         commit_spin: Duration,
         active: ActiveState,
         index: Arc<RwLock<SegmentIndex>>,
+        manifest: Arc<ManifestWriter>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let last_indexed = index.read().segments.last().and_then(|meta| meta.sparse.last().map(|entry| entry.offset));
@@ -428,8 +435,10 @@ impl Writer {
                 buf: Vec::new(),
                 last_sync: None,
                 last_group_synced: false,
+                trimmed: false,
             }),
             index,
+            manifest,
             dirty_hint: AtomicBool::new(true),
             metrics,
         }
@@ -769,7 +778,10 @@ impl Writer {
         while let Some(next) = commit.queue.front() {
             let frame_len = next.frame_len() as u64;
             let held_back = if next.reserved { 0 } else { reserve };
-            if bytes + frame_len > (limits::COMMIT_GROUP_BYTES_MAX as u64).min(room.saturating_sub(held_back)) {
+            let fits_segment = bytes + frame_len <= room.saturating_sub(held_back);
+            // A frame larger than a group's bytes goes alone, in the segment it fits in.
+            let fits_group = bytes + frame_len <= limits::COMMIT_GROUP_BYTES_MAX as u64 || members.is_empty();
+            if !fits_segment || !fits_group {
                 break;
             }
             bytes += frame_len;
@@ -929,6 +941,7 @@ impl Writer {
             store_id: leader.active.header.store_id,
             end_lsn: 0,
             compressed: false,
+            generation: segment::GENERATION_WRITER,
         };
         let sealed_view =
             leader.active.file.view().map_err(|e| GroupError::poisoning(Error::io("map", &leader.active.path, e)))?;
@@ -953,9 +966,43 @@ impl Writer {
         sealed.bytes = SegmentBytes::mapped(sealed_view);
         index.segments.push(recovery::active_meta(&leader.active, Vec::new(), Vec::new()));
         drop(index);
+        // IMPORTANT: before any record is written to the new segment, the manifest lists it, so
+        // that its loss (and the sealed segment's end) is evidence an open finds.
+        let tail = TailRecord { seq: header.seq, next_lsn: header.first_lsn, trimmed_bytes: 0 };
+        self.manifest.publish(&self.index, Some(tail)).map_err(GroupError::poisoning)?;
         self.metrics.record_rotation();
         tracing::debug!(seq = header.seq, first_lsn = header.first_lsn, path = %leader.active.path.display(), "segment rotated");
         Ok(())
+    }
+
+    /// After the final sync of a clean close: cuts the active segment's file to its data, once
+    /// the manifest records that length (so that the next open tells the trimmed file from a
+    /// truncated one). Does nothing on a read-only or poisoned log, or with unsynced bytes.
+    ///
+    /// # Errors
+    /// The manifest write's or the truncation's; the file is left as long as it was or cut.
+    pub fn trim_on_close(&self) -> Result<()> {
+        {
+            let commit = self.commit.lock();
+            if commit.read_only || commit.poisoned.is_some() {
+                return Ok(());
+            }
+        }
+        let mut leader = self.leader.lock();
+        if leader.trimmed || leader.dirty {
+            return Ok(());
+        }
+        leader.trimmed = true;
+        let active = &leader.active;
+        let file_bytes = active.file.len().map_err(|e| Error::io("stat", &active.path, e))?;
+        if file_bytes <= active.data_end {
+            return Ok(());
+        }
+        let tail = TailRecord { seq: active.header.seq, next_lsn: active.next_lsn, trimmed_bytes: active.data_end };
+        // IMPORTANT: the manifest records the trimmed length before the file is that short.
+        self.manifest.publish(&self.index, Some(tail))?;
+        active.file.set_len(active.data_end).map_err(|e| Error::io("truncate", &active.path, e))?;
+        active.file.sync_data().map_err(|e| Error::io("fdatasync", &active.path, e))
     }
 
     fn acknowledge(group: Group, outcome: Result<()>) {

@@ -218,7 +218,7 @@ pub(crate) fn parse_body(body: &[u8]) -> bool {
 /// The state of `parsed` if the log below its LSN is still the one it was folded from.
 fn check(parsed: Parsed, log: &Log) -> std::result::Result<FoldState, Unusable> {
     let report = log.recovery_report();
-    if !report.skipped.is_empty() || !report.lost_lsns.is_empty() {
+    if report.found_loss() {
         return Err("recovery skipped or lost records");
     }
     let next_lsn = parsed.state.next_lsn;

@@ -76,8 +76,11 @@ pub fn run_workload(log: &Log, first_payload: u64, count: u64, acked: &mut Acked
 /// Checks a recovered log against what was acknowledged before the crash: LSNs are
 /// contiguous, every durable record is present byte for byte, every present record was
 /// acknowledged or at least written (equal to the workload's payload), and lost records
-/// form a suffix. Returns the recovered records.
+/// form a suffix; recovery reports no evidence of lost records. Returns the recovered records.
 pub fn check_recovered(log: &Log, acked: &Acked, context: &str) -> BTreeMap<u64, Vec<u8>> {
+    // A crash or a failed call never looks like records taken from the end of the log.
+    let lost = &log.recovery_report().lost_records;
+    assert!(lost.is_empty(), "{context}: recovery reported lost records: {lost:?}");
     let mut recovered = BTreeMap::new();
     let records = log.iter_from(Lsn::FIRST).unwrap_or_else(|e| panic!("{context}: iter: {e}"));
     for (expected_lsn, item) in (log.first_lsn().get()..).zip(records) {
@@ -153,6 +156,12 @@ impl DurableFiles {
         }
         sim.sync_dir(&self.dir).expect("sync dir");
         sim
+    }
+
+    /// The length of the file at `path`.
+    pub fn len(&self, path: &Path) -> u64 {
+        let (_, bytes) = self.files.iter().find(|(at, _)| at == path).expect("the file is in the snapshot");
+        bytes.len() as u64
     }
 
     /// The byte at `offset` of the file at `path`.

@@ -26,6 +26,7 @@ use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::inspect::Problem;
 use crate::log::index::{SegmentBytes, SegmentIndex};
+use crate::log::manifest::{self, FoundSegment, ManifestWriter, TailRecord};
 use crate::log::segment::{self, SegmentHeader};
 use crate::log::{Log, StreamKey};
 use crate::metrics::Metrics;
@@ -57,7 +58,11 @@ pub(crate) fn open(
     let no_lock = DirLock::new(Box::new(()));
     // A read-only open indexes the streams after its recovery (`Streams::new`).
     let recovered = Recovered { streams: stream_key.map(RecoveredStreams::unread), ..recovered };
-    Ok(Log::from_recovered(storage, dir, config, recovered, no_lock, Metrics::new(metrics_enabled), true))
+    // Never written: a read-only log creates, rewrites and deletes no segment.
+    let manifest =
+        ManifestWriter::new(Arc::clone(&storage), dir.clone(), recovered.active.header.store_id, TailRecord::default());
+    let metrics = Metrics::new(metrics_enabled);
+    Ok(Log::from_recovered(storage, dir, config, recovered, manifest, no_lock, metrics, true))
 }
 
 fn recover(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recovered> {
@@ -68,6 +73,16 @@ fn recover(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recover
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound && attempt < LISTING_ATTEMPTS => {
                 attempt += 1;
             }
+            // A writer in another process may have been between a segment change and its
+            // manifest, or between a close's manifest and its trim: look again before trusting it.
+            Err(error) if is_manifest_finding(&error) && attempt < LISTING_ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(RESCAN_PAUSE);
+            }
+            Ok(recovered) if !recovered.report.lost_records.is_empty() && attempt < LISTING_ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(RESCAN_PAUSE);
+            }
             Ok(mut recovered) => {
                 recovered.report.duration = started.elapsed();
                 return Ok(recovered);
@@ -75,6 +90,14 @@ fn recover(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Recover
             Err(error) => return Err(error),
         }
     }
+}
+
+/// Whether `error` comes from the manifest check (which a concurrent writer can race).
+fn is_manifest_finding(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Corruption { kind: CorruptionKind::RecordsLost { .. } | CorruptionKind::StaleSegment { .. }, .. }
+    )
 }
 
 /// The segments' first LSNs, in order.
@@ -101,6 +124,7 @@ fn recover_once(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Re
     let mut report = RecoveryReport { segments: lsns.len(), ..RecoveryReport::default() };
     let mut index = SegmentIndex::default();
     let mut previous: Option<(SegmentHeader, u64)> = None;
+    let mut found = Vec::with_capacity(lsns.len());
     for &first_lsn in sealed {
         let (path, file) = open_segment(storage, dir, first_lsn)?;
         let view = file.view().map_err(|e| Error::io("read", &path, e))?;
@@ -108,6 +132,8 @@ fn recover_once(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Re
         let scan = scan_segment(&view, &header, &path, mode, false)?;
         let scan = settle_sealed_tail(scan, &path, mode, &mut report)?;
         previous = Some((header, scan.next_lsn));
+        let file_bytes = view.len() as u64;
+        found.push(FoundSegment { path: path.clone(), header, next_lsn: scan.next_lsn, file_bytes });
         // Positioned reads below the end found here, not a map: see the module docs.
         index.segments.push(sealed_meta(header, &path, scan, SegmentBytes::Active(file)));
     }
@@ -125,6 +151,12 @@ fn recover_once(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Re
         }
         report.torn_tail = Some(InvalidRange { segment: path.clone(), offset, bytes });
     }
+    let file_bytes = file.len().map_err(|e| Error::io("stat", &path, e))?;
+    found.push(FoundSegment { path: path.clone(), header, next_lsn: scan.next_lsn, file_bytes });
+    // Read after the segments: a writer changes segments first and the manifest after (or,
+    // for a prefix truncation and a close's trim, the manifest first, which a retry covers).
+    let listed = super::read_manifest(storage, dir, mode)?;
+    super::settle_lost(manifest::check(dir, listed.as_ref(), &found)?, mode, &mut report)?;
     let active = ActiveState::new(header, path, file, scan.data_end, scan.next_lsn);
     index.segments.push(active_meta(&active, scan.sparse, scan.skips));
     report.first_lsn = index.first_lsn();
@@ -155,6 +187,8 @@ pub(crate) struct SegmentsVerified {
     pub bytes: u64,
     pub records: u64,
     pub problems: Vec<Problem>,
+    /// Whether some of the problems come from the manifest check.
+    pub manifest_problems: bool,
 }
 
 /// Checks every frame of every segment in `dir` (both checksums, framing, LSN order), past
@@ -167,10 +201,28 @@ pub(crate) fn verify_segments(
 ) -> Result<SegmentsVerified> {
     let storage = ReadOnlyStorage::new(storage);
     let mut attempt = 1;
+    loop {
+        let verified = verify_segments_once(&storage, dir, progress)?;
+        // A writer in another process may have been between a segment change and its manifest.
+        if !verified.manifest_problems || attempt == LISTING_ATTEMPTS {
+            return Ok(verified);
+        }
+        attempt += 1;
+        std::thread::sleep(RESCAN_PAUSE);
+    }
+}
+
+/// One pass of [`verify_segments`].
+fn verify_segments_once(
+    storage: &ReadOnlyStorage,
+    dir: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SegmentsVerified> {
+    let mut attempt = 1;
     // Every segment is opened before any is read, so that a writer deleting or replacing
     // files meanwhile (prefix truncation, compaction) cannot pull one out from under the scan.
     let (files, total) = loop {
-        match open_all_segments(&storage, dir) {
+        match open_all_segments(storage, dir) {
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound && attempt < LISTING_ATTEMPTS => {
                 attempt += 1;
             }
@@ -179,25 +231,54 @@ pub(crate) fn verify_segments(
     };
     let mut verified = SegmentsVerified { segments: files.len(), ..SegmentsVerified::default() };
     let mut previous: Option<(SegmentHeader, u64)> = None;
+    let mut found = Vec::with_capacity(files.len());
     let last = files.len().saturating_sub(1);
     for (i, (first_lsn, path, file)) in files.into_iter().enumerate() {
         let mut scans = 1;
-        let (problems, next) = loop {
+        let (problems, next, file_bytes) = loop {
             let view = file.view().map_err(|e| Error::io("read", &path, e))?;
-            let found = verify_segment(&view, &path, first_lsn, previous, i == last);
-            if found.problems.is_empty() || i != last || scans == LAST_SEGMENT_SCANS {
+            let segment = verify_segment(&view, &path, first_lsn, previous, i == last);
+            if segment.problems.is_empty() || i != last || scans == LAST_SEGMENT_SCANS {
                 verified.bytes += view.len() as u64;
-                verified.records += found.records;
-                break (found.problems, found.next);
+                verified.records += segment.records;
+                break (segment.problems, segment.next, view.len() as u64);
             }
             scans += 1;
             std::thread::sleep(RESCAN_PAUSE);
         };
         verified.problems.extend(problems);
+        if let Some((header, next_lsn)) = next {
+            found.push(FoundSegment { path: path.clone(), header, next_lsn, file_bytes });
+        }
         previous = next.or(previous);
         progress(verified.bytes, total.max(verified.bytes));
     }
+    let problems = manifest_problems(storage, dir, &found);
+    verified.manifest_problems = !problems.is_empty();
+    verified.problems.extend(problems);
     Ok(verified)
+}
+
+/// What the log manifest shows about the segments found: lost records, stale segments, a
+/// damaged manifest.
+fn manifest_problems(storage: &dyn Storage, dir: &Path, found: &[FoundSegment]) -> Vec<Problem> {
+    let manifest_path = dir.join(manifest::MANIFEST_FILE_NAME);
+    let lost = manifest::read(storage, dir).and_then(|listed| manifest::check(dir, listed.as_ref(), found));
+    match lost {
+        Ok(lost) => lost
+            .into_iter()
+            .map(|lost| {
+                let known = if lost.to_lsn > lost.from_lsn {
+                    format!("LSNs {}..={}", lost.from_lsn, lost.to_lsn - 1)
+                } else {
+                    format!("LSNs from {} on (how many is unknown)", lost.from_lsn)
+                };
+                let what = format!("records lost from the end of the log: {}; {known}", lost.evidence);
+                Problem { file: lost.segment, offset: 0, what }
+            })
+            .collect(),
+        Err(error) => vec![Problem::from_error(&manifest_path, &error)],
+    }
 }
 
 /// Every segment of `dir`, opened, with the sum of their lengths.
