@@ -399,7 +399,8 @@ fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
         let id = u32::try_from(index.agents.len()).ok()?;
         index.agent_ids.entry(run).or_default().insert(name, id);
     }
-    let len = usize::try_from(input.varint()?).ok().filter(|len| *len <= u32::MAX as usize + 1)?;
+    let len = input.varint().filter(|len| *len <= crate::limits::ATOM_ID_MAX)?;
+    let len = usize::try_from(len).ok()?;
     index.atoms.extend_to(len);
     let mut previous = 0u64;
     for _ in 0..input.count()? {
