@@ -3,11 +3,12 @@
 //!
 //! ```text
 //! snapshot := magic:"CONTSNAP" version:u32 reserved:u32 atom:u64 uncompressed_len:u64
-//!             payload_len:u64 sha256:[u8;32] payload          (72-byte header, little-endian)
+//!             payload_len:u64 store_id:u64 sha256:[u8;32] payload  (80-byte header, LE)
 //! ```
 //!
-//! `sha256` covers header bytes 0..40 and the payload; the payload is a zstd frame of the
-//! context's protobuf encoding. See `docs/FORMAT.md`.
+//! `sha256` covers header bytes 0..48 and the payload; the payload is a zstd frame of the
+//! context's protobuf encoding. `store_id` is the log's (every segment header holds it): a
+//! snapshot of another store is never used. See `docs/FORMAT.md`, §9.
 
 use std::path::{Path, PathBuf};
 
@@ -22,9 +23,13 @@ use crate::storage::{OpenMode, Storage};
 /// Directory of snapshot files inside the store directory.
 pub(crate) const SNAPSHOT_DIR: &str = "snapshots";
 const MAGIC: [u8; 8] = *b"CONTSNAP";
-const VERSION: u32 = 1;
-const HEADER_BYTES: usize = 72;
-const DIGEST_AT: usize = 40;
+const VERSION: u32 = 2;
+/// The format before snapshots carried their store's id: refused (`docs/FORMAT.md` §9).
+const VERSION_UNBOUND: u32 = 1;
+const HEADER_BYTES: usize = 80;
+const STORE_ID_AT: usize = 40;
+const DIGEST_AT: usize = 48;
+const _: () = assert!(DIGEST_AT + 32 == HEADER_BYTES);
 const SUFFIX: &str = ".snap";
 const TEMP_SUFFIX: &str = ".snap.tmp";
 
@@ -33,6 +38,10 @@ const TEMP_SUFFIX: &str = ".snap.tmp";
 pub(crate) enum SnapshotError {
     Truncated,
     BadHeader(&'static str),
+    /// A format-version-1 file: it names no store, so it cannot be told from another store's.
+    Unbound,
+    /// The file belongs to another store (its store id is not the log's).
+    ForeignStore,
     DigestMismatch,
     TooLarge,
     Decompress,
@@ -46,6 +55,8 @@ impl SnapshotError {
     pub fn offset(self) -> u64 {
         match self {
             SnapshotError::Truncated | SnapshotError::BadHeader(_) | SnapshotError::Missing => 0,
+            SnapshotError::Unbound => 8,
+            SnapshotError::ForeignStore => STORE_ID_AT as u64,
             SnapshotError::TooLarge => 24,
             SnapshotError::DigestMismatch => DIGEST_AT as u64,
             SnapshotError::Decompress | SnapshotError::Decode => HEADER_BYTES as u64,
@@ -57,6 +68,8 @@ impl SnapshotError {
         match self {
             SnapshotError::Truncated => "the file is truncated",
             SnapshotError::BadHeader(reason) => reason,
+            SnapshotError::Unbound => "format version 1 names no store",
+            SnapshotError::ForeignStore => "the snapshot belongs to another store",
             SnapshotError::DigestMismatch => "the SHA-256 digest does not match",
             SnapshotError::TooLarge => "the declared size exceeds the limit",
             SnapshotError::Decompress => "the payload does not decompress",
@@ -66,8 +79,8 @@ impl SnapshotError {
     }
 }
 
-/// The bytes of a snapshot of `context` as of `atom`.
-pub(crate) fn encode(atom: u64, context: &Context) -> Result<Vec<u8>> {
+/// The bytes of a snapshot of `context` as of `atom`, in the store whose id is `store_id`.
+pub(crate) fn encode(atom: u64, store_id: u64, context: &Context) -> Result<Vec<u8>> {
     let body = context.encode();
     let payload = zstd::bulk::compress(&body, limits::COMPRESSION_LEVEL)
         .map_err(|e| Error::io("compress snapshot", PathBuf::new(), e))?;
@@ -78,14 +91,34 @@ pub(crate) fn encode(atom: u64, context: &Context) -> Result<Vec<u8>> {
     bytes.extend_from_slice(&atom.to_le_bytes());
     bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
     bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&store_id.to_le_bytes());
     let digest = digest(&bytes[..DIGEST_AT], &payload);
     bytes.extend_from_slice(&digest);
     bytes.extend_from_slice(&payload);
     Ok(bytes)
 }
 
-/// Verifies and decodes snapshot bytes that should hold `atom`'s context.
-pub(crate) fn decode(bytes: &[u8], atom: u64) -> Result<Context, SnapshotError> {
+/// Verifies and decodes snapshot bytes that should hold `atom`'s context in the store whose
+/// id is `store_id`.
+pub(crate) fn decode(bytes: &[u8], atom: u64, store_id: u64) -> Result<Context, SnapshotError> {
+    let (header, payload) = verify(bytes, atom, store_id)?;
+    let uncompressed = read_u64_le(header, 24);
+    if uncompressed > limits::SNAPSHOT_BYTES_MAX {
+        return Err(SnapshotError::TooLarge);
+    }
+    let body = zstd::bulk::decompress(payload, uncompressed as usize).map_err(|_| SnapshotError::Decompress)?;
+    if body.len() as u64 != uncompressed {
+        return Err(SnapshotError::Decompress);
+    }
+    Context::decode(&body).map_err(|_| SnapshotError::Decode)
+}
+
+/// Checks a snapshot's header and digest (not its payload's decoding): its header and payload
+/// if it is `atom`'s snapshot in the store whose id is `store_id`.
+pub(crate) fn verify(bytes: &[u8], atom: u64, store_id: u64) -> Result<(&[u8], &[u8]), SnapshotError> {
+    if bytes.get(..8).is_some_and(|magic| magic == MAGIC) && bytes.get(8..12) == Some(&VERSION_UNBOUND.to_le_bytes()) {
+        return Err(SnapshotError::Unbound);
+    }
     let header = bytes.get(..HEADER_BYTES).ok_or(SnapshotError::Truncated)?;
     if header[..8] != MAGIC {
         return Err(SnapshotError::BadHeader("wrong magic bytes"));
@@ -98,18 +131,13 @@ pub(crate) fn decode(bytes: &[u8], atom: u64) -> Result<Context, SnapshotError> 
     if digest(&header[..DIGEST_AT], payload)[..] != header[DIGEST_AT..HEADER_BYTES] {
         return Err(SnapshotError::DigestMismatch);
     }
+    if read_u64_le(header, STORE_ID_AT) != store_id {
+        return Err(SnapshotError::ForeignStore);
+    }
     if read_u64_le(header, 16) != atom {
         return Err(SnapshotError::BadHeader("the snapshot is of another atom"));
     }
-    let uncompressed = read_u64_le(header, 24);
-    if uncompressed > limits::SNAPSHOT_BYTES_MAX {
-        return Err(SnapshotError::TooLarge);
-    }
-    let body = zstd::bulk::decompress(payload, uncompressed as usize).map_err(|_| SnapshotError::Decompress)?;
-    if body.len() as u64 != uncompressed {
-        return Err(SnapshotError::Decompress);
-    }
-    Context::decode(&body).map_err(|_| SnapshotError::Decode)
+    Ok((header, payload))
 }
 
 fn digest(header: &[u8], payload: &[u8]) -> [u8; 32] {
