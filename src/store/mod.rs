@@ -56,6 +56,12 @@ pub(crate) fn checkpoint_body_decodes(body: &[u8]) -> bool {
     checkpoint::parse_body(body)
 }
 
+/// Folds `log` into an index on one thread and pipelined, which must agree (for the fuzz
+/// target).
+pub(crate) fn folds_agree(log: &Log) {
+    rebuild::folds_agree(log);
+}
+
 /// Builds a [`Store`]: `Store::builder(dir).segment_bytes(…).open()?`.
 #[must_use = "a builder does nothing until `open` is called"]
 pub struct StoreBuilder {

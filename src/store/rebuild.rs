@@ -177,6 +177,22 @@ fn parse_range(log: &Log, codec: &Codec, from: u64, to: u64) -> Result<ParsedPar
     Ok(part)
 }
 
+/// Folds every record of `log` on one thread and pipelined (the `index_fold` fuzz target):
+/// neither may panic, and both must build the same index or both refuse the log.
+pub(crate) fn folds_agree(log: &Log) {
+    let identity = index::IdentityHasher::with_seed(1);
+    let until = log.next_lsn().get();
+    let sequential =
+        fold_sequential(log, &Codec::default(), FoldState::new(identity), until).and_then(FoldState::finish);
+    let pipelined =
+        fold_pipelined(log, &Codec::default(), FoldState::new(identity), until, 2, 16).and_then(FoldState::finish);
+    match (sequential, pipelined) {
+        (Ok(one), Ok(other)) => assert!(one == other, "the sequential and pipelined folds built different indexes"),
+        (Err(_), Err(_)) => {}
+        (one, other) => panic!("one fold refused the log: {:?} against {:?}", one.map(|_| ()), other.map(|_| ())),
+    }
+}
+
 /// The index being rebuilt, record by record in log order.
 struct Fold<'c> {
     codec: &'c Codec,
