@@ -32,6 +32,7 @@ const DIGEST_AT: usize = 48;
 const _: () = assert!(DIGEST_AT + 32 == HEADER_BYTES);
 const SUFFIX: &str = ".snap";
 const TEMP_SUFFIX: &str = ".snap.tmp";
+const LOST_SUFFIX: &str = ".snap.lost";
 
 /// Why a snapshot file cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +151,12 @@ fn digest(header: &[u8], payload: &[u8]) -> [u8; 32] {
 /// Path of `atom`'s snapshot.
 pub(crate) fn path(store_dir: &Path, atom: u64) -> PathBuf {
     store_dir.join(SNAPSHOT_DIR).join(format!("{atom:020}{SUFFIX}"))
+}
+
+/// Path a snapshot is set aside at when it is evidence of lost records: no longer a snapshot
+/// (never listed, never used), kept for whoever salvages the store.
+pub(crate) fn lost_path(store_dir: &Path, atom: u64) -> PathBuf {
+    store_dir.join(SNAPSHOT_DIR).join(format!("{atom:020}{LOST_SUFFIX}"))
 }
 
 /// When a written snapshot's name becomes durable.

@@ -127,10 +127,11 @@ fn the_default_open_reports_the_loss_once_and_never_reuses_a_lost_atom_s_snapsho
     assert_eq!(report.lost_records, covered - log_end.get());
     assert_eq!(report.lost_atoms, 1);
     assert!(snapshot.exists());
-    // The writable open reports the same, then removes the evidence.
+    // The writable open reports the same, then clears the evidence.
     let store = builder(dir.path()).open().expect("the default mode opens");
     assert_eq!(*store.recovery_report(), report);
     assert!(!snapshot.exists(), "the lost atom's snapshot is kept");
+    assert!(snapshot.with_extension("snap.lost").exists(), "the lost atom's snapshot is set aside");
     assert!(!dir.path().join("index.ckpt").exists(), "the checkpoint past the log is kept");
     // The lost atoms' ids are given again: none may start from the lost atom's snapshot.
     let again = atoms(&store, 20, 3);

@@ -4,8 +4,9 @@
 //! written only after the log is synced through what they cover, so neither can outlive the
 //! records it depends on without a loss. [`RecoveryMode::Strict`] refuses such a store; the
 //! other modes report the loss ([`Store::recovery_report`](crate::Store::recovery_report)),
-//! and a writable open then removes the evidence, so that no later atom reuses a lost atom's
-//! snapshot and the loss is reported once, as a cut torn tail is.
+//! and a writable open then clears the evidence (the checkpoint deleted, each such snapshot
+//! set aside as `.snap.lost`), so that no later atom reuses a lost atom's snapshot and the loss
+//! is reported once, as a cut torn tail is.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -129,9 +130,11 @@ pub(crate) fn settle(report: &StoreRecoveryReport, mode: RecoveryMode, log_end: 
     Ok(())
 }
 
-/// Removes the evidence `report` lists (a writable open, once the loss is reported): the index
-/// checkpoint, and each snapshot of a lost atom, which a later atom given the same id would
-/// otherwise be rebuilt from. Durable before the open acknowledges anything.
+/// Clears the evidence `report` lists (a writable open, once the loss is reported): deletes the
+/// index checkpoint (a cache), and sets each snapshot of a lost atom aside as
+/// `NNNNNNNNNNNNNNNNNNNN.snap.lost` (its context may be worth salvaging; as a snapshot, a later
+/// atom given the same id would be rebuilt from it). Durable before the open acknowledges
+/// anything.
 pub(crate) fn clear_evidence(log: &Log, report: &StoreRecoveryReport, snapshots: &mut BTreeSet<u64>) -> Result<()> {
     let storage = log.storage().as_ref();
     let mut removed_snapshot = false;
@@ -140,11 +143,8 @@ pub(crate) fn clear_evidence(log: &Log, report: &StoreRecoveryReport, snapshots:
             LossEvidence::IndexCheckpoint { .. } => crate::store::checkpoint::remove(log)?,
             LossEvidence::Snapshot { atom } => {
                 let path = crate::snapshot::path(log.dir(), atom.get());
-                match storage.remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(Error::io("remove", &path, e)),
-                }
+                let aside = crate::snapshot::lost_path(log.dir(), atom.get());
+                storage.rename(&path, &aside).map_err(|e| Error::io("rename", &path, e))?;
                 snapshots.remove(&atom.get());
                 removed_snapshot = true;
             }
