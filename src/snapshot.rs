@@ -24,7 +24,8 @@ use crate::storage::{OpenMode, Storage};
 pub(crate) const SNAPSHOT_DIR: &str = "snapshots";
 const MAGIC: [u8; 8] = *b"CONTSNAP";
 const VERSION: u32 = 2;
-/// The format before snapshots carried their store's id: refused (`docs/FORMAT.md` §9).
+/// The format before snapshots carried their store's id: bound once by a writable open
+/// ([`bind_all`]), refused otherwise (`docs/FORMAT.md` §9).
 const VERSION_UNBOUND: u32 = 1;
 const HEADER_BYTES: usize = 80;
 const STORE_ID_AT: usize = 40;
@@ -117,7 +118,7 @@ pub(crate) fn decode(bytes: &[u8], atom: u64, store_id: u64) -> Result<Context, 
 /// Checks a snapshot's header and digest (not its payload's decoding): its header and payload
 /// if it is `atom`'s snapshot in the store whose id is `store_id`.
 pub(crate) fn verify(bytes: &[u8], atom: u64, store_id: u64) -> Result<(&[u8], &[u8]), SnapshotError> {
-    if bytes.get(..8).is_some_and(|magic| magic == MAGIC) && bytes.get(8..12) == Some(&VERSION_UNBOUND.to_le_bytes()) {
+    if is_unbound(bytes) {
         return Err(SnapshotError::Unbound);
     }
     let header = bytes.get(..HEADER_BYTES).ok_or(SnapshotError::Truncated)?;
@@ -139,6 +140,93 @@ pub(crate) fn verify(bytes: &[u8], atom: u64, store_id: u64) -> Result<(&[u8], &
         return Err(SnapshotError::BadHeader("the snapshot is of another atom"));
     }
     Ok((header, payload))
+}
+
+/// Whether `bytes` are a format-version-1 snapshot (which names no store).
+fn is_unbound(bytes: &[u8]) -> bool {
+    bytes.get(..8).is_some_and(|magic| magic == MAGIC) && bytes.get(8..12) == Some(&VERSION_UNBOUND.to_le_bytes())
+}
+
+/// The version-2 bytes of a verified version-1 snapshot of `atom` (72-byte header, digest at
+/// 40 over bytes 0..40 and the payload), bound to `store_id`; the payload is kept as it is.
+fn bind_unbound(bytes: &[u8], atom: u64, store_id: u64) -> Result<Vec<u8>, SnapshotError> {
+    const UNBOUND_HEADER_BYTES: usize = 72;
+    const UNBOUND_DIGEST_AT: usize = 40;
+    let header = bytes.get(..UNBOUND_HEADER_BYTES).ok_or(SnapshotError::Truncated)?;
+    let payload = &bytes[UNBOUND_HEADER_BYTES..];
+    if read_u64_le(header, 32) != payload.len() as u64 {
+        return Err(SnapshotError::Truncated);
+    }
+    if digest(&header[..UNBOUND_DIGEST_AT], payload)[..] != header[UNBOUND_DIGEST_AT..] {
+        return Err(SnapshotError::DigestMismatch);
+    }
+    if read_u32_le(header, 12) != 0 || read_u64_le(header, 16) != atom {
+        return Err(SnapshotError::BadHeader("the snapshot is of another atom"));
+    }
+    let mut bound = Vec::with_capacity(HEADER_BYTES + payload.len());
+    bound.extend_from_slice(&header[..UNBOUND_DIGEST_AT]);
+    bound[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    bound.extend_from_slice(&store_id.to_le_bytes());
+    let digest = digest(&bound[..DIGEST_AT], payload);
+    bound.extend_from_slice(&digest);
+    bound.extend_from_slice(payload);
+    Ok(bound)
+}
+
+/// Marks a snapshot directory whose files are all bound to the store: version-1 files found
+/// once it exists are refused; before it exists, a writable open binds them ([`bind_all`]).
+pub(crate) const BOUND_MARKER: &str = "BOUND";
+
+/// Binds the store's version-1 snapshot files to it, once: if `snapshots/` has no
+/// [`BOUND_MARKER`], every version-1 file that verifies and whose atom `is_ours` (a completed
+/// atom of the store) is rewritten as version 2 with `store_id` (published as any snapshot),
+/// then the marker is created; from then on a version-1 file is never used. A store without
+/// snapshots gets the marker at once. Returns the files bound.
+///
+/// # Errors
+/// [`Error::Io`] from reading, publishing, syncing or creating the marker; the files already
+/// bound stay bound, and the next writable open goes on.
+pub(crate) fn bind_all(
+    storage: &dyn Storage,
+    store_dir: &Path,
+    store_id: u64,
+    atoms: &std::collections::BTreeSet<u64>,
+    is_ours: impl Fn(u64) -> bool,
+) -> Result<usize> {
+    let dir = store_dir.join(SNAPSHOT_DIR);
+    let marker = dir.join(BOUND_MARKER);
+    match storage.open(&marker, OpenMode::ReadOnly) {
+        Ok(_) => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io("open", &marker, e)),
+    }
+    storage.create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+    let mut bound = 0;
+    for &atom in atoms {
+        let Ok(bytes) = read(storage, store_dir, atom)? else { continue };
+        if !is_unbound(&bytes) || !is_ours(atom) {
+            continue;
+        }
+        // A damaged version-1 file stays as it is, refused as any unusable snapshot.
+        if let Ok(bytes) = bind_unbound(&bytes, atom, store_id) {
+            publish(storage, store_dir, atom, &bytes)?;
+            bound += 1;
+        }
+    }
+    // IMPORTANT: the bound files' names are durable before the marker that refuses version 1.
+    sync_dir(storage, store_dir)?;
+    let file = match storage.open(&marker, OpenMode::CreateNew) {
+        Ok(file) => Ok(file),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => storage.open(&marker, OpenMode::ReadWrite),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| Error::io("create", &marker, e))?;
+    file.sync_data().map_err(|e| Error::io("fdatasync", &marker, e))?;
+    sync_dir(storage, store_dir)?;
+    if bound > 0 {
+        tracing::info!(bound, "version-1 snapshots bound to the store");
+    }
+    Ok(bound)
 }
 
 fn digest(header: &[u8], payload: &[u8]) -> [u8; 32] {

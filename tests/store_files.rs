@@ -141,3 +141,48 @@ fn the_default_open_reports_the_loss_once_and_never_reuses_a_lost_atom_s_snapsho
     drop(store);
     assert!(builder(dir.path()).open().expect("open").recovery_report().is_lossless());
 }
+
+/// The version-1 bytes of a version-2 snapshot file: what a store wrote before snapshots named
+/// their store (72-byte header, the digest at 40 over bytes 0..40 and the payload).
+fn unbound(bytes: &[u8]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let (header, payload) = bytes.split_at(80);
+    let mut old = header[..40].to_vec();
+    old[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let digest = Sha256::new().chain_update(&old).chain_update(payload).finalize();
+    old.extend_from_slice(&digest);
+    old.extend_from_slice(payload);
+    old
+}
+
+#[test]
+fn a_writable_open_binds_the_store_s_version_1_snapshots_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let atom = {
+        let store = builder(dir.path()).open().expect("open");
+        let atom = *atoms(&store, 5, 1).last().expect("an atom");
+        store.snapshot_now(atom).expect("snapshot");
+        atom
+    };
+    let path = dir.path().join(format!("snapshots/{:020}.snap", atom.get()));
+    let bound = std::fs::read(&path).expect("read the snapshot");
+    // The store as an older version left it: a version-1 file, no marker.
+    std::fs::write(&path, unbound(&bound)).expect("write a version-1 file");
+    std::fs::remove_file(dir.path().join("snapshots/BOUND")).expect("remove the marker");
+    let refused = |store: &Store| {
+        let rebuilt = store.rebuild_context(atom).expect("rebuild");
+        assert_eq!(rebuilt.snapshot, None);
+        assert_eq!(rebuilt.fallbacks.len(), 1);
+        assert_eq!(rebuilt.fallbacks[0].reason, "format version 1 names no store");
+    };
+    // A read-only open changes nothing: the file is refused.
+    refused(&builder(dir.path()).open_read_only().expect("read-only open"));
+    // The first writable open binds it to the store.
+    let store = builder(dir.path()).open().expect("open");
+    assert_eq!(store.rebuild_context(atom).expect("rebuild").snapshot, Some(atom));
+    drop(store);
+    assert_eq!(std::fs::read(&path).expect("read"), bound, "bound: the version-2 file, payload kept");
+    // Once bound, a version-1 file could be any store's: refused.
+    std::fs::write(&path, unbound(&bound)).expect("write a version-1 file");
+    refused(&builder(dir.path()).open().expect("open"));
+}

@@ -239,6 +239,9 @@ impl Shared {
         loss::settle(&recovery, log.config().recovery_mode, log.next_lsn().get())?;
         if !read_only {
             loss::clear_evidence(&log, &recovery, &mut snapshots)?;
+            let completed =
+                |atom| index.atom(types::AtomId(atom)).is_some_and(|e| e.state == index::EntryState::Completed);
+            crate::snapshot::bind_all(log.storage().as_ref(), log.dir(), store_id, &snapshots, completed)?;
         }
         let training = match (read_only, codec.current_dictionary_len()) {
             (true, _) => atoms::Training::done(),
