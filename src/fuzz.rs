@@ -195,11 +195,12 @@ fn fold_records(data: &[u8]) -> impl Iterator<Item = &[u8]> {
     .take(FOLD_RECORDS_MAX)
 }
 
-/// Appends the records of `data` (see [`fold_records`]) to a fresh log and rebuilds a store
-/// index from it: the whole fold, records to index, as an open runs it. The fold on one
-/// thread and the pipelined fold must agree (the same index, or both refuse the log); a
-/// read-only store open of the log returns `Ok` or a typed `Err`. Never panics, and allocates
-/// within the bounds of `limits.rs` whatever sizes and ids the records name.
+/// Appends the records of `data` (each a little-endian `u16` length and its bytes, at most
+/// 512) to a fresh log and rebuilds a store index from it: the whole fold, records to index,
+/// as an open runs it. The fold on one thread and the pipelined fold must agree (the same
+/// index, or both refuse the log); a read-only store open of the log returns `Ok` or a typed
+/// `Err`. Never panics, and allocates within the bounds of `limits.rs` whatever sizes and ids
+/// the records name.
 pub fn index_fold(data: &[u8]) {
     let storage = fold_log(data);
     let dir = Path::new(FOLD_DIR);
