@@ -224,6 +224,18 @@ pub enum Error {
         reclaimed: u64,
     },
 
+    /// Evidence shows that acknowledged records existed past the end of the log (an index
+    /// checkpoint or a snapshot of this store written after them), refused under
+    /// [`RecoveryMode::Strict`](crate::RecoveryMode::Strict); the other modes open the store
+    /// and report the loss in `Store::recovery_report`.
+    #[error("records were lost from the end of the log (it ends at LSN {log_end}): {evidence}")]
+    RecordsLost {
+        /// The first piece of evidence found.
+        evidence: crate::store::LossEvidence,
+        /// The LSN after the log's last record.
+        log_end: u64,
+    },
+
     /// A configuration value, or a combination of values, is not allowed.
     #[error("invalid configuration: {reason}")]
     InvalidConfig {
@@ -401,6 +413,9 @@ impl Error {
             Error::GuardInDoubt { key } => Error::GuardInDoubt { key: key.clone() },
             Error::GuardNotInDoubt { key } => Error::GuardNotInDoubt { key: key.clone() },
             Error::KeyCollision { key } => Error::KeyCollision { key: key.clone() },
+            Error::RecordsLost { evidence, log_end } => {
+                Error::RecordsLost { evidence: evidence.clone(), log_end: *log_end }
+            }
         }
     }
 }

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::RecoveryMode;
-use crate::log::Log;
 use crate::log::record;
 use crate::log::segment::{self, SegmentHeader};
+use crate::log::{Log, Lsn};
 use crate::storage::sim::SimStorage;
 use crate::storage::{OpenMode, Storage};
 
@@ -180,6 +180,100 @@ pub fn index_checkpoint(data: &[u8]) {
     let _ = crate::store::checkpoint_body_decodes(data);
 }
 
+/// Most records [`index_fold`] appends from one input.
+const FOLD_RECORDS_MAX: usize = 512;
+
+/// The records of an `index_fold` input: each is a little-endian `u16` length and that many
+/// bytes (a store record: envelope and body); a cut last record is dropped.
+fn fold_records(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = data;
+    std::iter::from_fn(move || {
+        let (len, tail) = rest.split_first_chunk::<2>()?;
+        let record = tail.get(..usize::from(u16::from_le_bytes(*len)))?;
+        rest = &tail[record.len()..];
+        Some(record)
+    })
+    .take(FOLD_RECORDS_MAX)
+}
+
+/// Appends the records of `data` (each a little-endian `u16` length and its bytes, at most
+/// 512) to a fresh log and rebuilds a store index from it: the whole fold, records to index,
+/// as an open runs it. The fold on one thread and the pipelined fold must agree (the same
+/// index, or both refuse the log); a read-only store open of the log returns `Ok` or a typed
+/// `Err`. Never panics, and allocates within the bounds of `limits.rs` whatever sizes and ids
+/// the records name.
+pub fn index_fold(data: &[u8]) {
+    let storage = fold_log(data);
+    let dir = Path::new(FOLD_DIR);
+    let Ok(log) = Log::builder(dir).storage(Arc::new(storage.clone())).open_read_only() else { return };
+    crate::store::folds_agree(&log);
+    drop(log);
+    let _ = crate::Store::builder(dir).storage(Arc::new(storage)).background(false).open_read_only();
+}
+
+/// Where [`fold_log`] writes its log.
+const FOLD_DIR: &str = "/fold";
+
+/// A simulated disk holding a log of the records of `data` (appended until one is refused).
+fn fold_log(data: &[u8]) -> SimStorage {
+    let storage = SimStorage::new(0);
+    let built = Log::builder(FOLD_DIR).storage(Arc::new(storage.clone())).segment_bytes(256 * 1024).open();
+    if let Ok(log) = built {
+        for record in fold_records(data) {
+            if log.append(record).is_err() {
+                break;
+            }
+        }
+    }
+    storage
+}
+
+/// An `index_fold` input holding `records`.
+fn fold_input<'a>(records: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut input = Vec::new();
+    for record in records {
+        let Ok(len) = u16::try_from(record.len()) else { continue };
+        input.extend_from_slice(&len.to_le_bytes());
+        input.extend_from_slice(record);
+    }
+    input
+}
+
+/// Seeds of `index_fold`: the records of a small store with every kind of record, and the
+/// hostile records that once aborted or overflowed the fold.
+fn fold_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    use crate::codec::StoreRecord;
+    use crate::codec::proto::{CompressionDictionary, RunDropped};
+
+    let storage = SimStorage::new(0);
+    let dir = Path::new("/seed");
+    seed_store(&storage, dir, false);
+    let records = store_records(&storage, dir);
+    let codec = crate::codec::Codec::default();
+    let dropped =
+        codec.encode(&StoreRecord::RunDropped(RunDropped { run: 1, next_atom: u64::MAX / 2, dropped_at_unix_us: 1 }));
+    let dictionary =
+        codec.encode(&StoreRecord::Dictionary(CompressionDictionary { id: u32::MAX, dictionary: vec![7; 16] }));
+    let with = |extra: &[u8]| fold_input(records.iter().map(Vec::as_slice).chain([extra]));
+    vec![
+        ("index_fold", "seed-store".to_owned(), fold_input(records.iter().map(Vec::as_slice))),
+        ("index_fold", "regression-run-dropped-next-atom".to_owned(), with(&dropped)),
+        ("index_fold", "regression-dictionary-id-max".to_owned(), with(&dictionary)),
+    ]
+}
+
+/// Every record of the store in `dir`, in log order.
+fn store_records(storage: &SimStorage, dir: &Path) -> Vec<Vec<u8>> {
+    let log = Log::builder(dir).storage(Arc::new(storage.clone())).open_read_only().expect("seed log opens");
+    let mut records = Vec::new();
+    log.visit(log.first_lsn(), Lsn::new(log.next_lsn().get().saturating_sub(1)), |_, record| {
+        records.push(record.bytes().to_vec());
+        Ok(true)
+    })
+    .expect("seed log reads");
+    records
+}
+
 /// Hand-made seed inputs: `(target, file name, bytes)`. Valid frames and segments, so that the
 /// fuzzers start from inputs that reach deep into the decoders.
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
@@ -274,6 +368,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         }
     }
     seeds.push(("index_checkpoint", "seed-0".to_owned(), checkpoint_body()));
+    seeds.extend(fold_seeds());
     seeds
 }
 
@@ -282,6 +377,14 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
 fn checkpoint_body() -> Vec<u8> {
     let storage = SimStorage::new(0);
     let dir = Path::new("/seed");
+    seed_store(&storage, dir, true);
+    let bytes = storage.file_bytes(&dir.join(crate::store::CHECKPOINT_FILE_NAME)).unwrap_or_default();
+    bytes.get(48..).unwrap_or_default().to_vec()
+}
+
+/// A small store with two runs, a failed and a running atom, a guard and a pin; then either
+/// (`checkpoint`) an index checkpoint of it, or a rollback, a fork and a finished run.
+fn seed_store(storage: &SimStorage, dir: &Path, checkpoint: bool) {
     {
         let store = crate::Store::builder(dir)
             .storage(Arc::new(storage.clone()))
@@ -307,10 +410,16 @@ fn checkpoint_body() -> Vec<u8> {
                 parents = vec![atom];
             }
         }
-        store.checkpoint_index().expect("seed checkpoint");
+        if checkpoint {
+            store.checkpoint_index().expect("seed checkpoint");
+        } else {
+            let run = store.run_id("first").expect("seed run");
+            let to = store.agent_atoms(run, "agent")[2];
+            store.rollback(run, "agent", to, "seed").expect("seed rollback");
+            store.fork(run, "agent", to, "seed-fork").expect("seed fork");
+            store.finish_run(store.run_id("second").expect("seed run"), true, "").expect("seed finish");
+        }
     }
-    let bytes = storage.file_bytes(&dir.join(crate::store::CHECKPOINT_FILE_NAME)).unwrap_or_default();
-    bytes.get(40..).unwrap_or_default().to_vec()
 }
 
 /// The bytes of a first segment rewritten by compaction, with LSN gaps and a replaced record,
@@ -349,4 +458,29 @@ fn segment_with(records: usize) -> Vec<u8> {
     }
     drop(log);
     storage.file_bytes(&dir.join("00000000000000000001.seg")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_fold_seeds_reach_the_fold() {
+        let seeds = fold_seeds();
+        let opened: Vec<bool> = seeds
+            .iter()
+            .map(|(_, _, input)| {
+                let storage = fold_log(input);
+                crate::Store::builder(FOLD_DIR).storage(Arc::new(storage)).background(false).open_read_only().is_ok()
+            })
+            .collect();
+        // The store's records rebuild its index; each hostile record is refused with a typed error.
+        assert_eq!(opened, [true, false, false]);
+        let store = crate::Store::builder(FOLD_DIR)
+            .storage(Arc::new(fold_log(&seeds[0].2)))
+            .background(false)
+            .open_read_only()
+            .expect("the store seed opens");
+        assert_eq!(store.runs().len(), 2);
+    }
 }

@@ -69,21 +69,28 @@ pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyRe
 
 /// Checks every frame of every segment (header and payload checksums, framing, LSN order),
 /// scanning past damage so that every problem is reported with its file and offset, and every
-/// snapshot file (its SHA-256 digest, header and payload). A torn tail of the last segment is
-/// a problem too (a writable open would cut it). Reads only; takes no lock. `progress` is
-/// called with the segment bytes read so far and their total.
+/// snapshot file (its SHA-256 digest, store id, header and payload). A torn tail of the last
+/// segment is a problem too (a writable open would cut it). When the segments and snapshots
+/// are sound, the index is rebuilt as a read-only open does: a record it cannot take, evidence
+/// of records lost from the end of the log ([`Store::recovery_report`]) and an index
+/// checkpoint that is damaged, stale or another store's are problems too. Reads only; takes no
+/// lock. `progress` is called with the segment bytes read so far and their total.
 ///
 /// # Errors
 /// [`Error::Io`] when a file cannot be listed, opened or read; damage is a [`Problem`], not an
 /// error.
 pub fn verify_with(storage: Arc<dyn Storage>, dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport> {
     let segments = crate::log::recovery::read_only::verify_segments(Arc::clone(&storage), dir, progress)?;
-    let snapshots = snapshot_files(storage, dir)?;
+    let snapshots = snapshot_files(Arc::clone(&storage), dir)?;
     let mut problems = segments.problems;
     for file in &snapshots {
         if let Some((offset, reason)) = file.problem {
             problems.push(Problem { file: file.path.clone(), offset, what: format!("snapshot unusable: {reason}") });
         }
+    }
+    // Store-level checks need the index, which only a log without damage rebuilds exactly.
+    if problems.is_empty() {
+        problems.extend(store_problems(storage, dir));
     }
     Ok(VerifyReport {
         segments: segments.segments,
@@ -92,6 +99,30 @@ pub fn verify_with(storage: Arc<dyn Storage>, dir: &Path, progress: &mut dyn FnM
         snapshots: snapshots.len(),
         problems,
     })
+}
+
+/// What rebuilding the index of the store in `dir` read-only finds wrong.
+fn store_problems(storage: Arc<dyn Storage>, dir: &Path) -> Vec<Problem> {
+    let store = match Store::builder(dir).storage(storage).background(false).open_read_only() {
+        Ok(store) => store,
+        Err(error) => return vec![Problem::from_error(dir, &error)],
+    };
+    let mut problems = Vec::new();
+    for evidence in &store.recovery_report().lost {
+        let (file, offset) = match evidence {
+            crate::store::LossEvidence::IndexCheckpoint { .. } => (dir.join(crate::store::CHECKPOINT_FILE_NAME), 16),
+            crate::store::LossEvidence::Snapshot { atom } => (snapshot::path(dir, atom.get()), 0),
+        };
+        problems.push(Problem { file, offset, what: format!("records lost: {evidence}") });
+    }
+    // A version-1 checkpoint is only older (the next writable open replaces it); one past the
+    // log's end is the loss above.
+    let benign = ["another format version", "the log ends before the checkpoint's LSN"];
+    if let Some(reason) = store.index_checkpoint().ignored_at_open.filter(|reason| !benign.contains(&reason.as_str())) {
+        let file = dir.join(crate::store::CHECKPOINT_FILE_NAME);
+        problems.push(Problem { file, offset: 0, what: format!("index checkpoint unusable: {reason}") });
+    }
+    problems
 }
 
 /// One snapshot file and whether it verifies.
@@ -108,17 +139,25 @@ pub struct SnapshotFile {
 }
 
 /// Every snapshot file of the store in `dir`, oldest atom first, each verified (SHA-256,
-/// header, decompression, decoding). Reads only.
+/// header, the store id its segments carry, decompression, decoding). Reads only.
 ///
 /// # Errors
 /// [`Error::Io`] when the snapshot directory cannot be listed or a file read.
 pub fn snapshot_files(storage: Arc<dyn Storage>, dir: &Path) -> Result<Vec<SnapshotFile>> {
     let storage = ReadOnlyStorage::new(storage);
+    // Without a segment there is no store id: every snapshot is then another store's.
+    let store_id = crate::store::identity::store_id_in(&storage, dir)?;
     let mut files = Vec::new();
     for atom in snapshot::list(&storage, dir)? {
         let path = snapshot::path(dir, atom);
         let (bytes, problem) = match snapshot::read(&storage, dir, atom)? {
-            Ok(bytes) => (bytes.len() as u64, snapshot::decode(&bytes, atom).err()),
+            Ok(bytes) => {
+                let problem = match store_id {
+                    Some(store_id) => snapshot::decode(&bytes, atom, store_id).err(),
+                    None => Some(SnapshotError::ForeignStore),
+                };
+                (bytes.len() as u64, problem)
+            }
             // Deleted by retention since the listing: not a problem, not a file any more.
             Err(SnapshotError::Missing) => continue,
             Err(error) => match file_len(&storage, &path)? {

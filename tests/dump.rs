@@ -302,7 +302,7 @@ fn verify_reports_the_file_and_offset_of_every_problem_and_fails() {
     let (code, out, err) = dump(store.path(), &["verify"]);
     assert_eq!(code, 1, "verify of a corrupted store must fail: {out}{err}");
     assert!(out.contains("PROBLEM 00000000000000000001.seg offset 64: "), "{out}");
-    assert!(out.contains("PROBLEM snapshots/00000000000000000002.snap offset 40: "), "{out}");
+    assert!(out.contains("PROBLEM snapshots/00000000000000000002.snap offset 48: "), "{out}");
     check_golden("verify-corrupted.txt", &out);
     let (code, out, _) = dump(store.path(), &["verify", "--json"]);
     assert_eq!(code, 1);
@@ -363,10 +363,47 @@ fn the_summary_says_whether_the_index_came_from_a_checkpoint() {
         format!("index checkpoint: used (covers the records below LSN {}; 0 records folded after it)", covered.get());
     assert!(out.contains(&expected), "{out}");
     let path = store.path().join("index.ckpt");
-    flip_byte(&path, 41);
+    // The first body byte: after the 48-byte header (docs/FORMAT.md §9a).
+    flip_byte(&path, 49);
     let (code, out, _) = dump(store.path(), &["summary"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("index checkpoint: IGNORED (body checksum mismatch); the open folded every record"), "{out}");
+}
+
+#[test]
+fn verify_reports_records_lost_from_the_end_of_the_log() {
+    // The last segment replaced by an older copy of itself: every frame verifies, but the index
+    // checkpoint covers records the log no longer has. `verify` exited 0.
+    let store = golden_store();
+    let segments = |dir: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .expect("list")
+            .map(|entry| entry.expect("entry").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "seg"))
+            .map(|path| (path.clone(), std::fs::read(&path).expect("read")))
+            .collect();
+        files.sort();
+        files
+    };
+    let older = segments(store.path());
+    {
+        let opened = Store::builder(store.path()).background(false).open().expect("open");
+        let run = opened.create_run(continuum::RunSpec::new("lost")).expect("run");
+        let atom = opened.begin_atom(run, "planner", "lost-step", &[], "").expect("begin");
+        opened.complete_atom(atom, &continuum::AtomOutput::default()).expect("complete");
+        opened.checkpoint_index().expect("checkpoint");
+    }
+    for (path, _) in segments(store.path()) {
+        std::fs::remove_file(path).expect("remove");
+    }
+    for (path, bytes) in older {
+        std::fs::write(path, bytes).expect("restore the older copy");
+    }
+    let (code, out, err) = dump(store.path(), &["verify"]);
+    assert_eq!(code, 1, "verify of a store that lost records must fail: {out}{err}");
+    // The log manifest is the first witness (the segment ends before the end it recorded); the
+    // index checkpoint's is reported when the segments themselves verify.
+    assert!(out.contains("records lost"), "{out}");
 }
 
 fn flip_byte(path: &Path, offset: usize) {

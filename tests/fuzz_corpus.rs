@@ -55,6 +55,13 @@ fn index_checkpoint_corpus_never_panics() {
     eprintln!("index_checkpoint: {count} inputs");
 }
 
+#[test]
+fn index_fold_corpus_folds_alike_on_one_thread_and_pipelined() {
+    let count = replay("index_fold", continuum::fuzz::index_fold);
+    assert!(count >= 3, "the index_fold corpus must hold its seeds");
+    eprintln!("index_fold: {count} inputs");
+}
+
 /// Writes the hand-made seeds. Run with `cargo test --test fuzz_corpus -- --ignored` after a
 /// format change, then commit `fuzz/corpus/`.
 #[test]

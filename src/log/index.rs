@@ -247,10 +247,14 @@ impl FrameCursor {
     }
 
     fn skip_gap(&mut self) {
-        for &(start, end) in self.meta.skips.iter() {
-            if self.pos >= start && self.pos < end {
-                self.pos = end;
-            }
+        // The skips are sorted and disjoint, and a valid frame follows each: one lookup, so
+        // reading a segment with many damaged ranges costs frames × log(ranges).
+        let skips = &self.meta.skips;
+        let after = skips.partition_point(|&(start, _)| start <= self.pos);
+        if let Some(&(_, end)) = after.checked_sub(1).and_then(|i| skips.get(i))
+            && self.pos < end
+        {
+            self.pos = end;
         }
     }
 

@@ -549,6 +549,8 @@ fn scan_segment_indexed(
     let salt = header.salt();
     let mut at = SEGMENT_HEADER_BYTES;
     let mut last_indexed: Option<usize> = None;
+    // Found once per segment: each damaged range would otherwise scan the zero tail again.
+    let mut last_nonzero_at: Option<Option<usize>> = None;
     if header.is_compacted() && is_last {
         let reason = "a compacted segment is the newest segment";
         return Err(corruption(path, 0, CorruptionKind::BadSegmentHeader { reason }));
@@ -578,7 +580,7 @@ fn scan_segment_indexed(
                 let gap = CorruptionKind::LsnGap { expected: scan.next_lsn, found: frame.first_lsn };
                 return Err(corruption(path, at as u64, gap));
             }
-            _ => match classify_invalid(bytes, at, salt, scan.next_lsn, is_last) {
+            _ => match classify_invalid(bytes, at, salt, (scan.next_lsn, is_last), &mut last_nonzero_at) {
                 Invalid::End if header.is_compacted() => {
                     scan.next_lsn = header.end_lsn;
                     return Ok(scan);
@@ -639,10 +641,19 @@ enum Invalid {
     BeforeValid { next_valid: usize },
 }
 
-/// Classifies the bytes from `at`, where no valid frame starts.
-fn classify_invalid(bytes: &[u8], at: usize, salt: u64, next_lsn: u64, is_last: bool) -> Invalid {
+/// Classifies the bytes from `at`, where no valid frame starts (`next_lsn` expected next, in
+/// the last segment or not). `last_nonzero_at` caches the offset of the segment's last
+/// non-zero byte, found on the first call.
+fn classify_invalid(
+    bytes: &[u8],
+    at: usize,
+    salt: u64,
+    (next_lsn, is_last): (u64, bool),
+    last_nonzero_at: &mut Option<Option<usize>>,
+) -> Invalid {
     let rest = &bytes[at..];
-    let Some(last_nonzero) = last_nonzero(rest) else {
+    let segment_last = *last_nonzero_at.get_or_insert_with(|| last_nonzero(bytes));
+    let Some(last_nonzero) = segment_last.filter(|last| *last >= at).map(|last| last - at) else {
         return Invalid::End;
     };
     // A frame whose header verifies owns its payload: a frame image inside it is record bytes.
@@ -700,6 +711,8 @@ fn last_nonzero(bytes: &[u8]) -> Option<usize> {
     while end > 0 {
         let start = end.saturating_sub(ZEROS.len());
         let chunk = &bytes[start..end];
+        #[cfg(test)]
+        tests::ZERO_SCANNED.with(|scanned| scanned.set(scanned.get() + chunk.len()));
         if chunk != &ZEROS[..chunk.len()] {
             return chunk.iter().rposition(|&b| b != 0).map(|at| start + at);
         }
@@ -806,7 +819,53 @@ fn preallocate_again(file: &dyn StorageFile, header: &SegmentHeader, path: &Path
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+
+    thread_local! {
+        /// Bytes `last_nonzero` compared on this thread: the work of finding segments' ends.
+        pub(super) static ZERO_SCANNED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    #[test]
+    fn skipping_many_damaged_ranges_scans_the_zero_tail_once() {
+        // Each damaged range used to scan the segment's preallocated zeros again: the work of
+        // a SkipCorrupted open (and of `dump verify`) grew with ranges × segment size.
+        let storage = crate::storage::sim::SimStorage::new(0);
+        let dir = Path::new("/damaged");
+        let segment_bytes = 4 << 20;
+        {
+            let log = crate::Log::builder(dir)
+                .storage(Arc::new(storage.clone()))
+                .segment_bytes(segment_bytes)
+                .open()
+                .expect("log");
+            for i in 0..400u32 {
+                log.append(&i.to_le_bytes().repeat(16)).expect("append");
+            }
+        }
+        let path = dir.join(crate::log::segment::file_name(1));
+        let mut bytes = storage.file_bytes(&path).expect("segment");
+        let header = SegmentHeader::decode(&bytes).expect("header");
+        // Damage the payload of every other frame.
+        let mut at = SEGMENT_HEADER_BYTES;
+        let mut damaged = 0;
+        while let Ok(frame) = record::decode_frame(&bytes[at..], header.salt()) {
+            let len = frame.header.frame_len();
+            if damaged < 150 && (at / len).is_multiple_of(2) {
+                bytes[at + record::FRAME_HEADER_BYTES + 6] ^= 0x55;
+                damaged += 1;
+            }
+            at += len;
+        }
+        assert_eq!(damaged, 150);
+        ZERO_SCANNED.with(|scanned| scanned.set(0));
+        let scan = scan_segment(&bytes, &header, &path, RecoveryMode::SkipCorrupted, false).expect("scan");
+        assert!(scan.skips.len() >= 100, "{} skips", scan.skips.len());
+        let scanned = ZERO_SCANNED.with(std::cell::Cell::get);
+        assert!(scanned <= 2 * bytes.len(), "{scanned} bytes compared for a {}-byte segment", bytes.len());
+    }
 
     #[test]
     fn last_nonzero_finds_the_last_set_byte_across_pages() {

@@ -2,10 +2,13 @@
 //! covers, so that the next open folds only the records after it.
 //!
 //! A checkpoint is a cache, never the truth: the log is. It is used only when every check
-//! passes (its checksums, its format version, the identity hasher's test vector, and a
-//! fingerprint of the log below the LSN it covers: the same segments with the same sequence
-//! numbers and sealed sizes, the same first and last covered records, nothing skipped or lost
-//! by recovery); otherwise the store folds the whole log, as if there were no checkpoint.
+//! passes (its checksums, its format version, its store id, the identity hasher's test vector,
+//! and a fingerprint of the log below the LSN it covers: the same segments with the same
+//! sequence numbers, first LSNs, end LSNs and sealed sizes, the same last bytes of every
+//! segment compaction rewrote, the same first and last covered records, nothing skipped or
+//! lost by recovery); otherwise the store folds the whole log, as if there were no checkpoint.
+//! A checkpoint of this store that covers LSNs past the end of the log is more than unusable:
+//! it is evidence of records lost from the end of the log ([`beyond_log`]).
 //! Compaction deletes it before it changes any segment (and writes it again, patched, after a
 //! round that only stripped deltas). It is written only from a fold of the log (after an open
 //! that folded many records, or by [`Store::checkpoint_index`](crate::Store::checkpoint_index),
@@ -20,6 +23,7 @@ use crate::log::record::{read_u32_le, read_u64_le};
 use crate::log::{Log, Lsn};
 use crate::storage::OpenMode;
 use crate::store::atom_table::PAGE_ATOMS;
+use crate::store::identity;
 use crate::store::index::{AtomEntry, EntryState, GuardEntry, IdentityHasher, RunEntry, StoreIndex};
 use crate::store::rebuild::{FoldState, Orphans};
 use crate::store::types::{RunId, RunStatus};
@@ -29,9 +33,18 @@ pub(crate) const FILE_NAME: &str = "index.ckpt";
 /// Its temporary name while it is written (the log's recovery deletes leftover `.tmp` files).
 const TEMP_NAME: &str = "index.ckpt.tmp";
 const MAGIC: [u8; 8] = *b"CONTIDX1";
+/// Version 2 binds the file to its store (version 1 files are ignored and rebuilt).
 const VERSION: u32 = 2;
-/// magic, version, reserved, covered LSN, body length, body CRC, header CRC.
-const HEADER_BYTES: usize = 40;
+/// magic, version, reserved, covered LSN, store id, body length, body CRC, header CRC.
+const HEADER_BYTES: usize = 48;
+const COVERED_AT: usize = 16;
+const STORE_ID_AT: usize = 24;
+const BODY_LEN_AT: usize = 32;
+const BODY_CRC_AT: usize = 40;
+const HEADER_CRC_AT: usize = 44;
+const _: () = assert!(HEADER_CRC_AT + 4 == HEADER_BYTES);
+/// Bytes at the end of a rewritten segment's data the fingerprint hashes.
+const TAIL_BYTES: u64 = 4096;
 /// Records a fold must cover beyond the newest checkpoint before another is written at open
 /// or close: below this, folding them on the next open costs less than writing the file.
 #[cfg(not(test))]
@@ -47,23 +60,37 @@ fn path(log: &Log) -> PathBuf {
 }
 
 /// Encodes `state` (which must be a fold of `log` up to `state.next_lsn`) with the log's
-/// fingerprint.
+/// fingerprint and store id.
+///
+/// # Errors
+/// The log's read errors, and [`Error::InvalidConfig`] if the checkpoint would be larger than
+/// [`INDEX_CHECKPOINT_BYTES_MAX`](crate::limits::INDEX_CHECKPOINT_BYTES_MAX) (no open would read it).
 pub(crate) fn encode(state: &FoldState, log: &Log) -> Result<Vec<u8>> {
     let mut body = Writer::default();
     fingerprint(log, state.next_lsn)?.put(&mut body);
     put_state(&mut body, state);
-    let body = body.0;
+    let bytes = frame(state.next_lsn, identity::store_id(log)?, &body.0);
+    if bytes.len() as u64 > crate::limits::INDEX_CHECKPOINT_BYTES_MAX {
+        let reason = format!("the index checkpoint would take {} bytes, over the limit", bytes.len());
+        return Err(Error::InvalidConfig { reason });
+    }
+    Ok(bytes)
+}
+
+/// A checkpoint file: the header (covering `next_lsn`, in store `store_id`) and `body`.
+fn frame(next_lsn: u64, store_id: u64, body: &[u8]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(HEADER_BYTES + body.len());
     bytes.extend_from_slice(&MAGIC);
     bytes.extend_from_slice(&VERSION.to_le_bytes());
     bytes.extend_from_slice(&0u32.to_le_bytes());
-    bytes.extend_from_slice(&state.next_lsn.to_le_bytes());
+    bytes.extend_from_slice(&next_lsn.to_le_bytes());
+    bytes.extend_from_slice(&store_id.to_le_bytes());
     bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     let header_crc = crc32fast::hash(&bytes);
     bytes.extend_from_slice(&header_crc.to_le_bytes());
-    bytes.extend_from_slice(&body);
-    Ok(bytes)
+    bytes.extend_from_slice(body);
+    bytes
 }
 
 /// Writes a checkpoint so that it exists after a crash only complete: temporary name, sync,
@@ -103,6 +130,7 @@ pub(crate) fn load(log: &Log, codec: &Codec) -> Option<FoldState> {
 
 /// A checkpoint file read and decoded, not yet checked against the log.
 pub(crate) struct Parsed {
+    store_id: u64,
     fingerprint: Fingerprint,
     state: FoldState,
 }
@@ -127,9 +155,19 @@ pub(crate) fn read(storage: &dyn crate::storage::Storage, dir: &std::path::Path)
         Err(_) => return Read::Unusable("it cannot be opened"),
     };
     let Ok(len) = file.len() else { return Read::Unusable("it cannot be measured") };
-    // An index is tens of bytes per atom: anything this large is not a checkpoint.
-    if len > BYTES_MAX {
+    // Nothing is allocated for a file larger than any checkpoint written, nor for a body
+    // longer than its checksummed header declares.
+    if len > crate::limits::INDEX_CHECKPOINT_BYTES_MAX {
         return Read::Unusable("too large");
+    }
+    let mut header = [0u8; HEADER_BYTES];
+    if len < HEADER_BYTES as u64 || file.read_exact_at(&mut header, 0).is_err() {
+        return Read::Unusable("not a checkpoint");
+    }
+    if let Err(reason) = parse_header(&header).and_then(|(_, _, body_len)| {
+        (HEADER_BYTES as u64).checked_add(body_len).filter(|total| *total == len).ok_or("length mismatch")
+    }) {
+        return Read::Unusable(reason);
     }
     let mut bytes = vec![0u8; len as usize];
     if file.read_exact_at(&mut bytes, 0).is_err() {
@@ -139,6 +177,15 @@ pub(crate) fn read(storage: &dyn crate::storage::Storage, dir: &std::path::Path)
         Ok(parsed) => Read::Parsed(Box::new(parsed)),
         Err(reason) => Read::Unusable(reason),
     }
+}
+
+/// The LSN a checkpoint [`read`] found covers, if it is this store's (`store_id`), intact, and
+/// covers LSNs past the end of `log`: records below it were durable when it was written (it is
+/// written only after the log is synced through it), so the log lost the records from its end
+/// up to it.
+pub(crate) fn beyond_log(read: &Read, log: &Log, store_id: u64) -> Option<u64> {
+    let Read::Parsed(parsed) = read else { return None };
+    (parsed.store_id == store_id && parsed.state.next_lsn > log.next_lsn().get()).then_some(parsed.state.next_lsn)
 }
 
 /// The state of a checkpoint [`read`] found, if it passes the checks against `log` (its
@@ -157,10 +204,6 @@ pub(crate) fn accept(read: Read, log: &Log, codec: &Codec) -> std::result::Resul
     Err(Some(reason))
 }
 
-/// The largest checkpoint file read (far more than 256 bytes for each of 2^32 atoms would
-/// take).
-const BYTES_MAX: u64 = 64 << 30;
-
 /// Why a checkpoint cannot be used.
 pub(crate) type Unusable = &'static str;
 
@@ -170,23 +213,28 @@ fn decode(bytes: &[u8], log: &Log) -> std::result::Result<FoldState, Unusable> {
     check(parse(bytes)?, log)
 }
 
-/// Checks a checkpoint's framing and decodes it.
-fn parse(bytes: &[u8]) -> std::result::Result<Parsed, Unusable> {
+/// Checks a checkpoint's header: the LSN it covers, its store id and its body's length.
+fn parse_header(bytes: &[u8]) -> std::result::Result<(u64, u64, u64), Unusable> {
     if bytes.len() < HEADER_BYTES || bytes[..8] != MAGIC {
         return Err("not a checkpoint");
     }
     if read_u32_le(bytes, 8) != VERSION {
         return Err("another format version");
     }
-    if read_u32_le(bytes, 36) != crc32fast::hash(&bytes[..36]) {
+    if read_u32_le(bytes, HEADER_CRC_AT) != crc32fast::hash(&bytes[..HEADER_CRC_AT]) {
         return Err("header checksum mismatch");
     }
-    let next_lsn = read_u64_le(bytes, 16);
+    Ok((read_u64_le(bytes, COVERED_AT), read_u64_le(bytes, STORE_ID_AT), read_u64_le(bytes, BODY_LEN_AT)))
+}
+
+/// Checks a checkpoint's framing and decodes it.
+fn parse(bytes: &[u8]) -> std::result::Result<Parsed, Unusable> {
+    let (next_lsn, store_id, body_len) = parse_header(bytes)?;
     let body = &bytes[HEADER_BYTES..];
-    if read_u64_le(bytes, 24) != body.len() as u64 {
+    if body_len != body.len() as u64 {
         return Err("length mismatch");
     }
-    if read_u32_le(bytes, 32) != crc32fast::hash(body) {
+    if read_u32_le(bytes, BODY_CRC_AT) != crc32fast::hash(body) {
         return Err("body checksum mismatch");
     }
     let mut reader = Reader { bytes: body, at: 0 };
@@ -196,23 +244,13 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, Unusable> {
         return Err("trailing bytes");
     }
     state.next_lsn = next_lsn;
-    Ok(Parsed { fingerprint, state })
+    Ok(Parsed { store_id, fingerprint, state })
 }
 
 /// Decodes `body` as a checkpoint's body under a header made for it (valid checksums, so that
 /// a fuzzer reaches the decoder); returns whether it decoded. Must never panic.
 pub(crate) fn parse_body(body: &[u8]) -> bool {
-    let mut bytes = Vec::with_capacity(HEADER_BYTES + body.len());
-    bytes.extend_from_slice(&MAGIC);
-    bytes.extend_from_slice(&VERSION.to_le_bytes());
-    bytes.extend_from_slice(&0u32.to_le_bytes());
-    bytes.extend_from_slice(&1u64.to_le_bytes());
-    bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-    let header_crc = crc32fast::hash(&bytes);
-    bytes.extend_from_slice(&header_crc.to_le_bytes());
-    bytes.extend_from_slice(body);
-    parse(&bytes).is_ok()
+    parse(&frame(1, 1, body)).is_ok()
 }
 
 /// The state of `parsed` if the log below its LSN is still the one it was folded from.
@@ -220,6 +258,9 @@ fn check(parsed: Parsed, log: &Log) -> std::result::Result<FoldState, Unusable> 
     let report = log.recovery_report();
     if report.found_loss() {
         return Err("recovery skipped or lost records");
+    }
+    if identity::store_id(log).ok() != Some(parsed.store_id) {
+        return Err("the checkpoint belongs to another store");
     }
     let next_lsn = parsed.state.next_lsn;
     if log.next_lsn().get() < next_lsn {
@@ -251,24 +292,47 @@ fn load_dictionaries(state: FoldState, log: &Log, codec: &Codec) -> std::result:
 #[derive(Debug, PartialEq, Eq)]
 struct Fingerprint {
     first_lsn: u64,
-    /// (sequence, first LSN, data bytes if sealed and wholly covered, else `u64::MAX`) of every
-    /// segment that begins below the covered LSN.
-    segments: Vec<(u64, u64, u64)>,
+    /// Every segment that begins below the covered LSN.
+    segments: Vec<SegmentPrint>,
     /// CRC of the log's first record and of the last covered one (0 when there is none).
     first_record: u32,
     last_record: u32,
 }
 
+/// What identifies one segment and the version of its content: a compaction rewrite keeps the
+/// sequence number and first LSN but sets the end LSN (a writer's segment has none), and a
+/// rewrite of a rewrite changes the data's size or its last bytes.
+#[derive(Debug, PartialEq, Eq)]
+struct SegmentPrint {
+    seq: u64,
+    first_lsn: u64,
+    /// The header's end LSN: 0 for a segment the writer created.
+    end_lsn: u64,
+    /// Whether its frames may be compressed.
+    compressed: bool,
+    /// Data bytes if sealed and wholly covered, else `u64::MAX`.
+    data_bytes: u64,
+    /// CRC of the last [`TAIL_BYTES`] of its data if compaction rewrote it and it is wholly
+    /// covered, else 0.
+    tail_crc: u32,
+}
+
 fn fingerprint(log: &Log, next_lsn: u64) -> Result<Fingerprint> {
-    let segments = log
-        .segments()
-        .iter()
-        .filter(|segment| segment.first_lsn.get() < next_lsn)
-        .map(|segment| {
-            let whole = segment.sealed && segment.next_lsn.get() <= next_lsn;
-            (segment.seq, segment.first_lsn.get(), if whole { segment.data_bytes } else { u64::MAX })
-        })
-        .collect();
+    let storage = log.storage().as_ref();
+    let mut segments = Vec::new();
+    for segment in log.segments().iter().filter(|segment| segment.first_lsn.get() < next_lsn) {
+        let header = identity::segment_header(storage, &segment.path)?;
+        let whole = segment.sealed && segment.next_lsn.get() <= next_lsn;
+        let tail_crc = if whole && header.is_compacted() { data_tail_crc(log, segment)? } else { 0 };
+        segments.push(SegmentPrint {
+            seq: segment.seq,
+            first_lsn: segment.first_lsn.get(),
+            end_lsn: header.end_lsn,
+            compressed: header.compressed,
+            data_bytes: if whole { segment.data_bytes } else { u64::MAX },
+            tail_crc,
+        });
+    }
     let first_lsn = log.first_lsn().get();
     let record_crc = |lsn: u64| -> Result<u32> {
         if lsn < first_lsn || lsn >= next_lsn {
@@ -290,14 +354,27 @@ fn fingerprint(log: &Log, next_lsn: u64) -> Result<Fingerprint> {
     })
 }
 
+/// CRC of the last [`TAIL_BYTES`] of a sealed segment's data (header and frames).
+fn data_tail_crc(log: &Log, segment: &crate::log::SegmentInfo) -> Result<u32> {
+    let start = segment.data_bytes.saturating_sub(TAIL_BYTES);
+    let mut tail = vec![0u8; (segment.data_bytes - start) as usize];
+    let file =
+        log.storage().open(&segment.path, OpenMode::ReadOnly).map_err(|e| Error::io("open", &segment.path, e))?;
+    file.read_exact_at(&mut tail, start).map_err(|e| Error::io("read", &segment.path, e))?;
+    Ok(crc32fast::hash(&tail))
+}
+
 impl Fingerprint {
     fn put(&self, out: &mut Writer) {
         out.varint(self.first_lsn);
         out.varint(self.segments.len() as u64);
-        for &(seq, first, bytes) in &self.segments {
-            out.varint(seq);
-            out.varint(first);
-            out.fixed64(bytes);
+        for segment in &self.segments {
+            out.varint(segment.seq);
+            out.varint(segment.first_lsn);
+            out.varint(segment.end_lsn);
+            out.byte(u8::from(segment.compressed));
+            out.fixed64(segment.data_bytes);
+            out.fixed32(segment.tail_crc);
         }
         out.fixed32(self.first_record);
         out.fixed32(self.last_record);
@@ -308,7 +385,18 @@ impl Fingerprint {
         let count = input.count()?;
         let mut segments = Vec::with_capacity(count);
         for _ in 0..count {
-            segments.push((input.varint()?, input.varint()?, input.fixed64()?));
+            segments.push(SegmentPrint {
+                seq: input.varint()?,
+                first_lsn: input.varint()?,
+                end_lsn: input.varint()?,
+                compressed: match input.byte()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+                data_bytes: input.fixed64()?,
+                tail_crc: input.fixed32()?,
+            });
         }
         Some(Self { first_lsn, segments, first_record: input.fixed32()?, last_record: input.fixed32()? })
     }
@@ -419,7 +507,8 @@ fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
         let id = u32::try_from(index.agents.len()).ok()?;
         index.agent_ids.entry(run).or_default().insert(name, id);
     }
-    let len = usize::try_from(input.varint()?).ok().filter(|len| *len <= u32::MAX as usize + 1)?;
+    let len = input.varint().filter(|len| *len <= crate::limits::ATOM_ID_MAX)?;
+    let len = usize::try_from(len).ok()?;
     index.atoms.extend_to(len);
     let mut previous = 0u64;
     for _ in 0..input.count()? {
@@ -744,10 +833,10 @@ mod tests {
         let reseal = |mut bytes: Vec<u8>| {
             let body_crc = crc32fast::hash(&bytes[HEADER_BYTES..]);
             let body_len = (bytes.len() - HEADER_BYTES) as u64;
-            bytes[24..32].copy_from_slice(&body_len.to_le_bytes());
-            bytes[32..36].copy_from_slice(&body_crc.to_le_bytes());
-            let header_crc = crc32fast::hash(&bytes[..36]);
-            bytes[36..40].copy_from_slice(&header_crc.to_le_bytes());
+            bytes[BODY_LEN_AT..BODY_CRC_AT].copy_from_slice(&body_len.to_le_bytes());
+            bytes[BODY_CRC_AT..HEADER_CRC_AT].copy_from_slice(&body_crc.to_le_bytes());
+            let header_crc = crc32fast::hash(&bytes[..HEADER_CRC_AT]);
+            bytes[HEADER_CRC_AT..HEADER_BYTES].copy_from_slice(&header_crc.to_le_bytes());
             bytes
         };
         assert!(decode(&reseal(bytes.clone()), &log).is_ok());
@@ -1032,6 +1121,165 @@ mod tests {
         };
         assert_eq!(publish(1), on_disk, "published although compaction changed the log since the fold");
         assert_eq!(publish(0), other, "not published although nothing changed");
+    }
+
+    #[test]
+    fn a_checkpoint_taken_before_compaction_rewrote_its_segment_is_never_used() {
+        // The checkpoint covers part of segment 1 while it is active; compaction later rewrites
+        // it. Its sequence, first LSN and first and last covered records are unchanged: only
+        // the rewrite's end LSN tells. Used, it said the reclaimed deltas were still there.
+        let dir = tempfile::tempdir().expect("dir");
+        let open = || compacting_store(dir.path(), 128 * 1024, None).index_checkpoint_after(u64::MAX).open();
+        let stale = {
+            let store = open().expect("open");
+            atoms(&store, "a", 40);
+            assert_eq!(store.log().segments().len(), 1);
+            store.checkpoint_index().expect("checkpoint");
+            std::fs::read(dir.path().join(FILE_NAME)).expect("read the checkpoint")
+        };
+        let reclaimed = {
+            let store = open().expect("open");
+            atoms(&store, "b", 600);
+            let run = store.run_id("a").expect("run");
+            let atoms = store.run_atoms(run);
+            // Not the last atom's: the last covered record (its completion) keeps its delta.
+            store.snapshot_now(atoms[atoms.len() - 5]).expect("snapshot");
+            let report = store.compact().expect("compact");
+            assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
+            let first = store.log().segments()[0].path.clone();
+            let header = identity::segment_header(store.log().storage().as_ref(), &first).expect("header");
+            assert!(header.is_compacted(), "segment 1 was rewritten");
+            assert!(store.atom(atoms[0]).expect("atom").delta_reclaimed);
+            atoms[0]
+        };
+        std::fs::write(dir.path().join(FILE_NAME), &stale).expect("copy the old checkpoint back");
+        let store = open().expect("open");
+        let info = store.index_checkpoint();
+        assert_eq!(info.opened_from, None, "a checkpoint of a segment since rewritten was used");
+        assert_eq!(info.ignored_at_open.as_deref(), Some("the log below the checkpoint's LSN changed"));
+        assert!(store.atom(reclaimed).expect("atom").delta_reclaimed);
+        assert_index_is_the_whole_fold(&store);
+    }
+
+    #[test]
+    fn a_rewrite_of_a_rewritten_segment_changes_the_fingerprint() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store =
+            compacting_store(dir.path(), 64 * 1024, None).index_checkpoint_after(u64::MAX).open().expect("open");
+        atoms(&store, "a", 400);
+        let run = store.run_id("a").expect("run");
+        let atoms = store.run_atoms(run);
+        store.snapshot_now(atoms[100]).expect("snapshot");
+        assert!(store.compact().expect("compact").segments_rewritten > 0);
+        let next = store.log().next_lsn().get();
+        let before = fingerprint(store.log(), next).expect("fingerprint");
+        store.snapshot_now(atoms[300]).expect("snapshot");
+        assert!(store.compact().expect("compact").segments_rewritten > 0);
+        let after = fingerprint(store.log(), next).expect("fingerprint");
+        let rewritten_again = before.segments.iter().zip(&after.segments).any(|(b, a)| b.end_lsn != 0 && b != a);
+        assert!(rewritten_again, "{before:?} {after:?}");
+    }
+
+    #[test]
+    fn another_store_s_checkpoint_is_never_used() {
+        // Two logs with the same records: before checkpoints carried the store id, the
+        // fingerprint (sizes, sequence numbers, sampled records) could not tell them apart.
+        let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let delta = crate::synthetic::Transcript::new(3).next_delta(200);
+        for dir in [a.path(), b.path()] {
+            crate::store::test_logs::write_run(dir, &[(1, vec![], Some(&delta)), (2, vec![1], Some(&delta))]);
+        }
+        let open = |dir: &std::path::Path| Store::builder(dir).background(false).open().expect("open");
+        open(a.path()).checkpoint_index().expect("checkpoint");
+        std::fs::copy(a.path().join(FILE_NAME), b.path().join(FILE_NAME)).expect("copy");
+        let store = open(b.path());
+        let info = store.index_checkpoint();
+        assert_eq!(info.opened_from, None);
+        assert_eq!(info.ignored_at_open.as_deref(), Some("the checkpoint belongs to another store"));
+        assert_index_is_the_whole_fold(&store);
+        drop(store);
+        assert!(open(a.path()).index_checkpoint().opened_from.is_some(), "its own store uses it");
+    }
+
+    /// A file of `len` bytes that starts with `header` and records the largest read asked of it.
+    #[derive(Debug)]
+    struct HugeFile {
+        len: u64,
+        header: Vec<u8>,
+        largest_read: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl crate::storage::StorageFile for HugeFile {
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.largest_read.fetch_max(buf.len(), std::sync::atomic::Ordering::Relaxed);
+            if offset == 0 && buf.len() <= self.header.len() {
+                buf.copy_from_slice(&self.header[..buf.len()]);
+                return Ok(());
+            }
+            Err(std::io::Error::other("a read of the whole huge file"))
+        }
+        fn write_all_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::other("read-only"))
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(self.len)
+        }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::other("read-only"))
+        }
+        fn allocate(&self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::other("read-only"))
+        }
+        fn view(&self) -> std::io::Result<crate::storage::ReadView> {
+            Err(std::io::Error::other("a view of the whole huge file"))
+        }
+    }
+
+    /// A directory holding one [`HugeFile`].
+    #[derive(Debug)]
+    struct HugeStorage(Arc<HugeFile>);
+
+    impl crate::storage::Storage for HugeStorage {
+        fn create_dir_all(&self, _: &std::path::Path) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn list_dir(&self, _: &std::path::Path) -> std::io::Result<Vec<String>> {
+            Ok(vec![FILE_NAME.to_owned()])
+        }
+        fn open(&self, _: &std::path::Path, _: OpenMode) -> std::io::Result<Arc<dyn crate::storage::StorageFile>> {
+            Ok(self.0.clone())
+        }
+        fn rename(&self, _: &std::path::Path, _: &std::path::Path) -> std::io::Result<()> {
+            Err(std::io::Error::other("read-only"))
+        }
+        fn remove_file(&self, _: &std::path::Path) -> std::io::Result<()> {
+            Err(std::io::Error::other("read-only"))
+        }
+        fn sync_dir(&self, _: &std::path::Path) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn lock_dir(&self, _: &std::path::Path) -> std::io::Result<crate::storage::DirLock> {
+            Err(std::io::Error::other("read-only"))
+        }
+    }
+
+    #[test]
+    fn a_huge_checkpoint_file_is_refused_before_it_is_read() {
+        // Before the bound, a file up to 64 GiB was allocated and read whole.
+        let largest_read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let header = frame(100, 7, b"a short body")[..HEADER_BYTES].to_vec();
+        for (len, reason) in [(5u64 << 30, "too large"), (3 << 30, "length mismatch")] {
+            let file = HugeFile { len, header: header.clone(), largest_read: Arc::clone(&largest_read) };
+            match read(&HugeStorage(Arc::new(file)), std::path::Path::new("/huge")) {
+                Read::Unusable(found) => assert_eq!(found, reason),
+                _ => panic!("a {len}-byte checkpoint was taken"),
+            }
+            let largest = largest_read.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(largest <= HEADER_BYTES, "read {largest} bytes of a {len}-byte file");
+        }
     }
 
     /// One step of a random store history.

@@ -14,8 +14,10 @@ mod ballast;
 mod checkpoint;
 mod compaction;
 mod guard;
+pub(crate) mod identity;
 mod index;
 mod inspect;
+mod loss;
 mod lull;
 mod policy;
 mod purge;
@@ -40,6 +42,7 @@ use index::StoreIndex;
 
 pub use compaction::{CompactionReport, SpaceReport};
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
+pub use loss::{LossEvidence, StoreRecoveryReport};
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
 pub use replay::{Rebuilt, SnapshotFallback};
 pub use types::{
@@ -52,6 +55,12 @@ pub(crate) const CHECKPOINT_FILE_NAME: &str = checkpoint::FILE_NAME;
 /// Whether `body` decodes as an index checkpoint's body (for the fuzz target).
 pub(crate) fn checkpoint_body_decodes(body: &[u8]) -> bool {
     checkpoint::parse_body(body)
+}
+
+/// Folds `log` into an index on one thread and pipelined, which must agree (for the fuzz
+/// target).
+pub(crate) fn folds_agree(log: &Log) {
+    rebuild::folds_agree(log);
 }
 
 /// Builds a [`Store`]: `Store::builder(dir).segment_bytes(…).open()?`.
@@ -223,8 +232,18 @@ impl Shared {
         let codec = Codec::compressing_from(policies.compress_records_from);
         let index_checkpoint = IndexCheckpoint::default();
         let checkpoint = checkpoint.unwrap_or_else(|| checkpoint::read(log.storage().as_ref(), log.dir()));
-        let index =
-            open_index(&log, &codec, read_only, checkpoint, &index_checkpoint, policies.index_checkpoint_after)?;
+        let store_id = identity::store_id(&log)?;
+        let mut snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
+        let opening =
+            Opening { read_only, store_id, snapshots: &snapshots, checkpoint_after: policies.index_checkpoint_after };
+        let (index, recovery) = open_index(&log, &codec, &opening, checkpoint, &index_checkpoint)?;
+        loss::settle(&recovery, log.config().recovery_mode, log.next_lsn().get())?;
+        if !read_only {
+            loss::clear_evidence(&log, &recovery, &mut snapshots)?;
+            let completed =
+                |atom| index.atom(types::AtomId(atom)).is_some_and(|e| e.state == index::EntryState::Completed);
+            crate::snapshot::bind_all(log.storage().as_ref(), log.dir(), store_id, &snapshots, completed)?;
+        }
         let training = match (read_only, codec.current_dictionary_len()) {
             (true, _) => atoms::Training::done(),
             (false, None) => atoms::Training::new(atoms::TrainingStage::First),
@@ -234,10 +253,11 @@ impl Shared {
             }
             (false, Some(_)) => atoms::Training::done(),
         };
-        let snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
         Ok(Shared {
             log,
             codec,
+            store_id,
+            recovery,
             identity: index.identity,
             index: RwLock::new(index),
             training_done: std::sync::atomic::AtomicBool::new(training.is_done()),
@@ -371,19 +391,32 @@ impl Shared {
     }
 }
 
+/// What an open knows before it rebuilds the index.
+struct Opening<'a> {
+    read_only: bool,
+    /// The log's store id.
+    store_id: u64,
+    /// Atoms with a snapshot file.
+    snapshots: &'a std::collections::BTreeSet<u64>,
+    /// Records a fold must cover for the open to write a checkpoint of it.
+    checkpoint_after: u64,
+}
+
 /// Rebuilds the index: from the index checkpoint and the records after it if there is a usable
 /// one, from the whole log otherwise; writes a new checkpoint when the fold covered at least
 /// `checkpoint_after` records (not for a read-only store). A checkpoint that cannot
-/// be written costs only the next open's time: it is logged, not returned.
+/// be written costs only the next open's time: it is logged, not returned. Returns the index
+/// and the evidence of lost records the checkpoint and the snapshots give.
 fn open_index(
     log: &Log,
     codec: &Codec,
-    read_only: bool,
+    opening: &Opening<'_>,
     checkpoint: checkpoint::Read,
     written: &IndexCheckpoint,
-    checkpoint_after: u64,
-) -> Result<StoreIndex> {
+) -> Result<(StoreIndex, StoreRecoveryReport)> {
+    let (read_only, checkpoint_after) = (opening.read_only, opening.checkpoint_after);
     let started = std::time::Instant::now();
+    let covered_beyond = checkpoint::beyond_log(&checkpoint, log, opening.store_id);
     let (loaded, ignored) = match checkpoint::accept(checkpoint, log, codec) {
         Ok(state) => (Some(state), None),
         Err(reason) => (None, reason),
@@ -416,7 +449,13 @@ fn open_index(
             }
         }
     }
-    state.finish()
+    let storage = log.storage().as_ref();
+    let verified = |atom| {
+        let bytes = crate::snapshot::read(storage, log.dir(), atom).ok().and_then(std::result::Result::ok);
+        bytes.is_some_and(|bytes| crate::snapshot::verify(&bytes, atom, opening.store_id).is_ok())
+    };
+    let recovery = loss::find(log, &state, covered_beyond, opening.snapshots, verified);
+    Ok((state.finish()?, recovery))
 }
 
 /// What the store knows of its index checkpoint file.
@@ -489,6 +528,10 @@ impl Drop for Store {
 pub(crate) struct Shared {
     log: Log,
     codec: Codec,
+    /// The store id every segment header holds; snapshots and index checkpoints repeat it.
+    store_id: u64,
+    /// What the open found lost from the end of the log.
+    recovery: StoreRecoveryReport,
     /// The index's identity hasher (fixed for the store's lifetime in this process), for
     /// hashing a key before taking the index lock.
     identity: index::IdentityHasher,
@@ -668,6 +711,15 @@ impl Store {
         let state = rebuild::fold_from(&shared.log, &codec, start, until)?;
         shared.publish_index_checkpoint(state.next_lsn, &checkpoint::encode(&state, &shared.log)?)?;
         Ok(Lsn::new(state.next_lsn))
+    }
+
+    /// What the open found of records lost from the end of the log: evidence (an index
+    /// checkpoint or snapshots of this store) that acknowledged records existed past its end.
+    /// Empty after a lossless open; [`RecoveryMode::Strict`] refuses to open instead. The log's
+    /// own findings (torn tail, skipped ranges) are in the log's
+    /// [`recovery_report`](crate::Log::recovery_report).
+    pub fn recovery_report(&self) -> &StoreRecoveryReport {
+        &self.shared.recovery
     }
 
     /// What this store knows of its index checkpoint: the LSN the newest one covers, the

@@ -177,6 +177,22 @@ fn parse_range(log: &Log, codec: &Codec, from: u64, to: u64) -> Result<ParsedPar
     Ok(part)
 }
 
+/// Folds every record of `log` on one thread and pipelined (the `index_fold` fuzz target):
+/// neither may panic, and both must build the same index or both refuse the log.
+pub(crate) fn folds_agree(log: &Log) {
+    let identity = index::IdentityHasher::with_seed(1);
+    let until = log.next_lsn().get();
+    let sequential =
+        fold_sequential(log, &Codec::default(), FoldState::new(identity), until).and_then(FoldState::finish);
+    let pipelined =
+        fold_pipelined(log, &Codec::default(), FoldState::new(identity), until, 2, 16).and_then(FoldState::finish);
+    match (sequential, pipelined) {
+        (Ok(one), Ok(other)) => assert!(one == other, "the sequential and pipelined folds built different indexes"),
+        (Err(_), Err(_)) => {}
+        (one, other) => panic!("one fold refused the log: {:?} against {:?}", one.map(|_| ()), other.map(|_| ())),
+    }
+}
+
 /// The index being rebuilt, record by record in log order.
 struct Fold<'c> {
     codec: &'c Codec,
@@ -334,6 +350,9 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
             entry.completed_lsn = lsn;
         }
         StoreRecord::Dictionary(dictionary) => {
+            if dictionary.id > crate::limits::DICTIONARY_ID_MAX {
+                return Err(Error::InconsistentLog { lsn, reason: "dictionary id out of range" });
+            }
             codec.add_dictionary(dictionary.id, &dictionary.dictionary);
             index.next_dictionary = index.next_dictionary.max(dictionary.id + 1);
         }
@@ -354,6 +373,10 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
         StoreRecord::RunDropped(dropped) => {
             if index.run(RunId(dropped.run)).is_none() {
                 return Err(Error::InconsistentLog { lsn, reason: "drop of an unknown run" });
+            }
+            // The next atom id sizes the atom table: never past the largest id.
+            if dropped.next_atom > crate::limits::ATOM_ID_MAX + 1 {
+                return Err(Error::InconsistentLog { lsn, reason: "next atom id out of range" });
             }
             index.drop_run(RunId(dropped.run), dropped.next_atom);
             orphans.dropped_below = orphans.dropped_below.max(dropped.next_atom);
@@ -377,7 +400,10 @@ fn start_atom(index: &mut StoreIndex, lsn: u64, atom: u64, run: u64, agent: &str
         return Err(Error::InconsistentLog { lsn, reason: "atom of an unknown run" });
     }
     let agent = index.intern_agent(run32, agent);
-    let id = u32::try_from(atom).map_err(|_| Error::InconsistentLog { lsn, reason: "atom out of range" })?;
+    let id = u32::try_from(atom)
+        .ok()
+        .filter(|id| u64::from(*id) <= crate::limits::ATOM_ID_MAX)
+        .ok_or(Error::InconsistentLog { lsn, reason: "atom out of range" })?;
     let hash = index.identity.atom_key(run32, agent, key);
     index.atom_keys.insert(hash, id);
     *index.atom_slot(AtomId(atom)) = index::AtomEntry::new(lsn, run32, agent, EntryState::Running);
@@ -533,6 +559,58 @@ pub(crate) mod tests {
             assert!(index.atom(AtomId(4_000_000_000)).is_some() && index.atom(AtomId(1)).is_some());
             assert!(index.heap_bytes() < 64 << 20, "{} bytes", index.heap_bytes());
         }
+    }
+
+    /// Appends `record` to the log in `dir` through the log's API: a checksum-valid record.
+    fn append_record(dir: &std::path::Path, record: StoreRecord) {
+        let log = Log::open(dir).expect("log");
+        log.append(&Codec::default().encode(&record)).expect("append");
+    }
+
+    #[test]
+    fn a_run_dropped_record_with_a_huge_next_atom_is_refused_not_allocated() {
+        // Before the bound, the fold sized the atom table's page list for 2^63 ids: every open
+        // aborted on the allocation.
+        let dir = tempfile::tempdir().expect("dir");
+        crate::store::test_logs::write_run(dir.path(), &[(1, vec![], None)]);
+        let dropped = crate::codec::proto::RunDropped { run: 1, next_atom: u64::MAX / 2, dropped_at_unix_us: 1 };
+        append_record(dir.path(), StoreRecord::RunDropped(dropped));
+        let log = Log::open_read_only(dir.path()).expect("log");
+        for error in [rebuild(&log, &Codec::default()).map(|_| ()), rebuild_sequential(&log).map(|_| ())] {
+            assert!(
+                matches!(error, Err(Error::InconsistentLog { reason: "next atom id out of range", .. })),
+                "{error:?}"
+            );
+        }
+        drop(log);
+        let opened = Store::builder(dir.path()).background(false).open().map(|_| ());
+        assert!(matches!(opened, Err(Error::InconsistentLog { .. })), "{opened:?}");
+    }
+
+    #[test]
+    fn a_run_dropped_record_at_the_largest_atom_id_costs_a_page_list_not_the_ids() {
+        let dir = tempfile::tempdir().expect("dir");
+        crate::store::test_logs::write_run(dir.path(), &[(1, vec![], None)]);
+        let next_atom = crate::limits::ATOM_ID_MAX + 1;
+        append_record(
+            dir.path(),
+            StoreRecord::RunDropped(crate::codec::proto::RunDropped { run: 1, next_atom, dropped_at_unix_us: 1 }),
+        );
+        let log = Log::open_read_only(dir.path()).expect("log");
+        let index = rebuild_sequential(&log).expect("a drop at the largest id folds");
+        assert!(index.heap_bytes() < 64 << 20, "{} bytes", index.heap_bytes());
+    }
+
+    #[test]
+    fn a_dictionary_at_the_largest_id_is_a_typed_error_not_an_overflow() {
+        // `id + 1` overflowed: a panic in debug builds, a wrapped next id (0) in release ones.
+        let dir = tempfile::tempdir().expect("dir");
+        crate::store::test_logs::write_run(dir.path(), &[(1, vec![], None)]);
+        let dictionary = crate::codec::proto::CompressionDictionary { id: u32::MAX, dictionary: vec![1, 2, 3] };
+        append_record(dir.path(), StoreRecord::Dictionary(dictionary));
+        let log = Log::open_read_only(dir.path()).expect("log");
+        let error = rebuild_sequential(&log).map(|_| ());
+        assert!(matches!(error, Err(Error::InconsistentLog { reason: "dictionary id out of range", .. })), "{error:?}");
     }
 
     #[test]

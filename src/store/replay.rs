@@ -598,7 +598,7 @@ impl Store {
             // of an atom a crash took back would be taken for the atom that reuses its id.
             self.shared.log.sync()?;
         }
-        let bytes = snapshot::encode(atom.0, context)?;
+        let bytes = snapshot::encode(atom.0, self.shared.store_id, context)?;
         snapshot::publish(self.shared.log.storage().as_ref(), self.shared.log.dir(), atom.0, &bytes)?;
         match name {
             // IMPORTANT: the rename is durable only once the directory is synced.
@@ -846,7 +846,7 @@ impl Store {
             Ok(bytes) => bytes,
             Err(error) => return Ok(Err(error.reason())),
         };
-        Ok(snapshot::decode(&bytes, atom).map_err(|error| error.reason()))
+        Ok(snapshot::decode(&bytes, atom, self.shared.store_id).map_err(|error| error.reason()))
     }
 }
 

@@ -362,8 +362,13 @@ fn verify_segment(
 fn inflate_problems(bytes: &[u8], header: &SegmentHeader, scan: &SegmentScan, path: &Path) -> Vec<Problem> {
     let mut problems = Vec::new();
     let mut at = crate::log::segment::SEGMENT_HEADER_BYTES as u64;
+    // The skips are sorted: a cursor over them, so that the walk is linear in frames + skips.
+    let mut skips = scan.skips.iter().peekable();
     while at < scan.data_end {
-        if let Some(&(_, end)) = scan.skips.iter().find(|(start, end)| at >= *start && at < *end) {
+        while skips.next_if(|(_, end)| *end <= at).is_some() {}
+        if let Some(&&(start, end)) = skips.peek()
+            && at >= start
+        {
             at = end;
             continue;
         }
