@@ -35,11 +35,16 @@ fn atoms(store: &Store, count: usize, seed: u64) -> Vec<AtomId> {
     ids
 }
 
+/// The log's files (its segments and its manifest), each with its bytes: restoring an older copy
+/// of all of them leaves a log that is whole by its own account, so that only the store's files
+/// witness what it lost.
 fn segment_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .expect("list")
         .map(|entry| entry.expect("entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "seg"))
+        .filter(|path| {
+            path.extension().is_some_and(|ext| ext == "seg") || path.file_name().is_some_and(|name| name == "log.manifest")
+        })
         .map(|path| {
             let bytes = std::fs::read(&path).expect("read segment");
             (path, bytes)

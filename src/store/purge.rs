@@ -71,9 +71,18 @@ const FROM_NOTHING: u64 = 0;
 /// Decides what a round keeps, strips and releases (module docs).
 pub(crate) fn decide(inputs: &PurgeInputs<'_>) -> PurgeDecision {
     let heads = heads(inputs);
-    let (snapshots_kept, snapshots_pruned) = retain_snapshots(inputs);
-    let strip = strippable(inputs, &snapshots_kept, &heads);
-    let rebuildable = rebuildable_after(inputs, &snapshots_kept, &strip);
+    let (mut snapshots_kept, mut snapshots_pruned) = retain_snapshots(inputs);
+    let mut strip = strippable(inputs, &snapshots_kept, &heads);
+    let mut rebuildable = rebuildable_after(inputs, &snapshots_kept, &strip);
+    // A target that only a pruned snapshot still rebuilds (a pinned atom a rollback abandoned,
+    // resting on a snapshot of its abandoned branch) keeps that snapshot.
+    let needed = snapshots_targets_need(inputs, &heads, &rebuildable);
+    if !needed.is_empty() {
+        snapshots_kept.extend(needed.iter().copied());
+        snapshots_pruned.retain(|snapshot| !needed.contains(snapshot));
+        strip = strippable(inputs, &snapshots_kept, &heads);
+        rebuildable = rebuildable_after(inputs, &snapshots_kept, &strip);
+    }
     let released: Vec<u64> = inputs
         .parents
         .keys()
@@ -194,10 +203,15 @@ fn strippable(inputs: &PurgeInputs<'_>, kept: &BTreeSet<u64>, heads: &HashSet<u6
 /// (a kept snapshot, or [`FROM_NOTHING`]) from which every delta its rebuild applies is still
 /// there; an atom with none is not rebuildable.
 fn rebuildable_after(inputs: &PurgeInputs<'_>, kept: &BTreeSet<u64>, strip: &BTreeSet<u64>) -> HashSet<u64> {
+    rebuild_starts(inputs, kept, strip).into_iter().filter(|(_, starts)| !starts.is_empty()).map(|(id, _)| id).collect()
+}
+
+/// For each atom, ascending: the starts its rebuild can use once `strip` is stripped and only
+/// `kept` snapshots remain (empty: none).
+fn rebuild_starts(inputs: &PurgeInputs<'_>, kept: &BTreeSet<u64>, strip: &BTreeSet<u64>) -> HashMap<u64, Rc<Vec<u64>>> {
     let mut starts: HashMap<u64, Rc<Vec<u64>>> = HashMap::with_capacity(inputs.parents.len());
     let empty = Rc::new(Vec::new());
     let from_nothing = Rc::new(vec![FROM_NOTHING]);
-    let mut rebuildable = HashSet::with_capacity(inputs.parents.len());
     for (&id, parents) in inputs.parents {
         let intact =
             inputs.facts.get(&id).is_some_and(|facts| !facts.completed || (!facts.reclaimed && !strip.contains(&id)));
@@ -211,22 +225,39 @@ fn rebuildable_after(inputs: &PurgeInputs<'_>, kept: &BTreeSet<u64>, strip: &BTr
             with.push(id);
             set = Rc::new(with);
         }
-        if !set.is_empty() {
-            rebuildable.insert(id);
-        }
         starts.insert(id, set);
     }
-    rebuildable
+    starts
+}
+
+/// Whether `id` is a head or a pinned atom of a live run.
+fn is_target_kept_whole(inputs: &PurgeInputs<'_>, heads: &HashSet<u64>, id: u64) -> bool {
+    heads.contains(&id) || inputs.facts.get(&id).is_some_and(|facts| facts.pinned && !facts.dropped)
+}
+
+/// For each head or pin that the round's plan would no longer rebuild but today's snapshots and
+/// deltas do, the newest snapshot it rebuilds from today.
+fn snapshots_targets_need(inputs: &PurgeInputs<'_>, heads: &HashSet<u64>, after: &HashSet<u64>) -> BTreeSet<u64> {
+    let lost: Vec<u64> = inputs
+        .parents
+        .keys()
+        .copied()
+        .filter(|id| !after.contains(id) && is_target_kept_whole(inputs, heads, *id))
+        .collect();
+    if lost.is_empty() {
+        return BTreeSet::new();
+    }
+    let starts = rebuild_starts(inputs, inputs.snapshots, &BTreeSet::new());
+    lost.iter().filter_map(|id| starts.get(id)?.iter().copied().filter(|start| *start != FROM_NOTHING).max()).collect()
 }
 
 /// Every target that was rebuildable before the round still is: the round releases only what
 /// no head, pin or kept time-travel window needs.
 fn assert_targets_kept(inputs: &PurgeInputs<'_>, heads: &HashSet<u64>, after: &HashSet<u64>) {
     let before = rebuildable_after(inputs, inputs.snapshots, &BTreeSet::new());
-    for (id, facts) in inputs.facts {
-        let target = heads.contains(id) || (facts.pinned && !facts.dropped);
+    for id in inputs.facts.keys() {
         assert!(
-            !target || !before.contains(id) || after.contains(id),
+            !is_target_kept_whole(inputs, heads, *id) || !before.contains(id) || after.contains(id),
             "the purge plan releases target atom {id}, which was rebuildable before the round"
         );
     }
@@ -294,6 +325,22 @@ mod tests {
         assert_eq!(decision.snapshots_kept, BTreeSet::from([40, 50]));
         assert!(decision.snapshots_pruned.contains(&30));
         assert!(!decision.released.contains(&45));
+    }
+
+    #[test]
+    fn a_pinned_atom_a_rollback_abandoned_keeps_the_snapshot_it_rests_on() {
+        // 1..=9 reclaimed below the snapshot at 10; 12 pinned; a rollback to 5 abandons 6..=12.
+        let (parents, mut facts) = chain(12);
+        for id in 1..=9 {
+            facts.get_mut(&id).expect("atom").reclaimed = true;
+        }
+        for id in 6..=12 {
+            facts.get_mut(&id).expect("atom").abandoned = true;
+        }
+        facts.get_mut(&12).expect("atom").pinned = true;
+        let decision = decide_with(&parents, &facts, &[10], 2);
+        assert!(decision.snapshots_kept.contains(&10), "{decision:?}");
+        assert!(!decision.strip.contains(&11), "{decision:?}");
     }
 
     #[test]
