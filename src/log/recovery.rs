@@ -149,6 +149,9 @@ pub(crate) fn recover(
     let mut report = RecoveryReport::default();
     let names = storage.list_dir(dir).map_err(|e| Error::io("list directory", dir, e))?;
     report.temp_files_removed = remove_temp_files(storage, dir, &names)?;
+    // IMPORTANT: a process that died may have left creates, renames and unlinks in the page
+    // cache only; this open builds on them, so they are made durable before anything new is.
+    storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
     let mut lsns: Vec<u64> = names.iter().filter_map(|name| segment::parse_file_name(name)).collect();
     lsns.sort_unstable();
     report.segments = lsns.len();
@@ -173,7 +176,6 @@ fn remove_temp_files(storage: &dyn Storage, dir: &Path, names: &[String]) -> Res
         storage.remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
     }
     if !temps.is_empty() {
-        storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
         tracing::info!(count = temps.len(), "removed leftover temporary segment files");
     }
     Ok(temps.len())

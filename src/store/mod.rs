@@ -234,6 +234,11 @@ impl Shared {
             (false, Some(_)) => atoms::Training::done(),
         };
         let snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
+        if !read_only {
+            // IMPORTANT: compaction relies on the snapshots listed here; their names are durable
+            // before it can run.
+            crate::snapshot::sync_dir_at_open(log.storage().as_ref(), log.dir())?;
+        }
         Ok(Shared {
             log,
             codec,
