@@ -25,7 +25,7 @@ use super::{
 use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::inspect::Problem;
-use crate::log::index::{SegmentBytes, SegmentIndex};
+use crate::log::index::SegmentIndex;
 use crate::log::segment::{self, SegmentHeader};
 use crate::log::{Log, StreamKey};
 use crate::metrics::Metrics;
@@ -108,8 +108,8 @@ fn recover_once(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Re
         let scan = scan_segment(&view, &header, &path, mode, false)?;
         let scan = settle_sealed_tail(scan, &path, mode, &mut report)?;
         previous = Some((header, scan.next_lsn));
-        // Positioned reads below the end found here, not a map: see the module docs.
-        index.segments.push(sealed_meta(header, &path, scan, SegmentBytes::Active(file)));
+        // Positioned reads below the end found here: see the module docs.
+        index.segments.push(sealed_meta(header, &path, scan, file));
     }
     let (path, file) = open_segment(storage, dir, last)?;
     let view = file.view().map_err(|e| Error::io("read", &path, e))?;
