@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
@@ -236,14 +236,23 @@ impl FrameCursor {
         }
         let window_end = self.window_start + self.window.len() as u64;
         if offset < self.window_start || end > window_end {
-            let want = (len.max(self.window_bytes) as u64).min(self.meta.data_end - offset);
+            let want = (len.max(self.window_bytes) as u64).min(self.meta.data_end - offset) as usize;
             self.window_bytes = (self.window_bytes * 2).min(limits::READ_CHUNK_BYTES_MAX);
-            let mut buf = vec![0u8; want as usize];
+            // The last window's memory is reused when no record read from it is still held: a
+            // scan that keeps nothing reads into one buffer instead of faulting in fresh ones.
+            let mut buf = match std::mem::take(&mut self.window).try_into_mut() {
+                Ok(mut reused) if reused.capacity() >= want => {
+                    reused.clear();
+                    reused.resize(want, 0);
+                    reused
+                }
+                _ => BytesMut::zeroed(want),
+            };
             self.meta
                 .file
                 .read_exact_at(&mut buf, offset)
                 .map_err(|e| Error::io("read", self.meta.path.to_path_buf(), e))?;
-            self.window = Bytes::from(buf);
+            self.window = buf.freeze();
             self.window_start = offset;
         }
         let at = (offset - self.window_start) as usize;
