@@ -119,7 +119,7 @@ pub const FLUSH_INTERVAL_MS_MAX: u64 = 60 * 60 * 1000;
 /// 16 bytes per this many bytes of log).
 pub const SPARSE_INDEX_STRIDE_BYTES: u64 = 32 * 1024;
 
-/// Most bytes the active-segment reader fetches with one positioned read.
+/// Most bytes a segment reader fetches with one positioned read.
 pub const READ_CHUNK_BYTES_MAX: usize = 1024 * 1024;
 
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);

@@ -281,6 +281,17 @@ pub(crate) fn sync_dir(storage: &dyn Storage, store_dir: &Path) -> Result<()> {
     storage.sync_dir(&dir).map_err(|e| Error::io("sync directory", &dir, e))
 }
 
+/// Syncs the snapshot directory, if there is one, at a writable open: a process that died
+/// before the directory's sync left the names of its policy snapshots in the page cache only,
+/// and the open is about to rely on every snapshot it listed.
+pub(crate) fn sync_dir_at_open(storage: &dyn Storage, store_dir: &Path) -> Result<()> {
+    let dir = store_dir.join(SNAPSHOT_DIR);
+    match storage.sync_dir(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("sync directory", &dir, e)),
+        _ => Ok(()),
+    }
+}
+
 /// Reads a snapshot file's bytes (bounded by the limit, so a huge file is refused).
 pub(crate) fn read(storage: &dyn Storage, store_dir: &Path, atom: u64) -> Result<Result<Vec<u8>, SnapshotError>> {
     let path = path(store_dir, atom);

@@ -17,7 +17,7 @@ use bytes::Bytes;
 
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::log::index::{SegmentBytes, SegmentMeta, SparseEntry};
+use crate::log::index::{SegmentMeta, SparseEntry};
 use crate::log::iter::LogIter;
 use crate::log::record::EncodedBatch;
 use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader};
@@ -161,12 +161,11 @@ impl Log {
         storage.rename(&temp, &meta.path).map_err(|e| Error::io("rename", &temp, e))?;
         // IMPORTANT: the replacement survives a crash only once the directory is synced.
         storage.sync_dir(&self.inner.dir).map_err(|e| Error::io("sync directory", &self.inner.dir, e))?;
-        let view = file.view().map_err(|e| Error::io("map", meta.path.to_path_buf(), e))?;
         let rewritten = SegmentMeta {
             data_end: out.offset,
             sparse: Arc::new(out.sparse),
             skips: Arc::new(Vec::new()),
-            bytes: SegmentBytes::mapped(view),
+            file: Arc::clone(&file),
             next_lsn: header.end_lsn,
             compressed: header.compressed,
             generation: header.generation,
@@ -204,10 +203,9 @@ impl Log {
 
 /// The header of `meta`'s rewrite: the original's, with the end of its LSN range recorded.
 fn compacted_header(meta: &SegmentMeta) -> Result<SegmentHeader> {
-    let SegmentBytes::Mapped(bytes) = &meta.bytes else {
-        return Err(Error::NotSealed { first_lsn: meta.first_lsn });
-    };
-    let original = SegmentHeader::decode(bytes).map_err(|reason| Error::Corruption {
+    let mut bytes = [0u8; segment::SEGMENT_HEADER_BYTES];
+    meta.file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io("read", meta.path.to_path_buf(), e))?;
+    let original = SegmentHeader::decode(&bytes).map_err(|reason| Error::Corruption {
         segment: meta.path.to_path_buf(),
         offset: 0,
         kind: crate::error::CorruptionKind::BadSegmentHeader { reason },

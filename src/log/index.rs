@@ -4,14 +4,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
 use crate::log::inflated;
 use crate::log::record::{self, FRAME_HEADER_BYTES, FrameHeader};
 use crate::log::segment::SEGMENT_HEADER_BYTES;
-use crate::storage::{ReadView, StorageFile};
+use crate::storage::StorageFile;
 
 /// First positioned read of a cursor on the active segment.
 const READ_WINDOW_BYTES_MIN: usize = 4 * 1024;
@@ -21,24 +21,6 @@ const READ_WINDOW_BYTES_MIN: usize = 4 * 1024;
 pub(crate) struct SparseEntry {
     pub lsn: u64,
     pub offset: u64,
-}
-
-/// Where a segment's bytes come from.
-#[derive(Clone, Debug)]
-pub(crate) enum SegmentBytes {
-    /// A sealed segment, memory-mapped once and shared; or the active segment through a live
-    /// map of its whole preallocated file, read only below its published end.
-    Mapped(Bytes),
-    /// The active segment where the storage has no live map, read with positioned reads below
-    /// its published end.
-    Active(Arc<dyn StorageFile>),
-}
-
-impl SegmentBytes {
-    /// Maps a sealed segment's view.
-    pub fn mapped(view: ReadView) -> Self {
-        SegmentBytes::Mapped(Bytes::from_owner(view))
-    }
 }
 
 /// What readers know of one segment. Cheap to clone.
@@ -60,7 +42,9 @@ pub(crate) struct SegmentMeta {
     pub sparse: Arc<Vec<SparseEntry>>,
     /// Byte ranges recovery skipped (only under `RecoveryMode::SkipCorrupted`), sorted.
     pub skips: Arc<Vec<(u64, u64)>>,
-    pub bytes: SegmentBytes,
+    /// The segment file, read with positioned reads below `data_end` (never through a map,
+    /// so that a read the disk fails is an error, not a `SIGBUS`).
+    pub file: Arc<dyn StorageFile>,
 }
 
 impl SegmentMeta {
@@ -171,10 +155,7 @@ impl FrameCursor {
                 0..len
             }
             None => {
-                let start = match &self.meta.bytes {
-                    SegmentBytes::Mapped(_) => pos as usize,
-                    SegmentBytes::Active(_) => (pos - self.window_start) as usize,
-                } + FRAME_HEADER_BYTES;
+                let start = (pos - self.window_start) as usize + FRAME_HEADER_BYTES;
                 start..start + header.payload_len as usize
             }
         };
@@ -229,16 +210,10 @@ impl FrameCursor {
         self.pos += header.frame_len() as u64;
     }
 
-    /// The bytes the last frame's `payload` range indexes: the mapped segment, the read window
-    /// of the active one, or the inflated records of a compressed frame.
+    /// The bytes the last frame's `payload` range indexes: the read window, or the inflated
+    /// records of a compressed frame.
     pub fn source(&self) -> &Bytes {
-        if let Some(inflated) = &self.inflated {
-            return inflated;
-        }
-        match &self.meta.bytes {
-            SegmentBytes::Mapped(all) => all,
-            SegmentBytes::Active(_) => &self.window,
-        }
+        self.inflated.as_ref().unwrap_or(&self.window)
     }
 
     /// Where the cursor is reading, for errors.
@@ -258,33 +233,36 @@ impl FrameCursor {
         }
     }
 
-    /// `len` bytes at `offset`, all below the published end, borrowed from the mapping or from
-    /// the read window (which this refills from the file if it does not hold them).
+    /// `len` bytes at `offset`, all below the published end, borrowed from the read window
+    /// (which this refills with a positioned read if it does not hold them).
     fn fetch(&mut self, offset: u64, len: usize) -> Result<&[u8]> {
         let end = offset + len as u64;
         if end > self.meta.data_end {
             return Err(self.meta.corruption(offset, "frame runs past the published end"));
         }
-        match &self.meta.bytes {
-            SegmentBytes::Mapped(all) => match all.get(offset as usize..end as usize) {
-                Some(bytes) => Ok(bytes),
-                None => Err(self.meta.corruption(offset, "frame runs past the end of the file")),
-            },
-            SegmentBytes::Active(file) => {
-                let window_end = self.window_start + self.window.len() as u64;
-                if offset < self.window_start || end > window_end {
-                    let want = (len.max(self.window_bytes) as u64).min(self.meta.data_end - offset);
-                    self.window_bytes = (self.window_bytes * 2).min(limits::READ_CHUNK_BYTES_MAX);
-                    let mut buf = vec![0u8; want as usize];
-                    file.read_exact_at(&mut buf, offset)
-                        .map_err(|e| Error::io("read", self.meta.path.to_path_buf(), e))?;
-                    self.window = Bytes::from(buf);
-                    self.window_start = offset;
+        let window_end = self.window_start + self.window.len() as u64;
+        if offset < self.window_start || end > window_end {
+            let want = (len.max(self.window_bytes) as u64).min(self.meta.data_end - offset) as usize;
+            self.window_bytes = (self.window_bytes * 2).min(limits::READ_CHUNK_BYTES_MAX);
+            // The last window's memory is reused when no record read from it is still held: a
+            // scan that keeps nothing reads into one buffer instead of faulting in fresh ones.
+            let mut buf = match std::mem::take(&mut self.window).try_into_mut() {
+                Ok(mut reused) if reused.capacity() >= want => {
+                    reused.clear();
+                    reused.resize(want, 0);
+                    reused
                 }
-                let at = (offset - self.window_start) as usize;
-                Ok(&self.window[at..at + len])
-            }
+                _ => BytesMut::zeroed(want),
+            };
+            self.meta
+                .file
+                .read_exact_at(&mut buf, offset)
+                .map_err(|e| Error::io("read", self.meta.path.to_path_buf(), e))?;
+            self.window = buf.freeze();
+            self.window_start = offset;
         }
+        let at = (offset - self.window_start) as usize;
+        Ok(&self.window[at..at + len])
     }
 }
 

@@ -8,8 +8,8 @@ use crate::log::index::{FrameAt, FrameCursor, ReadBatch, SegmentMeta};
 use crate::log::record::read_u32_le;
 
 /// Iterator over `(LSN, record)` pairs, oldest first, up to the newest record published when
-/// it was created. Records are verified and sliced from the segment without copying when the
-/// segment is memory-mapped. After an error it yields nothing more.
+/// it was created. Records are verified and sliced from the read window they were read into,
+/// without a further copy. After an error it yields nothing more.
 #[derive(Debug)]
 pub struct LogIter {
     segments: std::vec::IntoIter<SegmentMeta>,

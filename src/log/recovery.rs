@@ -22,14 +22,14 @@ use std::time::{Duration, Instant};
 use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::limits;
-use crate::log::index::{SegmentBytes, SegmentIndex, SegmentMeta, SparseEntry};
+use crate::log::index::{SegmentIndex, SegmentMeta, SparseEntry};
 use crate::log::manifest::{self, FoundSegment, Manifest};
 use crate::log::record::{
     self, FRAME_ALIGN_BYTES, FRAME_HEADER_BYTES, FrameHeader, KIND_COMPRESSED_RECORDS, KIND_RECORDS,
 };
 use crate::log::segment::{self, SEGMENT_HEADER_BYTES, SegmentHeader, TEMP_SUFFIX};
 use crate::log::streams::{self, StreamKey, StreamPart};
-use crate::storage::{OpenMode, ReadView, Storage, StorageFile, WriteMap};
+use crate::storage::{OpenMode, Storage, StorageFile, WriteMap};
 use rayon::prelude::*;
 
 pub(crate) mod read_only;
@@ -210,6 +210,9 @@ pub(crate) fn recover(
     let mut report = RecoveryReport::default();
     let names = storage.list_dir(dir).map_err(|e| Error::io("list directory", dir, e))?;
     report.temp_files_removed = remove_temp_files(storage, dir, &names)?;
+    // IMPORTANT: a process that died may have left creates, renames and unlinks in the page
+    // cache only; this open builds on them, so they are made durable before anything new is.
+    storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
     let listed = read_manifest(storage, dir, config.recovery_mode)?;
     let mut lsns: Vec<u64> = names.iter().filter_map(|name| segment::parse_file_name(name)).collect();
     lsns.sort_unstable();
@@ -280,7 +283,6 @@ fn remove_temp_files(storage: &dyn Storage, dir: &Path, names: &[String]) -> Res
         storage.remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
     }
     if !temps.is_empty() {
-        storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
         tracing::info!(count = temps.len(), "removed leftover temporary segment files");
     }
     Ok(temps.len())
@@ -315,15 +317,8 @@ fn create_first_segment(
     Ok(Recovered { index, active, report: RecoveryReport::default(), streams: None })
 }
 
-/// The index entry of the active segment. Readers read it through a live map when the storage
-/// offers one that covers the whole preallocated segment (the writer never writes past it),
-/// and with positioned reads otherwise.
+/// The index entry of the active segment, read with positioned reads below its published end.
 pub(crate) fn active_meta(active: &ActiveState, sparse: Vec<SparseEntry>, skips: Vec<(u64, u64)>) -> SegmentMeta {
-    let live = active.file.live_view().ok().flatten().filter(|view| view.len() as u64 >= active.header.segment_bytes);
-    let bytes = match live {
-        Some(view) => SegmentBytes::mapped(view),
-        None => SegmentBytes::Active(Arc::clone(&active.file)),
-    };
     SegmentMeta {
         seq: active.header.seq,
         generation: active.header.generation,
@@ -335,7 +330,7 @@ pub(crate) fn active_meta(active: &ActiveState, sparse: Vec<SparseEntry>, skips:
         path: Arc::from(active.path.as_path()),
         sparse: Arc::new(sparse),
         skips: Arc::new(skips),
-        bytes,
+        file: Arc::clone(&active.file),
     }
 }
 
@@ -351,10 +346,10 @@ fn recover_segments(
     let mode = config.recovery_mode;
     let path = dir.join(segment::file_name(segments.last));
     let file = storage.open(&path, OpenMode::ReadWrite).map_err(|e| Error::io("open", &path, e))?;
-    let view = file.view().map_err(|e| Error::io("map", &path, e))?;
-    let header = check_header(&view, &path, segments.last, sealed.previous, mode, report)?;
-    let scan = scan_segment(written_part(&view, file.as_ref()), &header, &path, mode, true)?;
-    drop(view);
+    let bytes = read_written(file.as_ref(), &path)?;
+    let header = check_header(&bytes, &path, segments.last, sealed.previous, mode, report)?;
+    let scan = scan_segment(&bytes, &header, &path, mode, true)?;
+    drop(bytes);
     let file_bytes = file.len().map_err(|e| Error::io("stat", &path, e))?;
     sealed.found.push(FoundSegment { path: path.clone(), header, next_lsn: scan.next_lsn, file_bytes });
     if let (RecoveryMode::Strict, Tail::Invalid { offset, bytes }) = (mode, &scan.tail) {
@@ -391,43 +386,32 @@ fn recover_sealed(
     let mut index = SegmentIndex::default();
     let mut found = Vec::with_capacity(sealed.len() + 1);
     let mut previous: Option<(SegmentHeader, u64)> = None;
-    // Sealed segments are scanned in parallel (verifying every frame's CRC is most of a large
-    // log's recovery), then checked and settled one by one in order, so that the error
-    // reported is the first in log order, exactly as a one-by-one recovery reports it.
-    let opened: Vec<(PathBuf, Result<(ReadView, usize)>)> = sealed
-        .iter()
-        .map(|&first_lsn| {
-            let path = dir.join(segment::file_name(first_lsn));
-            let opened =
-                storage.open(&path, OpenMode::ReadOnly).map_err(|e| Error::io("open", &path, e)).and_then(|file| {
-                    let view = file.view().map_err(|e| Error::io("map", &path, e))?;
-                    let written = written_part(&view, file.as_ref()).len();
-                    Ok((view, written))
-                });
-            (path, opened)
-        })
-        .collect();
     let mode = config.recovery_mode;
-    let scan_one = |(path, opened): &(PathBuf, Result<(ReadView, usize)>)| -> Option<Result<SegmentScan>> {
-        let (view, written) = opened.as_ref().ok()?;
-        let header = SegmentHeader::decode(view).ok()?;
-        Some(scan_segment_indexed(&view[..*written], &header, path, mode, false, stream_key))
+    // Sealed segments are read and scanned in parallel (verifying every frame's CRC is most of
+    // a large log's recovery; each thread holds one segment's bytes at a time), then checked
+    // and settled one by one in order, so that the error reported is the first in log order,
+    // exactly as a one-by-one recovery reports it.
+    let read_one = |&first_lsn: &u64| {
+        let path = dir.join(segment::file_name(first_lsn));
+        let read = read_sealed(storage, &path, mode, stream_key);
+        (path, read)
     };
-    let scans: Vec<Option<Result<SegmentScan>>> = if opened.len() > 1 {
-        opened.par_iter().map(scan_one).collect()
+    let reads: Vec<(PathBuf, Result<SealedRead>)> = if sealed.len() > 1 {
+        sealed.par_iter().map(read_one).collect()
     } else {
-        opened.iter().map(scan_one).collect()
+        sealed.iter().map(read_one).collect()
     };
     // The sealed segments' streams, merged in LSN order while every one was read whole.
     let first = sealed.first().copied().unwrap_or(last);
     let mut streams =
         stream_key.map(|key_of| RecoveredStreams { key_of, part: StreamPart::default(), indexed_to: first });
-    for ((&first_lsn, (path, opened)), scan) in sealed.iter().zip(opened).zip(scans) {
-        let (view, _) = opened?;
-        let header = check_header(&view, &path, first_lsn, previous, config.recovery_mode, report)?;
+    for (&first_lsn, (path, read)) in sealed.iter().zip(reads) {
+        let read = read?;
+        let header = check_header(&read.head, &path, first_lsn, previous, config.recovery_mode, report)?;
         // A header that checks out decoded above, so its segment was scanned.
-        let mut scan =
-            scan.ok_or_else(|| corruption(&path, 0, CorruptionKind::BadSegmentHeader { reason: "unreadable" }))??;
+        let mut scan = read
+            .scan
+            .ok_or_else(|| corruption(&path, 0, CorruptionKind::BadSegmentHeader { reason: "unreadable" }))??;
         if let Some(recovered) = &mut streams
             && let Some(part) = scan.streams.take()
             && recovered.indexed_to == first_lsn
@@ -437,14 +421,32 @@ fn recover_sealed(
         }
         let scan = settle_sealed_tail(scan, &path, config.recovery_mode, report)?;
         previous = Some((header, scan.next_lsn));
-        let file_bytes = view.len() as u64;
+        let file_bytes = read.file.len().map_err(|e| Error::io("stat", &path, e))?;
         found.push(FoundSegment { path: path.clone(), header, next_lsn: scan.next_lsn, file_bytes });
-        index.segments.push(sealed_meta(header, &path, scan, SegmentBytes::mapped(view)));
+        index.segments.push(sealed_meta(header, &path, scan, read.file));
     }
     Ok(SealedRecovered { index, previous, streams, found })
 }
 
-fn sealed_meta(header: SegmentHeader, path: &Path, scan: SegmentScan, bytes: SegmentBytes) -> SegmentMeta {
+/// A sealed segment as recovery read it: its file, its header's bytes, and the scan of its
+/// written part (`None` if the header did not decode).
+struct SealedRead {
+    file: Arc<dyn StorageFile>,
+    head: Vec<u8>,
+    scan: Option<Result<SegmentScan>>,
+}
+
+/// Opens, reads and scans one sealed segment; its bytes are dropped once scanned.
+fn read_sealed(storage: &dyn Storage, path: &Path, mode: RecoveryMode, key: Option<StreamKey>) -> Result<SealedRead> {
+    let file = storage.open(path, OpenMode::ReadOnly).map_err(|e| Error::io("open", path, e))?;
+    let bytes = read_written(file.as_ref(), path)?;
+    let head = bytes[..SEGMENT_HEADER_BYTES.min(bytes.len())].to_vec();
+    let header = SegmentHeader::decode(&bytes).ok();
+    let scan = header.map(|header| scan_segment_indexed(&bytes, &header, path, mode, false, key));
+    Ok(SealedRead { file, head, scan })
+}
+
+fn sealed_meta(header: SegmentHeader, path: &Path, scan: SegmentScan, file: Arc<dyn StorageFile>) -> SegmentMeta {
     SegmentMeta {
         seq: header.seq,
         generation: header.generation,
@@ -456,7 +458,7 @@ fn sealed_meta(header: SegmentHeader, path: &Path, scan: SegmentScan, bytes: Seg
         path: Arc::from(path),
         sparse: Arc::new(scan.sparse),
         skips: Arc::new(scan.skips),
-        bytes,
+        file,
     }
 }
 
@@ -501,17 +503,26 @@ fn check_header(
     Ok(header)
 }
 
-/// The part of a segment's bytes recovery must scan: all of it, or, when the file system says
+/// The part of a segment's bytes recovery must scan, read with positioned reads (a read the
+/// disk fails is an `Error::Io` naming the file): all of it, or, when the file system says
 /// nothing was ever written past some offset, up to that offset plus `WRITTEN_SLACK_BYTES`.
 /// Bytes never written read as zeros, which hold no frame and no non-zero byte, so the scan's
 /// verdict is the same; only a frame some of whose bytes were never written (an unsynced
 /// write the kernel did not finish, never an acknowledged one) could read differently, and
-/// it is torn either way once cut.
-fn written_part<'a>(view: &'a [u8], file: &dyn StorageFile) -> &'a [u8] {
-    const WRITTEN_SLACK_BYTES: usize = 64 * 1024;
-    let hint = file.data_end_hint().ok().flatten().and_then(|end| usize::try_from(end).ok());
-    let end = hint.map_or(view.len(), |end| end.saturating_add(WRITTEN_SLACK_BYTES).min(view.len()));
-    &view[..end.max(SEGMENT_HEADER_BYTES.min(view.len()))]
+/// it is torn either way once cut. A file larger than any segment is refused unread.
+fn read_written(file: &dyn StorageFile, path: &Path) -> Result<Vec<u8>> {
+    const WRITTEN_SLACK_BYTES: u64 = 64 * 1024;
+    let len = file.len().map_err(|e| Error::io("stat", path, e))?;
+    if len > limits::SEGMENT_BYTES_MAX {
+        let reason = "the file is larger than the largest segment";
+        return Err(corruption(path, 0, CorruptionKind::BadSegmentHeader { reason }));
+    }
+    let hint = file.data_end_hint().ok().flatten();
+    let end = hint.map_or(len, |end| end.saturating_add(WRITTEN_SLACK_BYTES).min(len));
+    let end = end.max((SEGMENT_HEADER_BYTES as u64).min(len));
+    let mut bytes = vec![0u8; usize::try_from(end).expect("at most SEGMENT_BYTES_MAX, checked above")];
+    file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io("read", path, e))?;
+    Ok(bytes)
 }
 
 /// Walks the frames of one segment. Fails on corruption the mode does not tolerate.

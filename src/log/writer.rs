@@ -39,7 +39,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::log::index::{SegmentBytes, SegmentIndex, SparseEntry};
+use crate::log::index::{SegmentIndex, SparseEntry};
 use crate::log::manifest::{ManifestWriter, TailRecord};
 use crate::log::record::EncodedBatch;
 use crate::log::recovery::{self, ActiveState};
@@ -943,8 +943,6 @@ impl Writer {
             compressed: false,
             generation: segment::GENERATION_WRITER,
         };
-        let sealed_view =
-            leader.active.file.view().map_err(|e| GroupError::poisoning(Error::io("map", &leader.active.path, e)))?;
         let created = segment::create(self.storage.as_ref(), &self.dir, header).map_err(|error| {
             // Running out of space before the new segment is published changes nothing on disk.
             let poisons = !matches!(error, Error::NoSpace { .. }) || created_published(&error);
@@ -962,8 +960,6 @@ impl Writer {
         leader.zeroed_end = leader.synced_end;
         leader.writeback_from = leader.synced_end;
         let mut index = self.index.write();
-        let sealed = index.segments.last_mut().expect("the index always holds the active segment");
-        sealed.bytes = SegmentBytes::mapped(sealed_view);
         index.segments.push(recovery::active_meta(&leader.active, Vec::new(), Vec::new()));
         drop(index);
         // IMPORTANT: before any record is written to the new segment, the manifest lists it, so

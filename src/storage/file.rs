@@ -158,20 +158,13 @@ impl StorageFile for RealFile {
         Ok(None)
     }
 
-    fn live_view(&self) -> io::Result<Option<ReadView>> {
-        // A shared map shows later writes (by `pwrite` or through the writable map) at once:
-        // both go to the page cache the map reads.
-        if self.len()? == 0 {
-            return Ok(None);
-        }
-        crate::storage::mmap::map_read_only(&self.file).map(Some)
-    }
-
     fn view(&self) -> io::Result<ReadView> {
-        if self.len()? == 0 {
-            return Ok(ReadView::empty());
-        }
-        crate::storage::mmap::map_read_only(&self.file)
+        // A copy read with `pread`, never a map: a read the disk fails is an error here, where
+        // through a map it would be a `SIGBUS` at whatever instruction touched the page.
+        let len = usize::try_from(self.len()?).map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        let mut bytes = vec![0u8; len];
+        self.file.read_exact_at(&mut bytes, 0)?;
+        Ok(ReadView::from_vec(bytes))
     }
 }
 

@@ -1,24 +1,9 @@
-//! The one place continuum maps files into memory.
+//! The one place continuum maps a file into memory: the writer's writable map of the active
+//! segment (docs/FORMAT.md M7). Nothing is read through a map (docs/ARCHITECTURE.md, "I/O").
 #![expect(unsafe_code, reason = "memory-mapping a file is unsafe in memmap2's API")]
 
 use std::fs::File;
 use std::io;
-
-use super::ReadView;
-
-/// Maps `file` read-only.
-pub(crate) fn map_read_only(file: &File) -> io::Result<ReadView> {
-    // SAFETY: a mapping is undefined behaviour only if the file is changed or truncated while
-    // mapped. The log maps sealed segments, which it never writes again, and its active
-    // segment, of which readers touch only the bytes below the published write offset, which
-    // the writer never rewrites (it appends past that offset, and never past the preallocated
-    // length the map covers); the store directory is held under an exclusive lock
-    // (`Storage::lock_dir`), so no other continuum process writes or truncates it (read-only
-    // opens, which hold no lock, read the active segment with positioned reads instead).
-    // Segments are deleted only by unlinking, which keeps the mapped inode alive.
-    let map = unsafe { memmap2::Mmap::map(file)? };
-    Ok(ReadView::from_mmap(map))
-}
 
 /// A writable shared mapping of a whole preallocated file: writing into it puts the bytes in the
 /// page cache, where every reader of the file sees them, without a system call. `fdatasync` on
@@ -50,8 +35,8 @@ impl WriteMap {
 pub(crate) fn map_writable(file: &File) -> io::Result<WriteMap> {
     // SAFETY: the mapping is written only by the log's group-commit leader (one at a time,
     // under the leader lock) and only past the segment's published end; nothing ever reads
-    // through it. Readers use positioned reads, or read-only maps of sealed segments, of bytes
-    // below the published end, which the leader never rewrites. The store directory is under
+    // through it. Readers use positioned reads of bytes below the published end, which the
+    // leader never rewrites. The store directory is under
     // an exclusive lock, so no other process changes or truncates the file, and the file's
     // blocks were reserved with fallocate before it was mapped.
     let map = unsafe { memmap2::MmapMut::map_mut(file)? };

@@ -1,7 +1,8 @@
 //! The file-system boundary: every byte continuum reads or writes goes through [`Storage`].
 //!
 //! Two implementations exist:
-//! - [`FileStorage`]: the real file system (positioned I/O, `fdatasync`, `fallocate`, `flock`, mmap).
+//! - [`FileStorage`]: the real file system (positioned I/O, `fdatasync`, `fallocate`, `flock`, and a
+//!   writable map of the active segment).
 //! - [`ReadOnlyStorage`]: reads through another one and refuses every change (read-only opens).
 //! - [`SimStorage`](sim::SimStorage): an in-memory file system for tests that keeps written but
 //!   unsynced data apart from durable data, can crash with several kinds of damage, and can fail
@@ -121,18 +122,12 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
-    /// A read-only view of the whole file that keeps showing what is written to it later (a
-    /// shared memory map of a real file), if the implementation offers one; `None` otherwise
-    /// (the simulator's views are copies). The log reads its active segment through it, only
-    /// below the segment's published end.
-    fn live_view(&self) -> io::Result<Option<ReadView>> {
-        Ok(None)
-    }
-
-    /// A read-only view of the whole file as it is now (a memory map for real files).
+    /// The whole file's bytes as they are now, read with positioned reads.
     ///
-    /// Callers use it only for files that no longer change (sealed segments) or for bytes
-    /// below a length they know to be written.
+    /// Never a memory map: a read the disk fails, or a file cut short meanwhile, is an error
+    /// of this call, not a `SIGBUS` wherever the bytes are touched later. Callers use it only
+    /// for files that no longer change (sealed segments) or for bytes below a length they
+    /// know to be written.
     fn view(&self) -> io::Result<ReadView>;
 }
 

@@ -4,8 +4,14 @@
 //! power loss keeps) and the list of writes and length changes made since its last
 //! [`StorageFile::sync_data`]. Every directory likewise keeps its live entries apart from its
 //! durable ones, with the creates, renames and removals made since its last
-//! [`Storage::sync_dir`]. [`SimStorage::crash`] throws away unsynced state with a chosen
-//! [`CrashDamage`]; [`SimStorage::inject`] and [`SimStorage::halt_after`] make chosen calls fail.
+//! [`Storage::sync_dir`]. Two kinds of crash differ in what they keep:
+//! - [`SimStorage::crash_process`], a process crash: the process's handles and locks die, the
+//!   kernel's page cache does not. Every written byte and every directory change stays as it
+//!   was, readable by the next process and still unsynced, so a later power loss can drop it.
+//! - [`SimStorage::crash`], a power loss (or a kernel crash): unsynced state is thrown away with
+//!   a chosen [`CrashDamage`], and whatever survives is then on the disk, durable.
+//!
+//! [`SimStorage::inject`] and [`SimStorage::halt_after`] make chosen calls fail.
 //! All randomness comes from the seed given to [`SimStorage::new`], so a test that makes the same
 //! calls in the same order sees the same damage.
 
@@ -175,10 +181,19 @@ impl SimStorage {
         Ok(state)
     }
 
-    /// Simulates a crash or power loss: applies `damage`, makes every open handle fail with
-    /// `EIO`, releases every directory lock and clears any halt and armed faults.
+    /// Simulates a power loss (or a kernel crash): applies `damage` to everything not synced,
+    /// makes what survives durable, makes every open handle fail with `EIO`, releases every
+    /// directory lock and clears any halt and armed faults.
     pub fn crash(&self, damage: CrashDamage) {
         self.state.lock().crash(damage);
+    }
+
+    /// Simulates a process crash: every open handle fails with `EIO` from now on, every
+    /// directory lock is released, any halt and armed faults are cleared. The page cache
+    /// survives: file contents and directory entries stay as the dead process left them, and
+    /// what it never synced stays unsynced, for a later [`SimStorage::crash`] to damage.
+    pub fn crash_process(&self) {
+        self.state.lock().crash_process();
     }
 
     /// Arms `fault`; several faults may be armed at once.
@@ -903,6 +918,21 @@ impl State {
         for inode in self.inodes.values_mut() {
             inode.crash(damage.data, &mut self.rng);
         }
+        self.end_epoch();
+    }
+
+    /// A process crash: its handles close (an unlinked file it held open goes), nothing else
+    /// changes.
+    fn crash_process(&mut self) {
+        for inode in self.inodes.values_mut() {
+            inode.handles = Arc::new(());
+        }
+        self.sweep();
+        self.end_epoch();
+    }
+
+    /// Kills every handle and lock of the current epoch, and any halt and armed faults.
+    fn end_epoch(&mut self) {
         self.epoch += 1;
         self.locks.clear();
         self.halt_at = None;
@@ -1356,6 +1386,62 @@ mod tests {
         let next = sim.process();
         create(&next, "b");
         assert_eq!(sim.list_dir(Path::new(DIR)).unwrap(), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_process_crash_keeps_unsynced_state_for_a_later_power_loss() {
+        let sim = sim(20);
+        let process = sim.process();
+        let synced = create(&process, "synced");
+        synced.write_all_at(b"durable", 0).unwrap();
+        synced.sync_data().unwrap();
+        process.sync_dir(Path::new(DIR)).unwrap();
+        synced.write_all_at(b" cached", 7).unwrap();
+        let renamed = create(&process, "a.tmp");
+        renamed.write_all_at(b"data", 0).unwrap();
+        renamed.sync_data().unwrap();
+        process.rename(&path("a.tmp"), &path("a")).unwrap();
+        let _lock = process.lock_dir(Path::new(DIR)).unwrap();
+        sim.crash_process();
+        // The dead process reaches the disk no more; the next one sees the page cache.
+        assert_eq!(synced.write_all_at(b"x", 0).unwrap_err().raw_os_error(), Some(EIO));
+        assert_eq!(process.list_dir(Path::new(DIR)).unwrap_err().raw_os_error(), Some(EIO));
+        let next = sim.process();
+        assert_eq!(next.list_dir(Path::new(DIR)).unwrap(), ["a", "synced"]);
+        assert_eq!(sim.file_bytes(&path("synced")).unwrap(), b"durable cached");
+        assert_eq!(sim.durable_bytes(&path("synced")).unwrap(), b"durable", "still unsynced");
+        drop(next.lock_dir(Path::new(DIR)).unwrap());
+        // A power loss later drops what no process synced: the rename and the cached bytes.
+        sim.crash(DROP_FORGET);
+        assert_eq!(sim.file_names(Path::new(DIR)), ["synced"]);
+        assert_eq!(sim.file_bytes(&path("synced")).unwrap(), b"durable");
+    }
+
+    #[test]
+    fn a_directory_synced_after_a_process_crash_keeps_the_dead_process_entries() {
+        let sim = sim(21);
+        let process = sim.process();
+        let file = create(&process, "a");
+        file.write_all_at(b"data", 0).unwrap();
+        file.sync_data().unwrap();
+        sim.crash_process();
+        let next = sim.process();
+        next.sync_dir(Path::new(DIR)).unwrap();
+        sim.crash(DROP_FORGET);
+        assert_eq!(sim.file_bytes(&path("a")).unwrap(), b"data");
+    }
+
+    #[test]
+    fn a_process_crash_frees_an_unlinked_file_only_it_held_open() {
+        let sim = sim(22);
+        sim.set_capacity(Some(100));
+        let process = sim.process();
+        let file = create(&process, "a");
+        file.write_all_at(&[1; 100], 0).unwrap();
+        process.remove_file(&path("a")).unwrap();
+        sim.crash_process();
+        assert_eq!(sim.used_bytes(), 0);
+        create(&sim, "b").write_all_at(&[2; 100], 0).unwrap();
     }
 
     #[test]

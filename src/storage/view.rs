@@ -1,32 +1,18 @@
-//! [`ReadView`]: immutable bytes of a file, memory-mapped or owned.
+//! [`ReadView`]: immutable bytes of a file, read into memory.
 
 use std::fmt;
 use std::ops::Deref;
 
-/// Immutable bytes of a whole file: a read-only memory map for real files, an owned copy for
-/// simulated ones. Cheap to share behind an `Arc`.
+/// Immutable bytes of a whole file, read into memory (never mapped: see
+/// [`StorageFile::view`](super::StorageFile::view)). Cheap to share behind an `Arc`.
 pub struct ReadView {
-    inner: Inner,
-}
-
-enum Inner {
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
-    Empty,
+    bytes: Vec<u8>,
 }
 
 impl ReadView {
     /// A view over bytes the caller owns.
     pub fn from_vec(bytes: Vec<u8>) -> Self {
-        Self { inner: Inner::Owned(bytes) }
-    }
-
-    pub(crate) fn from_mmap(map: memmap2::Mmap) -> Self {
-        Self { inner: Inner::Mapped(map) }
-    }
-
-    pub(crate) fn empty() -> Self {
-        Self { inner: Inner::Empty }
+        Self { bytes }
     }
 }
 
@@ -34,11 +20,7 @@ impl Deref for ReadView {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        match &self.inner {
-            Inner::Mapped(map) => map,
-            Inner::Owned(bytes) => bytes,
-            Inner::Empty => &[],
-        }
+        &self.bytes
     }
 }
 

@@ -234,6 +234,11 @@ impl Shared {
         let checkpoint = checkpoint.unwrap_or_else(|| checkpoint::read(log.storage().as_ref(), log.dir()));
         let store_id = identity::store_id(&log)?;
         let mut snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
+        if !read_only {
+            // IMPORTANT: compaction relies on the snapshots listed here; their names are durable
+            // before it can run.
+            crate::snapshot::sync_dir_at_open(log.storage().as_ref(), log.dir())?;
+        }
         let opening =
             Opening { read_only, store_id, snapshots: &snapshots, checkpoint_after: policies.index_checkpoint_after };
         let (index, recovery) = open_index(&log, &codec, &opening, checkpoint, &index_checkpoint)?;

@@ -458,7 +458,7 @@ pub(crate) mod tests {
     /// (both kinds) and left running, start records compressed (long keys) and plain, forks,
     /// a rollback, pins, guards, completions reclaimed behind an agent's one kept snapshot,
     /// and the dictionaries trained after 256 and 2,000 deltas; in
-    /// 256 KiB segments, so that most are sealed and mapped.
+    /// 256 KiB segments, so that most are sealed.
     pub(crate) fn busy_store(dir: &std::path::Path) {
         let store = Store::builder(dir)
             .segment_bytes(256 * 1024)

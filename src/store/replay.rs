@@ -3,10 +3,10 @@
 //! completed atoms after it, in DAG order. The DAG order is atom-id order (a topological
 //! order: parents always have smaller ids), so a context is the same however it is rebuilt.
 //!
-//! The replayer scans the run's records once, in log order (sequential reads, zero-copy from
-//! mapped segments), learns every atom's parents from its small start record, computes the
-//! ancestry, then decompresses and decodes the needed deltas in parallel and applies them in
-//! order. A snapshot that fails its SHA-256 or does not decode is never used: the rebuild falls
+//! The replayer scans the run's records once, in log order (sequential positioned reads,
+//! records sliced from the read windows), learns every atom's parents from its small start
+//! record, computes the ancestry, then decompresses and decodes the needed deltas in parallel
+//! and applies them in order. A snapshot that fails its SHA-256 or does not decode is never used: the rebuild falls
 //! back to an older one, or to the log from the start, and reports it.
 
 use std::sync::OnceLock;

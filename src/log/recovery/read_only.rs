@@ -25,7 +25,7 @@ use super::{
 use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::inspect::Problem;
-use crate::log::index::{SegmentBytes, SegmentIndex};
+use crate::log::index::SegmentIndex;
 use crate::log::manifest::{self, FoundSegment, ManifestWriter, TailRecord};
 use crate::log::segment::{self, SegmentHeader};
 use crate::log::{Log, StreamKey};
@@ -134,8 +134,8 @@ fn recover_once(storage: &dyn Storage, dir: &Path, config: &Config) -> Result<Re
         previous = Some((header, scan.next_lsn));
         let file_bytes = view.len() as u64;
         found.push(FoundSegment { path: path.clone(), header, next_lsn: scan.next_lsn, file_bytes });
-        // Positioned reads below the end found here, not a map: see the module docs.
-        index.segments.push(sealed_meta(header, &path, scan, SegmentBytes::Active(file)));
+        // Positioned reads below the end found here: see the module docs.
+        index.segments.push(sealed_meta(header, &path, scan, file));
     }
     let (path, file) = open_segment(storage, dir, last)?;
     let view = file.view().map_err(|e| Error::io("read", &path, e))?;
