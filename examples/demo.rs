@@ -77,7 +77,7 @@ fn run_plan(dir: &Path, report: &mut dyn FnMut(String)) -> DemoResult<u64> {
         report(format!("DONE {step}"));
         parents = vec![executed.atom];
     }
-    store.log().sync()?;
+    store.sync()?;
     Ok(replayed)
 }
 

@@ -91,7 +91,7 @@ impl AtomSink for LogSink {
     }
 
     fn used_bytes(&self) -> Result<Option<u64>> {
-        Ok(Some(used_bytes(&self.log)?))
+        Ok(Some(used_bytes(continuum::LogView::from(&self.log))?))
     }
 
     fn commit_metrics(&self) -> Option<continuum::MetricsSnapshot> {
@@ -111,7 +111,7 @@ fn agent_stream(record: &[u8]) -> Option<u64> {
 
 /// Bytes of a continuum directory that hold data: every file's length, less the preallocated
 /// zeros after each segment's last record.
-fn used_bytes(log: &Log) -> Result<u64> {
+fn used_bytes(log: continuum::LogView<'_>) -> Result<u64> {
     let mut preallocated = 0;
     for segment in log.segments() {
         // A segment compaction deleted after the listing holds no bytes any more.
@@ -246,7 +246,7 @@ impl AtomSink for StoreSink {
     }
 
     fn sync(&self) -> Result<()> {
-        self.store.log().sync()?;
+        self.store.sync()?;
         sync_tree(&self.dir)?;
         Ok(())
     }

@@ -656,7 +656,7 @@ mod tests {
     /// The index of `store` as it was rebuilt on open, against a fold of its whole log.
     fn assert_index_is_the_whole_fold(store: &Store) {
         let index = store.shared.index.read();
-        let expected = whole(store.log(), index.identity.seed());
+        let expected = whole(&store.shared.log, index.identity.seed());
         assert!(*index == expected, "the index rebuilt from a checkpoint differs from the whole fold");
     }
 
@@ -992,8 +992,8 @@ mod tests {
         let on_disk = std::fs::read(dir.path().join(FILE_NAME)).expect("read");
         // What the open's writer thread would hold: another encoding of the same log.
         let next = store.log().next_lsn().get();
-        let state = rebuild::fold_from(store.log(), &Codec::default(), fresh(99), next).expect("fold");
-        let other = encode(&state, store.log()).expect("encode");
+        let state = rebuild::fold_from(&store.shared.log, &Codec::default(), fresh(99), next).expect("fold");
+        let other = encode(&state, &store.shared.log).expect("encode");
         assert_ne!(other, on_disk);
         let checkpoint = &store.shared.index_checkpoint;
         let publish = |changes: u64| {

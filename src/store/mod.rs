@@ -16,6 +16,7 @@ mod compaction;
 mod guard;
 mod index;
 mod inspect;
+mod log_view;
 mod lull;
 mod policy;
 mod rebuild;
@@ -39,6 +40,7 @@ use index::StoreIndex;
 
 pub use compaction::{CompactionReport, SpaceReport};
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
+pub use log_view::LogView;
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
 pub use replay::{Rebuilt, SnapshotFallback};
 pub use types::{
@@ -540,9 +542,11 @@ impl Store {
         Store { worker: None, shared, owner: false, checkpoint_writer: Mutex::new(None) }
     }
 
-    /// The underlying log.
-    pub fn log(&self) -> &Log {
-        &self.shared.log
+    /// A read-only view of the store's log: its records, segments, recovery report and
+    /// counters. Only the store appends to its log (its index must describe every record);
+    /// [`Store::sync`] makes its atoms durable.
+    pub fn log(&self) -> LogView<'_> {
+        LogView::from(&self.shared.log)
     }
 
     /// Creates a run, or returns the existing run of that name.
