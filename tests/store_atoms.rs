@@ -756,3 +756,48 @@ fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
     assert!(store.index_checkpoint().opened_from.is_none());
     check(&store, "reopened by a whole fold");
 }
+
+/// Creating or finishing a run syncs its record; the index stays open to every other agent
+/// meanwhile. An agent resuming from its recorded atoms (`execute` answering from the log, no
+/// append) and readers on other threads return while the run's `fdatasync` is still in
+/// progress, not after it. (A new record of any durability waits for the commit group in
+/// flight, the log's group commit; it no longer also waits for the index.)
+#[test]
+fn run_creation_and_end_do_not_hold_the_index_across_their_sync() {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use continuum::storage::sim::SimStorage;
+
+    let sim = SimStorage::new(7);
+    let store =
+        Store::builder("/runs-and-atoms").storage(Arc::new(sim.process())).background(false).open().expect("open");
+    let run = store.create_run(RunSpec::new("busy")).expect("run");
+    let done = store.execute(run, "a", "k1", &[], |_| Ok(output(1))).expect("execute").atom;
+    let delay = Duration::from_millis(1_500);
+    sim.set_sync_delay(delay);
+    std::thread::scope(|scope| {
+        for action in ["create", "finish"] {
+            let started = Instant::now();
+            let store = &store;
+            let slow = scope.spawn(move || match action {
+                "create" => store.create_run(RunSpec::new("slow")).map(|_| ()),
+                _ => store.finish_run(run, true, "done"),
+            });
+            // The run's record is being synced by now.
+            std::thread::sleep(Duration::from_millis(300));
+            let waited = Instant::now();
+            let replayed = store.execute(run, "a", "k1", &[], |_| Ok(output(2))).expect("replay");
+            assert!(replayed.replayed && replayed.atom == done);
+            assert_eq!(store.atom(done).expect("a read").status, AtomStatus::Completed);
+            assert_eq!(store.last_agent_atom(run, "a"), Some(done));
+            let blocked = waited.elapsed();
+            assert!(blocked < delay / 3, "{action}: another agent's resume waited {blocked:?} for the run's sync");
+            slow.join().expect("thread").expect("the run's record");
+            assert!(started.elapsed() >= delay, "{action}: the run's record waited for its sync");
+        }
+    });
+    sim.set_sync_delay(Duration::ZERO);
+    assert!(store.run_id("slow").is_some());
+    assert!(matches!(store.run_status(run), Ok(RunStatus::Finished { success: true, .. })));
+}
