@@ -71,6 +71,6 @@ pub use log::{FrameCompression, Log, LogBuilder, Lsn, LsnRange, RecoveryReport, 
 pub use metrics::MetricsSnapshot;
 pub use store::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, CompactionReport, Executed,
-    IndexCheckpointInfo, LogView, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy,
+    History, IndexCheckpointInfo, LogView, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy,
     SpaceReport, Store, StoreBuilder,
 };

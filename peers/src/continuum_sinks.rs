@@ -272,6 +272,18 @@ impl AtomSink for StoreSink {
         Ok(Resumed { atoms: (in_snapshot + rebuilt.atoms_applied) as u64 })
     }
 
+    fn history(&self, agent: u32) -> Result<Resumed> {
+        let run = self.run(agent)?;
+        let (_, name) = self.names.of(agent)?;
+        let mut atoms = 0;
+        for atom in self.store.agent_history(run, name) {
+            let atom = atom?;
+            std::hint::black_box(&atom.output);
+            atoms += 1;
+        }
+        Ok(Resumed { atoms })
+    }
+
     fn used_bytes(&self) -> Result<Option<u64>> {
         Ok(Some(used_bytes(self.store.log())?))
     }

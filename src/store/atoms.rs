@@ -653,47 +653,13 @@ impl Store {
                 .filter(|entry| entry.state.status().is_some())
                 .ok_or(Error::UnknownAtom { atom: atom.0 })?
         };
-        let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)? else {
-            return Err(Error::InconsistentLog {
-                lsn: entry.started_lsn,
-                reason: "an atom's start is not a start record",
-            });
+        let started = self.read_record(entry.started_lsn)?;
+        let ended = if entry.ended_lsn != 0 && entry.state.status() != Some(AtomStatus::Running) {
+            Some(self.read_record(entry.ended_lsn)?)
+        } else {
+            None
         };
-        let mut found = Atom {
-            id: atom,
-            run: RunId(started.run),
-            agent: started.agent,
-            key: started.key,
-            parents: started.parents.into_iter().map(AtomId).collect(),
-            idempotency_key: started.idempotency_key,
-            status: entry.state.status().unwrap_or(AtomStatus::Running),
-            started_at_unix_us: started.started_at_unix_us,
-            ended_at_unix_us: None,
-            output: None,
-            error: None,
-            started_lsn: Lsn::new(entry.started_lsn),
-            abandoned: entry.abandoned,
-            delta_reclaimed: entry.reclaimed,
-        };
-        if entry.ended_lsn != 0 && found.status != AtomStatus::Running {
-            match self.read_record(entry.ended_lsn)? {
-                StoreRecord::AtomCompleted(done) | StoreRecord::AtomReclaimed(done) => {
-                    found.ended_at_unix_us = Some(done.ended_at_unix_us);
-                    found.output = Some(AtomOutput { delta: done.delta.unwrap_or_default(), result: done.result });
-                }
-                StoreRecord::AtomFailed(failed) => {
-                    found.ended_at_unix_us = Some(failed.ended_at_unix_us);
-                    found.error = Some(failed.error);
-                }
-                _ => {
-                    return Err(Error::InconsistentLog {
-                        lsn: entry.ended_lsn,
-                        reason: "an atom's end is not an end record",
-                    });
-                }
-            }
-        }
-        Ok(found)
+        assemble_atom(atom, &entry, started, ended)
     }
 
     /// Every atom of `run`, in id order.
@@ -956,6 +922,50 @@ fn same_parents(recorded: &[u64], wanted: &[AtomId]) -> bool {
     wanted.sort_unstable();
     wanted.dedup();
     recorded == wanted
+}
+
+/// The public view of `atom` (index entry `entry`) from its start record and, if it ended, its
+/// end record.
+pub(crate) fn assemble_atom(
+    atom: AtomId,
+    entry: &AtomEntry,
+    started: StoreRecord,
+    ended: Option<StoreRecord>,
+) -> Result<Atom> {
+    let StoreRecord::AtomStarted(started) = started else {
+        return Err(Error::InconsistentLog { lsn: entry.started_lsn, reason: "an atom's start is not a start record" });
+    };
+    let mut found = Atom {
+        id: atom,
+        run: RunId(started.run),
+        agent: started.agent,
+        key: started.key,
+        parents: started.parents.into_iter().map(AtomId).collect(),
+        idempotency_key: started.idempotency_key,
+        status: entry.state.status().unwrap_or(AtomStatus::Running),
+        started_at_unix_us: started.started_at_unix_us,
+        ended_at_unix_us: None,
+        output: None,
+        error: None,
+        started_lsn: Lsn::new(entry.started_lsn),
+        abandoned: entry.abandoned,
+        delta_reclaimed: entry.reclaimed,
+    };
+    match ended {
+        None => {}
+        Some(StoreRecord::AtomCompleted(done) | StoreRecord::AtomReclaimed(done)) => {
+            found.ended_at_unix_us = Some(done.ended_at_unix_us);
+            found.output = Some(AtomOutput { delta: done.delta.unwrap_or_default(), result: done.result });
+        }
+        Some(StoreRecord::AtomFailed(failed)) => {
+            found.ended_at_unix_us = Some(failed.ended_at_unix_us);
+            found.error = Some(failed.error);
+        }
+        Some(_) => {
+            return Err(Error::InconsistentLog { lsn: entry.ended_lsn, reason: "an atom's end is not an end record" });
+        }
+    }
+    Ok(found)
 }
 
 fn empty_resume(agent: &str) -> AgentResume {

@@ -14,6 +14,7 @@ mod ballast;
 mod checkpoint;
 mod compaction;
 mod guard;
+mod history;
 mod index;
 mod inspect;
 mod log_view;
@@ -39,6 +40,7 @@ use crate::storage::Storage;
 use index::StoreIndex;
 
 pub use compaction::{CompactionReport, SpaceReport};
+pub use history::History;
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use log_view::LogView;
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
