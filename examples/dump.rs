@@ -607,6 +607,9 @@ fn record_text(record: &StoreRecord) -> String {
         StoreRecord::GuardCompleted(m) => {
             format!("key {:?} result {} at {}", m.key, bytes_text(&m.result, 60), time(m.ended_at_unix_us))
         }
+        StoreRecord::GuardFailed(m) => {
+            format!("key {:?} error {:?} retryable {} at {}", m.key, m.error, m.retryable, time(m.ended_at_unix_us))
+        }
         StoreRecord::AtomReclaimed(m) => format!(
             "atom#{} delta reclaimed by retention; result {} at {}",
             m.atom,
@@ -655,6 +658,9 @@ fn record_json(record: &StoreRecord) -> Value {
         }),
         StoreRecord::GuardCompleted(m) => json!({
             "key": m.key, "result": bytes_json(&m.result), "ended_at_unix_us": m.ended_at_unix_us,
+        }),
+        StoreRecord::GuardFailed(m) => json!({
+            "key": m.key, "error": m.error, "retryable": m.retryable, "ended_at_unix_us": m.ended_at_unix_us,
         }),
         StoreRecord::AtomReclaimed(m) => json!({
             "atom": m.atom, "delta": Value::Null, "result": bytes_json(&m.result), "ended_at_unix_us": m.ended_at_unix_us,

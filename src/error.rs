@@ -190,6 +190,19 @@ pub enum Error {
         key: String,
     },
 
+    /// A guarded side effect failed, as its closure reported (now, or for good in an earlier
+    /// call). A retryable failure left the key free: the next call runs the effect again. One
+    /// that is not retryable is the key's recorded outcome: every later call returns it.
+    #[error("the side effect guarded by {key:?} failed: {message}")]
+    GuardFailed {
+        /// The idempotency key.
+        key: String,
+        /// The effect's error message.
+        message: String,
+        /// Whether the key was left free for another attempt.
+        retryable: bool,
+    },
+
     /// `Store::resolve_guard` was given a key with no side effect in doubt: none was started
     /// under it, or its outcome is already recorded (and stays as it is).
     #[error("no side effect guarded by {key:?} is in doubt")]
@@ -366,6 +379,9 @@ impl Error {
                 Error::AtomFailed { atom: *atom, message: message.clone(), retryable: *retryable }
             }
             Error::GuardInDoubt { key } => Error::GuardInDoubt { key: key.clone() },
+            Error::GuardFailed { key, message, retryable } => {
+                Error::GuardFailed { key: key.clone(), message: message.clone(), retryable: *retryable }
+            }
             Error::GuardNotInDoubt { key } => Error::GuardNotInDoubt { key: key.clone() },
             Error::KeyCollision { key } => Error::KeyCollision { key: key.clone() },
         }

@@ -87,7 +87,7 @@ fn guarded_effect(store: &Store, world: &RefCell<World>, atom: AtomId) -> Result
         let mut world = world.borrow_mut();
         *world.effect_runs.entry(key.to_owned()).or_default() += 1;
         *world.received.entry(key.to_owned()).or_default() += 1;
-        b"sent".to_vec()
+        Ok(b"sent".to_vec())
     }) {
         Ok(result) => {
             assert_eq!(result, b"sent", "a guard returns its effect's recorded result");

@@ -137,7 +137,7 @@ fn a_step_run_again_after_a_rollback_does_not_repeat_its_guarded_effect() {
     let bookings = Cell::new(0);
     let book = |_: &str| {
         bookings.set(bookings.get() + 1);
-        format!("booking {}", bookings.get()).into_bytes()
+        Ok(format!("booking {}", bookings.get()).into_bytes())
     };
     let (run, six) = {
         let store = Store::open(dir.path()).expect("open");

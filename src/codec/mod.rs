@@ -96,6 +96,8 @@ pub enum StoreRecord {
     GuardStarted(proto::GuardStarted),
     /// A guarded side effect ran.
     GuardCompleted(proto::GuardCompleted),
+    /// A guarded side effect failed.
+    GuardFailed(proto::GuardFailed),
     /// A compression dictionary.
     Dictionary(proto::CompressionDictionary),
     /// A rollback: atoms after one atom of an agent were abandoned.
@@ -127,6 +129,8 @@ pub enum RecordKind {
     GuardStarted,
     /// [`StoreRecord::GuardCompleted`].
     GuardCompleted,
+    /// [`StoreRecord::GuardFailed`].
+    GuardFailed,
     /// [`StoreRecord::Dictionary`].
     Dictionary,
     /// [`StoreRecord::AtomsAbandoned`].
@@ -154,6 +158,7 @@ impl RecordKind {
             kind::ATOM_RECLAIMED => RecordKind::AtomReclaimed,
             kind::RUN_DROPPED => RecordKind::RunDropped,
             kind::ATOM_PINNED => RecordKind::AtomPinned,
+            kind::GUARD_FAILED => RecordKind::GuardFailed,
             _ => return None,
         })
     }
@@ -173,6 +178,7 @@ mod kind {
     pub const ATOM_RECLAIMED: u8 = 10;
     pub const RUN_DROPPED: u8 = 11;
     pub const ATOM_PINNED: u8 = 12;
+    pub const GUARD_FAILED: u8 = 13;
 }
 
 /// The schema version every kind is written with today; readers accept this and older.
@@ -193,6 +199,7 @@ impl StoreRecord {
             StoreRecord::AtomReclaimed(_) => kind::ATOM_RECLAIMED,
             StoreRecord::RunDropped(_) => kind::RUN_DROPPED,
             StoreRecord::AtomPinned(_) => kind::ATOM_PINNED,
+            StoreRecord::GuardFailed(_) => kind::GUARD_FAILED,
         }
     }
 
@@ -204,7 +211,7 @@ impl StoreRecord {
             StoreRecord::AtomCompleted(m) => m.atom,
             StoreRecord::AtomFailed(m) => m.atom,
             StoreRecord::RunTerminal(m) => m.run,
-            StoreRecord::GuardStarted(_) | StoreRecord::GuardCompleted(_) => 0,
+            StoreRecord::GuardStarted(_) | StoreRecord::GuardCompleted(_) | StoreRecord::GuardFailed(_) => 0,
             StoreRecord::Dictionary(m) => u64::from(m.id),
             StoreRecord::AtomsAbandoned(m) => m.after_atom,
             StoreRecord::AtomReclaimed(m) => m.atom,
@@ -227,6 +234,7 @@ impl StoreRecord {
             StoreRecord::AtomReclaimed(m) => m.encode_to_vec(),
             StoreRecord::RunDropped(m) => m.encode_to_vec(),
             StoreRecord::AtomPinned(m) => m.encode_to_vec(),
+            StoreRecord::GuardFailed(m) => m.encode_to_vec(),
         }
     }
 
@@ -244,6 +252,7 @@ impl StoreRecord {
             kind::ATOM_RECLAIMED => StoreRecord::AtomReclaimed(decode_message(body)?),
             kind::RUN_DROPPED => StoreRecord::RunDropped(decode_message(body)?),
             kind::ATOM_PINNED => StoreRecord::AtomPinned(decode_message(body)?),
+            kind::GUARD_FAILED => StoreRecord::GuardFailed(decode_message(body)?),
             other => return Err(CodecError::UnknownKind(other)),
         };
         Ok(record)

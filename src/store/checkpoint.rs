@@ -1076,7 +1076,7 @@ mod tests {
                 }
                 Step::GuardAndPin => {
                     if let Some(atom) = newest_completed(&store) {
-                        let _ = store.guarded(atom, "effect", |_| b"done".to_vec());
+                        let _ = store.guarded(atom, "effect", |_| Ok(b"done".to_vec()));
                         let _ = store.pin(atom, true);
                     }
                 }
