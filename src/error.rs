@@ -181,6 +181,22 @@ pub enum Error {
         retryable: bool,
     },
 
+    /// An atom's work succeeded in [`Store::execute`](crate::Store::execute), and its
+    /// completion could not be recorded (`source` says why; after an I/O failure the store is
+    /// poisoned until reopened). The work's output is handed back, so that it need not be
+    /// computed again: after a reopen, `execute` the same step with a closure returning it,
+    /// or `record_atom` it.
+    #[error("atom {atom} completed, and its output was not recorded: {source}")]
+    OutputNotRecorded {
+        /// The atom.
+        atom: u64,
+        /// What the work produced.
+        output: Box<crate::store::AtomOutput>,
+        /// Why the completion was not recorded.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// A guarded side effect started but its outcome was never recorded (a crash, or another
     /// thread running it now): it may or may not have happened. Check with the external system
     /// using the key, then record the outcome with `Store::resolve_guard`.
@@ -377,6 +393,9 @@ impl Error {
             Error::RunFinished { run } => Error::RunFinished { run: *run },
             Error::AtomFailed { atom, message, retryable } => {
                 Error::AtomFailed { atom: *atom, message: message.clone(), retryable: *retryable }
+            }
+            Error::OutputNotRecorded { atom, output, source } => {
+                Error::OutputNotRecorded { atom: *atom, output: output.clone(), source: Box::new(source.replicate()) }
             }
             Error::GuardInDoubt { key } => Error::GuardInDoubt { key: key.clone() },
             Error::GuardFailed { key, message, retryable } => {

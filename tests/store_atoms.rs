@@ -847,3 +847,50 @@ fn a_failed_guarded_effect_is_retried_or_recorded_as_failed() {
     assert!(matches!(store.guarded(refund, "refund", effect(Ok(b"x"))), Err(Error::GuardFailed { .. })));
     assert_eq!(runs.get(), 3);
 }
+
+/// The contract of `record_atom`'s arguments: the identity the store enforces is (run, agent,
+/// key) on the branch of the parents, so recording a step again returns `AtomExists` with the
+/// recorded atom, whatever its idempotency key; the idempotency key is the caller's label,
+/// stored and returned, not enforced (two steps may carry the same one).
+#[test]
+fn record_atom_enforces_the_step_and_stores_the_idempotency_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let first = store.record_atom(run, "a", "step-1", &[], "checkpoint-1", &output(1)).expect("record");
+    for idempotency_key in ["checkpoint-1", "checkpoint-2", ""] {
+        let again = store.record_atom(run, "a", "step-1", &[], idempotency_key, &output(2));
+        assert!(matches!(again, Err(Error::AtomExists { atom }) if atom == first.get()), "{again:?}");
+    }
+    let other = store.record_atom(run, "a", "step-2", &[first], "checkpoint-1", &output(3)).expect("another step");
+    assert_eq!(store.atom(first).expect("first").idempotency_key, "checkpoint-1");
+    assert_eq!(store.atom(other).expect("other").idempotency_key, "checkpoint-1");
+    assert_eq!(store.atom(first).expect("first").output, Some(output(1)), "the recorded output stays");
+}
+
+/// An atom id is meaningful across a crash only once its start is durable: the start of an
+/// atom begun and never ended is taken back by a power loss, and the next process may give its
+/// id to another atom; an atom whose completion returned keeps its id, and its key (on its
+/// branch) finds it in every later process.
+#[test]
+fn an_atom_id_names_its_atom_across_a_crash_once_its_start_is_durable() {
+    use std::sync::Arc;
+
+    use continuum::storage::sim::{CrashDamage, DataDamage, DirDamage, SimStorage};
+
+    let sim = SimStorage::new(11);
+    let open = || Store::builder("/ids").storage(Arc::new(sim.process())).background(false).open().expect("open");
+    let store = open();
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let done = store.execute(run, "a", "done", &[], |_| Ok(output(1))).expect("execute").atom;
+    let pending = store.begin_atom(run, "a", "pending", &[done], "").expect("begin");
+    sim.crash(CrashDamage { data: DataDamage::DropUnsynced, dir: DirDamage::KeepAll });
+    drop(store);
+    let store = open();
+    assert!(store.atom_by_key(run, "a", "pending").expect("lookup").is_none(), "the start was not durable");
+    let other = store.begin_atom(run, "a", "other", &[done], "").expect("begin");
+    assert_eq!(other, pending, "the id of a start a crash took back may name another atom");
+    assert_eq!(store.atom(other).expect("atom").key, "other");
+    assert_eq!(store.atom(done).expect("durable").key, "done", "a durable atom keeps its id");
+    assert_eq!(store.atom_by_key_on(run, "a", "done", &[]).expect("lookup"), Some(done));
+}

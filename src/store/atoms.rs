@@ -80,6 +80,15 @@ impl Store {
     /// The start is ordered in the log but made durable by the atom's completion (or by any
     /// later sync), not on its own.
     ///
+    /// The id returned names the atom in this process at once, and across a crash only once
+    /// the start is durable (the atom's completion or failure returned, or [`Store::sync`]):
+    /// a crash before that takes the start back, and the next process may give the id to
+    /// another atom. What names a step across processes is its key (with its branch:
+    /// [`Store::atom_by_key_on`]). `idempotency_key` is the caller's label for the atom (a
+    /// framework's own checkpoint id, say), stored with it and returned by [`Store::atom`];
+    /// the store does not enforce it: the identity it enforces is (run, agent, key) on the
+    /// branch of `parents` ([`Error::AtomExists`]).
+    ///
     /// # Errors
     /// [`Error::UnknownRun`], [`Error::RunFinished`], [`Error::InvalidParent`],
     /// [`Error::AtomExists`], [`Error::KeyCollision`], and the log's append errors. A refused
@@ -119,7 +128,9 @@ impl Store {
     /// Either both records are in the log or neither is: a crash before this returns leaves no
     /// trace of the atom, so its step runs again on resume, and a step whose output was used
     /// after this returned never does. One `fdatasync` (shared with concurrent writers)
-    /// instead of the two records' separate appends.
+    /// instead of the two records' separate appends. Recording a step again (the same run,
+    /// agent and key on the same branch) returns [`Error::AtomExists`] with the recorded atom;
+    /// `idempotency_key` is stored, not enforced (see [`Store::begin_atom`]).
     ///
     /// # Errors
     /// As [`Store::begin_atom`]. A refused atom leaves the log untouched.
@@ -586,8 +597,10 @@ impl Store {
     /// One (run, agent, key) must not be executed by two threads at once.
     ///
     /// # Errors
-    /// [`Error::AtomFailed`] when `work` fails, or failed for good before; the errors of
-    /// [`Store::begin_atom`] and [`Store::complete_atom`].
+    /// [`Error::AtomFailed`] when `work` fails, or failed for good before;
+    /// [`Error::OutputNotRecorded`] when `work` succeeded and its completion was not recorded
+    /// (the error holds the output and the completion's error); the errors of
+    /// [`Store::begin_atom`] and [`Store::fail_atom`].
     pub fn execute(
         &self,
         run: RunId,
@@ -612,10 +625,13 @@ impl Store {
             None => self.begin_atom(run, agent, key, parents, "")?,
         };
         match work(atom) {
-            Ok(output) => {
-                self.complete_atom(atom, &output)?;
-                Ok(Executed { atom, output, replayed: false, delta_reclaimed: false })
-            }
+            Ok(output) => match self.complete_atom(atom, &output) {
+                Ok(()) => Ok(Executed { atom, output, replayed: false, delta_reclaimed: false }),
+                // The work is done: its output goes back to the caller with the error.
+                Err(source) => {
+                    Err(Error::OutputNotRecorded { atom: atom.0, output: Box::new(output), source: Box::new(source) })
+                }
+            },
             Err(failure) => {
                 self.fail_atom(atom, &failure)?;
                 Err(Error::AtomFailed { atom: atom.0, message: failure.message, retryable: failure.retryable })
