@@ -50,6 +50,15 @@ impl<'a> LogView<'a> {
         self.log.visit(from, to, visit)
     }
 
+    /// Calls `visit` with the record at each of `lsns` (ascending) that the log holds; see
+    /// [`Log::visit_lsns`].
+    ///
+    /// # Errors
+    /// As [`Log::visit_lsns`].
+    pub fn visit_lsns(&self, lsns: &[u64], visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>) -> Result<usize> {
+        self.log.visit_lsns(lsns, visit)
+    }
+
     /// Iterates over the records from `lsn`; see [`Log::iter_from`].
     ///
     /// # Errors
