@@ -77,7 +77,7 @@ fn run_plan(dir: &Path, report: &mut dyn FnMut(String)) -> DemoResult<u64> {
         report(format!("DONE {step}"));
         parents = vec![executed.atom];
     }
-    store.log().sync()?;
+    store.sync()?;
     Ok(replayed)
 }
 
@@ -105,20 +105,20 @@ fn fake_llm_and_tools(step: u64) -> AtomOutput {
 /// A booking through an API that accepts idempotency keys; `bookings.txt` plays its ledger.
 fn book(store: &Store, dir: &Path, atom: continuum::AtomId) -> continuum::Result<()> {
     let ledger = dir.join("bookings.txt");
-    let perform = |key: &str| {
+    let perform = |key: &str| -> Result<Vec<u8>, continuum::AtomFailure> {
         if let Ok(mut file) = OpenOptions::new().create(true).append(true).open(&ledger) {
             // One write per line, so that a SIGKILL cannot leave half a line.
             let _ = file.write_all(format!("{key}\n").as_bytes());
             let _ = file.sync_all();
         }
-        b"booked".to_vec()
+        Ok(b"booked".to_vec())
     };
     match store.guarded(atom, "book", perform) {
         Ok(_) => Ok(()),
         Err(Error::GuardInDoubt { key }) => {
             // The ledger (the external API) knows whether the booking happened.
             let booked = std::fs::read_to_string(&ledger).unwrap_or_default().lines().any(|line| line == key);
-            let result = if booked { b"booked".to_vec() } else { perform(&key) };
+            let result = if booked { b"booked".to_vec() } else { perform(&key).unwrap_or_default() };
             store.resolve_guard(&key, &result)
         }
         Err(error) => Err(error),

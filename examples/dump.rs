@@ -22,7 +22,7 @@ use continuum::codec::StoreRecord;
 use continuum::codec::proto::{self, Delta, state_change};
 use continuum::inspect::{self, SnapshotFile};
 use continuum::store::{RecordDecoder, RecordInfo};
-use continuum::{Atom, AtomId, AtomStatus, Context, Log, Lsn, RecoveryMode, RunId, RunStatus, Store};
+use continuum::{Atom, AtomId, AtomStatus, Context, Log, LogView, Lsn, RecoveryMode, RunId, RunStatus, Store};
 use serde_json::{Value, json};
 
 type Failure = Box<dyn std::error::Error>;
@@ -172,11 +172,11 @@ fn without_index(cli: &Cli, command: &Command, error: &continuum::Error, out: &m
     let decode = |bytes: &[u8]| decoder.decode(bytes);
     match command {
         Command::Summary => {
-            summary(&log, None, &decode, &cli.dir, cli.json, out)?;
+            summary(LogView::from(&log), None, &decode, &cli.dir, cli.json, out)?;
             Err(unavailable().into())
         }
         Command::Records { from, to, kind } => {
-            records(&log, &decode, *from, *to, kind.as_deref(), cli.json, out)?;
+            records(LogView::from(&log), &decode, *from, *to, kind.as_deref(), cli.json, out)?;
             Ok(0)
         }
         _ => Err(unavailable().into()),
@@ -244,7 +244,7 @@ struct RecordTotals {
 /// cannot be rebuilt) with a decoder that learns them as it goes.
 type Decode<'a> = &'a dyn Fn(&[u8]) -> Result<RecordInfo, continuum::codec::CodecError>;
 
-fn record_totals(log: &Log, decode: Decode<'_>) -> Result<RecordTotals, Failure> {
+fn record_totals(log: LogView<'_>, decode: Decode<'_>) -> Result<RecordTotals, Failure> {
     let mut totals = RecordTotals::default();
     for item in log.iter_from(Lsn::FIRST)? {
         let (_, bytes) = item?;
@@ -318,7 +318,7 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
 /// The summary of the store in `dir`: `store` is `None` when its index cannot be rebuilt, and
 /// then runs, agents, atoms and liveness are left out.
 fn summary(
-    log: &Log,
+    log: LogView<'_>,
     store: Option<&Store>,
     decode: Decode<'_>,
     dir: &Path,
@@ -348,7 +348,7 @@ fn summary(
     }
 }
 
-fn summary_json(summary: &Summary, log: &Log, dir: &Path) -> Value {
+fn summary_json(summary: &Summary, log: LogView<'_>, dir: &Path) -> Value {
     let Summary { totals, disk_bytes, segment_file_bytes, snapshot_bytes, log_data_bytes, .. } = summary;
     let facts = summary.store.as_ref();
     json!({
@@ -387,7 +387,7 @@ fn other_bytes(summary: &Summary) -> u64 {
     summary.disk_bytes.saturating_sub(summary.segment_file_bytes).saturating_sub(summary.snapshot_bytes)
 }
 
-fn summary_text(summary: &Summary, log: &Log, dir: &Path, out: &mut dyn Write) -> Result<(), Failure> {
+fn summary_text(summary: &Summary, log: LogView<'_>, dir: &Path, out: &mut dyn Write) -> Result<(), Failure> {
     let Summary { totals, disk_bytes, segment_file_bytes, snapshot_bytes, log_data_bytes, .. } = summary;
     writeln!(out, "segments: {}", summary.segments.len())?;
     for s in &summary.segments {
@@ -530,7 +530,7 @@ fn normalize_kind(kind: &str) -> String {
 }
 
 fn records(
-    log: &Log,
+    log: LogView<'_>,
     decode: Decode<'_>,
     from: Option<u64>,
     to: Option<u64>,
@@ -621,6 +621,9 @@ fn record_text(record: &StoreRecord) -> String {
         StoreRecord::GuardCompleted(m) => {
             format!("key {:?} result {} at {}", m.key, bytes_text(&m.result, 60), time(m.ended_at_unix_us))
         }
+        StoreRecord::GuardFailed(m) => {
+            format!("key {:?} error {:?} retryable {} at {}", m.key, m.error, m.retryable, time(m.ended_at_unix_us))
+        }
         StoreRecord::AtomReclaimed(m) => format!(
             "atom#{} delta reclaimed by retention; result {} at {}",
             m.atom,
@@ -669,6 +672,9 @@ fn record_json(record: &StoreRecord) -> Value {
         }),
         StoreRecord::GuardCompleted(m) => json!({
             "key": m.key, "result": bytes_json(&m.result), "ended_at_unix_us": m.ended_at_unix_us,
+        }),
+        StoreRecord::GuardFailed(m) => json!({
+            "key": m.key, "error": m.error, "retryable": m.retryable, "ended_at_unix_us": m.ended_at_unix_us,
         }),
         StoreRecord::AtomReclaimed(m) => json!({
             "atom": m.atom, "delta": Value::Null, "result": bytes_json(&m.result), "ended_at_unix_us": m.ended_at_unix_us,

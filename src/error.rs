@@ -181,6 +181,22 @@ pub enum Error {
         retryable: bool,
     },
 
+    /// An atom's work succeeded in [`Store::execute`](crate::Store::execute), and its
+    /// completion could not be recorded (`source` says why; after an I/O failure the store is
+    /// poisoned until reopened). The work's output is handed back, so that it need not be
+    /// computed again: after a reopen, `execute` the same step with a closure returning it,
+    /// or `record_atom` it.
+    #[error("atom {atom} completed, and its output was not recorded: {source}")]
+    OutputNotRecorded {
+        /// The atom.
+        atom: u64,
+        /// What the work produced.
+        output: Box<crate::store::AtomOutput>,
+        /// Why the completion was not recorded.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// A guarded side effect started but its outcome was never recorded (a crash, or another
     /// thread running it now): it may or may not have happened. Check with the external system
     /// using the key, then record the outcome with `Store::resolve_guard`.
@@ -188,6 +204,19 @@ pub enum Error {
     GuardInDoubt {
         /// The idempotency key.
         key: String,
+    },
+
+    /// A guarded side effect failed, as its closure reported (now, or for good in an earlier
+    /// call). A retryable failure left the key free: the next call runs the effect again. One
+    /// that is not retryable is the key's recorded outcome: every later call returns it.
+    #[error("the side effect guarded by {key:?} failed: {message}")]
+    GuardFailed {
+        /// The idempotency key.
+        key: String,
+        /// The effect's error message.
+        message: String,
+        /// Whether the key was left free for another attempt.
+        retryable: bool,
     },
 
     /// `Store::resolve_guard` was given a key with no side effect in doubt: none was started
@@ -410,7 +439,13 @@ impl Error {
             Error::AtomFailed { atom, message, retryable } => {
                 Error::AtomFailed { atom: *atom, message: message.clone(), retryable: *retryable }
             }
+            Error::OutputNotRecorded { atom, output, source } => {
+                Error::OutputNotRecorded { atom: *atom, output: output.clone(), source: Box::new(source.replicate()) }
+            }
             Error::GuardInDoubt { key } => Error::GuardInDoubt { key: key.clone() },
+            Error::GuardFailed { key, message, retryable } => {
+                Error::GuardFailed { key: key.clone(), message: message.clone(), retryable: *retryable }
+            }
             Error::GuardNotInDoubt { key } => Error::GuardNotInDoubt { key: key.clone() },
             Error::KeyCollision { key } => Error::KeyCollision { key: key.clone() },
             Error::RecordsLost { evidence, log_end } => {

@@ -404,7 +404,7 @@ fn seed_store(storage: &SimStorage, dir: &Path, checkpoint: bool) {
                     _ => store.complete_atom(atom, &crate::AtomOutput::default()).expect("seed completion"),
                 }
                 if i == 3 {
-                    store.guarded(atom, "email", |_| b"sent".to_vec()).expect("seed guard");
+                    store.guarded(atom, "email", |_| Ok(b"sent".to_vec())).expect("seed guard");
                     store.pin(atom, true).expect("seed pin");
                 }
                 parents = vec![atom];

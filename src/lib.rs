@@ -19,7 +19,7 @@
 //! assert!(again.replayed);
 //! assert_eq!(again.output.result, plan.output.result);
 //! // A side effect guarded by an idempotency key runs at most once.
-//! let booking = store.guarded(plan.atom, "book", |key| format!("booked with {key}").into_bytes())?;
+//! let booking = store.guarded(plan.atom, "book", |key| Ok(format!("booked with {key}").into_bytes()))?;
 //! assert_eq!(booking, b"booked with trip-42#1/planner/step-1/book");
 //! # Ok(())
 //! # }
@@ -71,6 +71,6 @@ pub use log::{FrameCompression, Log, LogBuilder, Lsn, LsnRange, RecoveryReport, 
 pub use metrics::MetricsSnapshot;
 pub use store::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, CompactionReport, Executed,
-    IndexCheckpointInfo, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy,
-    SpaceReport, Store, StoreBuilder, StoreRecoveryReport,
+    History, IndexCheckpointInfo, LogView, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus,
+    SnapshotPolicy, SpaceReport, Store, StoreBuilder, StoreRecoveryReport,
 };

@@ -59,7 +59,7 @@ fn chain(store: &Store, name: &str, count: usize, seed: u64) -> Vec<AtomId> {
         let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
         let atom = store.begin_atom(run, "agent", &format!("step-{i}"), &parents, "").expect("begin");
         if i == 3 {
-            store.guarded(atom, "send-email", |_| b"sent".to_vec()).expect("guard");
+            store.guarded(atom, "send-email", |_| Ok(b"sent".to_vec())).expect("guard");
         }
         let output = AtomOutput { delta: transcript.next_delta(400), result: format!("r{i}").into_bytes() };
         store.complete_atom(atom, &output).expect("complete");

@@ -76,16 +76,17 @@ fn guarded_effect(
     atom: continuum::AtomId,
 ) -> Result<(), continuum::AtomFailure> {
     let failure = |error: Error| continuum::AtomFailure { message: error.to_string(), retryable: true };
-    let perform = |key: &str| {
+    let perform = |key: &str| -> Result<Vec<u8>, continuum::AtomFailure> {
         *world.borrow_mut().effects.entry(key.to_owned()).or_default() += 1;
-        format!("booked:{key}").into_bytes()
+        Ok(format!("booked:{key}").into_bytes())
     };
     match store.guarded(atom, "book", perform) {
         Ok(_) => Ok(()),
         Err(Error::GuardInDoubt { key }) => {
             // Ask the outside world whether the effect happened, as with a real idempotent API.
             let happened = world.borrow().effects.contains_key(&key);
-            let result = if happened { format!("booked:{key}").into_bytes() } else { perform(&key) };
+            let result =
+                if happened { format!("booked:{key}").into_bytes() } else { perform(&key).unwrap_or_default() };
             store.resolve_guard(&key, &result).map_err(failure)
         }
         Err(error) => Err(failure(error)),

@@ -53,20 +53,20 @@ fn open(dir: &Path) -> continuum::Result<Store> {
 /// A side effect recorded durably in the world file, which outlives the agent.
 fn effect(store: &Store, dir: &Path, atom: continuum::AtomId) -> continuum::Result<()> {
     let world = dir.join("world.txt");
-    let perform = |key: &str| {
+    let perform = |key: &str| -> Result<Vec<u8>, continuum::AtomFailure> {
         let mut file = OpenOptions::new().create(true).append(true).open(&world).expect("world file");
         // One write call per line, as an external system records one request: `writeln!`
         // writes the key and the newline separately, and a SIGKILL between the two left a
         // line without its newline that the next line merged into (seen once in CI).
         file.write_all(format!("{key}\n").as_bytes()).expect("world write");
         file.sync_all().expect("world sync");
-        b"done".to_vec()
+        Ok(b"done".to_vec())
     };
     match store.guarded(atom, "charge", perform) {
         Ok(_) => Ok(()),
         Err(Error::GuardInDoubt { key }) => {
             let seen = std::fs::read_to_string(&world).unwrap_or_default().lines().any(|line| line == key);
-            let result = if seen { b"done".to_vec() } else { perform(&key) };
+            let result = if seen { b"done".to_vec() } else { perform(&key).unwrap_or_default() };
             store.resolve_guard(&key, &result)
         }
         Err(error) => Err(error),

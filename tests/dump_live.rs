@@ -48,7 +48,7 @@ fn child_writer() {
         println!("ACK {step}");
         step += 1;
     }
-    store.log().sync().expect("final sync");
+    store.sync().expect("final sync");
     println!("DONE");
 }
 

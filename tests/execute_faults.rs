@@ -73,6 +73,11 @@ struct World {
 
 impl World {
     fn error(&mut self, what: String, error: &Error) {
+        // A completion that failed hands the output back with the I/O error.
+        let error = match error {
+            Error::OutputNotRecorded { source, .. } => source.as_ref(),
+            error => error,
+        };
         let typed = matches!(error, Error::Io { .. } | Error::NoSpace { .. } | Error::Poisoned { .. });
         assert!(typed, "{what}: an injected I/O failure became {error:?}");
         self.errors.push(format!("{what}: {error}"));
@@ -87,7 +92,7 @@ fn guarded_effect(store: &Store, world: &RefCell<World>, atom: AtomId) -> Result
         let mut world = world.borrow_mut();
         *world.effect_runs.entry(key.to_owned()).or_default() += 1;
         *world.received.entry(key.to_owned()).or_default() += 1;
-        b"sent".to_vec()
+        Ok(b"sent".to_vec())
     }) {
         Ok(result) => {
             assert_eq!(result, b"sent", "a guard returns its effect's recorded result");
@@ -309,4 +314,32 @@ fn a_failed_io_call_beside_the_background_thread_never_repeats_an_acknowledged_s
         }
     }
     eprintln!("{cases} cases beside the background thread");
+}
+
+/// `execute` whose work succeeded and whose completion's `fdatasync` failed hands the work's
+/// output back with the error instead of dropping it: the agent records it after a reopen
+/// without running the work again.
+#[test]
+fn a_completion_that_is_not_recorded_hands_the_output_back() {
+    use continuum::storage::sim::Op;
+
+    let sim = SimStorage::new(SEED);
+    let store = open(&sim, false).expect("open");
+    let run = store.create_run(RunSpec::new("plan")).expect("run");
+    sim.inject(Fault { op: Some(Op::SyncData), nth: 1, kind: FaultKind::Eio });
+    let executed = store.execute(run, "planner", "step-0", &[], |_| Ok(output_of(0, 1)));
+    let Err(Error::OutputNotRecorded { output, source, .. }) = executed else {
+        panic!("the output is dropped: {executed:?}")
+    };
+    assert_eq!(*output, output_of(0, 1));
+    assert!(matches!(*source, Error::Io { .. } | Error::Poisoned { .. }), "{source:?}");
+    sim.crash(CrashDamage::ALL[0]);
+    drop(store);
+    let store = open(&sim, false).expect("reopen");
+    let recorded = store
+        .execute(run, "planner", "step-0", &[], |_| Ok(*output.clone()))
+        .expect("the step is recorded from the output handed back");
+    assert_eq!(recorded.output, output_of(0, 1));
+    let again = store.execute(run, "planner", "step-0", &[], |_| panic!("the step ran again")).expect("replay");
+    assert!(again.replayed);
 }

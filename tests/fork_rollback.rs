@@ -137,7 +137,7 @@ fn a_step_run_again_after_a_rollback_does_not_repeat_its_guarded_effect() {
     let bookings = Cell::new(0);
     let book = |_: &str| {
         bookings.set(bookings.get() + 1);
-        format!("booking {}", bookings.get()).into_bytes()
+        Ok(format!("booking {}", bookings.get()).into_bytes())
     };
     let (run, six) = {
         let store = Store::open(dir.path()).expect("open");
@@ -173,4 +173,64 @@ fn a_rollback_before_a_fork_keeps_the_fork_and_one_after_it_abandons_it() {
     assert_eq!(abandoned, vec![fork, second]);
     assert!(matches!(store.complete_atom(second, &output(101)), Err(Error::InvalidTransition { .. })));
     assert_eq!(store.last_agent_atom(run, "a"), Some(ids[6]));
+}
+
+/// A key names a step on a branch: after a fork, `execute` of a step the old branch already
+/// ran ("summarize") runs it on the new branch (a new atom whose parent is the fork) instead of
+/// answering with the old branch's atom, while the old branch's own call still replays its
+/// atom, before and after reopen, and whichever branch holds the key last.
+#[test]
+fn a_forked_branch_runs_its_own_step_under_a_key_the_old_branch_used() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ran = Cell::new(0);
+    let summarize = |step: u64| {
+        let ran = &ran;
+        move |_: AtomId| {
+            ran.set(ran.get() + 1);
+            Ok(output(step))
+        }
+    };
+    let (run, plan, old, fork, new) = {
+        let store = Store::open(dir.path()).expect("open");
+        let run = store.create_run(RunSpec::new("fork-keys")).expect("run");
+        let plan = store.execute(run, "planner", "plan", &[], |_| Ok(output(1))).expect("plan").atom;
+        let old = store.execute(run, "planner", "summarize", &[plan], summarize(2)).expect("summarize").atom;
+        let fork = store.fork(run, "planner", plan, "plan-retry").expect("fork");
+        store.complete_atom(fork, &output(3)).expect("complete the fork");
+        let on_fork = store.execute(run, "planner", "summarize", &[fork], summarize(4)).expect("on the fork");
+        assert!(!on_fork.replayed, "the old branch's atom answered on the fork");
+        assert_ne!(on_fork.atom, old);
+        assert_eq!(store.atom(on_fork.atom).expect("new").parents, vec![fork]);
+        assert_eq!(ran.get(), 2);
+        (run, plan, old, fork, on_fork.atom)
+    };
+    for reopen in 0..2 {
+        let store = Store::open(dir.path()).expect("reopen");
+        let again = store.execute(run, "planner", "summarize", &[fork], summarize(5)).expect("fork again");
+        assert!(again.replayed && again.atom == new, "reopen {reopen}: the fork's own atom");
+        assert_eq!(again.output, output(4));
+        let old_again = store.execute(run, "planner", "summarize", &[plan], summarize(6)).expect("old again");
+        assert!(old_again.replayed && old_again.atom == old, "reopen {reopen}: the old branch's own atom");
+        assert_eq!(old_again.output, output(2));
+        assert!(matches!(
+            store.begin_atom(run, "planner", "summarize", &[plan], ""),
+            Err(Error::AtomExists { atom }) if atom == old.get()
+        ));
+        assert!(matches!(
+            store.record_atom(run, "planner", "summarize", &[fork], "", &output(7)),
+            Err(Error::AtomExists { atom }) if atom == new.get()
+        ));
+        assert_eq!(ran.get(), 2, "no completed step ran again");
+        store.checkpoint_index().expect("the second open starts from a checkpoint");
+    }
+    // A rollback to the fork abandons the fork's step: on the fork it runs again, and the old
+    // branch still finds its own, though the key's newest atom is now an abandoned one.
+    let store = Store::open(dir.path()).expect("reopen");
+    store.rollback(run, "planner", fork, "redo the summary").expect("rollback");
+    let redone = store.execute(run, "planner", "summarize", &[fork], summarize(8)).expect("redo");
+    assert!(!redone.replayed && redone.atom > new);
+    store.rollback(run, "planner", fork, "and again").expect("rollback");
+    let old_again = store.execute(run, "planner", "summarize", &[plan], summarize(9)).expect("old");
+    assert!(old_again.replayed && old_again.atom == old);
+    assert_eq!(ran.get(), 3);
 }

@@ -2,12 +2,14 @@
 //! guarded effects in steps of several runs and agents (names holding the key's separators),
 //! effects that die midway and are resolved, rollbacks and re-runs of steps, runs finished and
 //! dropped by retention and their names reused, reopens, power losses, and processes that die
-//! in the middle of an action (after a chosen number of storage calls), then lose power.
+//! in the middle of an action (after a chosen number of storage calls), then lose power; and
+//! effects that fail, retryably (the key stays free: the next call runs the effect again) or
+//! for good (the failure is the key's outcome, returned by every later call).
 //!
 //! The model: an effect is identified by (run, agent, step key, operation), where the run is
 //! the run *instance* (a new run under a dropped run's name is another one). The first
 //! `guarded` call of an identity runs the effect; every later one returns its recorded result
-//! without running it, or, while an effect that died midway is unresolved, `GuardInDoubt`,
+//! (or recorded failure) without running it, a retryable failure records nothing, or, while an effect that died midway is unresolved, `GuardInDoubt`,
 //! which `resolve_guard` settles once. A step re-run after a rollback keeps its identity.
 //! After a process died during a `guarded` call, the effect is recorded, in doubt, or unknown
 //! to the store; but never unknown if its closure ran (it would run again), and recorded if
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use continuum::storage::sim::{CrashDamage, SimStorage};
-use continuum::{AtomOutput, Error, RetentionPolicy, RunId, RunSpec, SnapshotPolicy, Store};
+use continuum::{AtomFailure, AtomOutput, Error, RetentionPolicy, RunId, RunSpec, SnapshotPolicy, Store};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
@@ -31,8 +33,9 @@ const OPERATIONS: [&str; 2] = ["pay", "p/ay"];
 
 #[derive(Clone, Debug)]
 enum Action {
-    /// A guarded effect in a step; `dies` makes the effect panic midway.
-    Guarded { run: usize, agent: usize, step: usize, operation: usize, dies: bool },
+    /// A guarded effect in a step; `dies` makes the effect panic midway; `fails` makes it
+    /// report a failure (`Some(retryable)`).
+    Guarded { run: usize, agent: usize, step: usize, operation: usize, dies: bool, fails: Option<bool> },
     /// The agent rolls back to its first step of the run (its later steps are re-run anew).
     Rollback { run: usize, agent: usize },
     /// The run finishes and retention drops it; its name is free for a new run.
@@ -49,8 +52,19 @@ enum Action {
 /// What agents and retention do; `dying`: effects may die midway.
 fn work(dying: f64) -> impl Strategy<Value = Action> {
     prop_oneof![
-        8 => (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS.len(), 0..OPERATIONS.len(), prop::bool::weighted(dying))
-            .prop_map(|(run, agent, step, operation, dies)| Action::Guarded { run, agent, step, operation, dies }),
+        8 => (
+            (0..RUNS.len(), 0..AGENTS.len(), 0..STEPS.len(), 0..OPERATIONS.len()),
+            prop::bool::weighted(dying),
+            prop_oneof![6 => Just(None), 2 => Just(Some(true)), 1 => Just(Some(false))],
+        )
+            .prop_map(|((run, agent, step, operation), dies, fails)| Action::Guarded {
+                run,
+                agent,
+                step,
+                operation,
+                dies,
+                fails
+            }),
         1 => (0..RUNS.len(), 0..AGENTS.len()).prop_map(|(run, agent)| Action::Rollback { run, agent }),
         1 => (0..RUNS.len()).prop_map(|run| Action::Drop { run }),
     ]
@@ -85,13 +99,15 @@ fn open(sim: &SimStorage) -> Store {
 enum Outcome {
     Recorded(Vec<u8>),
     InDoubt,
+    /// It failed for good with this message.
+    Failed(String),
 }
 
 #[derive(Default)]
 struct Model {
     /// Effects by (run instance, agent, step, operation).
     effects: BTreeMap<(u64, usize, usize, usize), Outcome>,
-    /// Times each effect's closure ran.
+    /// Times each effect's closure ran and succeeded.
     runs: BTreeMap<(u64, usize, usize, usize), u32>,
     /// Results handed out so far (each effect returns a new one).
     made: u32,
@@ -108,24 +124,33 @@ fn step_atom(store: &Store, run: RunId, agent: &str, step: &str) -> Option<conti
     Some(atom)
 }
 
+/// What an effect returns: `result`, or a failure with `message` if `fails` says so.
+fn outcome(fails: Option<bool>, result: &[u8], message: &str) -> Result<Vec<u8>, AtomFailure> {
+    match fails {
+        None => Ok(result.to_vec()),
+        Some(retryable) => Err(AtomFailure { message: message.to_owned(), retryable }),
+    }
+}
+
 /// Applies `action` (all but [`Action::Reopen`]) to the store and the model, checking the
 /// store's answers against the model's.
 fn apply(store: &Store, model: &mut Model, action: &Action) {
     match *action {
-        Action::Guarded { run, agent, step, operation, dies } => {
+        Action::Guarded { run, agent, step, operation, dies, fails } => {
             let run_id = store.create_run(RunSpec::new(RUNS[run])).expect("run");
             let Some(atom) = step_atom(store, run_id, AGENTS[agent], STEPS[step]) else { return };
             let identity = (run_id.get(), agent, step, operation);
             let result = format!("effect {}", model.made).into_bytes();
+            let failure = format!("failure {}", model.made);
             let mut ran = false;
             let called = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 store.guarded(atom, OPERATIONS[operation], |_| {
                     ran = true;
                     assert!(!dies, "the process died during the effect");
-                    result.clone()
+                    outcome(fails, &result, &failure)
                 })
             }));
-            if ran {
+            if ran && fails.is_none() {
                 *model.runs.entry(identity).or_default() += 1;
             }
             let expected = model.effects.get(&identity).cloned();
@@ -135,14 +160,26 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                     model.effects.insert(identity, Outcome::InDoubt);
                 }
                 (Ok(Ok(got)), None) => {
-                    assert!(ran, "a new effect runs");
+                    assert!(ran && fails.is_none(), "a new effect runs, and only a success is a result");
                     assert_eq!(got, result);
                     model.made += 1;
                     model.effects.insert(identity, Outcome::Recorded(got));
                 }
+                (Ok(Err(Error::GuardFailed { message, retryable, .. })), None) => {
+                    assert!(ran && fails == Some(retryable), "{identity:?}: a failure the effect did not report");
+                    assert_eq!(message, failure);
+                    model.made += 1;
+                    if !retryable {
+                        model.effects.insert(identity, Outcome::Failed(message));
+                    }
+                }
                 (Ok(Ok(got)), Some(Outcome::Recorded(want))) => {
                     assert!(!ran, "{identity:?}: a recorded effect runs again");
                     assert_eq!(got, want, "{identity:?}: the recorded result");
+                }
+                (Ok(Err(Error::GuardFailed { message, retryable: false, .. })), Some(Outcome::Failed(want))) => {
+                    assert!(!ran, "{identity:?}: an effect that failed for good runs again");
+                    assert_eq!(message, want, "{identity:?}: the recorded failure");
                 }
                 (Ok(Err(Error::GuardInDoubt { key })), Some(Outcome::InDoubt)) => {
                     assert!(!ran);
@@ -191,6 +228,8 @@ struct Attempt {
     operation: usize,
     /// The result the effect would have returned.
     result: Vec<u8>,
+    /// Whether the effect reported a failure (`Some(retryable)`) instead.
+    fails: Option<bool>,
     /// Its closure ran.
     ran: bool,
     /// The call returned the result.
@@ -202,10 +241,11 @@ struct Attempt {
 /// drop the crash undid is redone or not as the model does not track them).
 fn attempt(store: &Store, model: &mut Model, action: &Action) -> Option<Attempt> {
     match *action {
-        Action::Guarded { run, agent, step, operation, .. } => {
+        Action::Guarded { run, agent, step, operation, fails, .. } => {
             let result = format!("effect {}", model.made).into_bytes();
+            let failure = format!("failure {}", model.made);
             model.made += 1;
-            let mut attempt = Attempt { run, agent, step, operation, result, ran: false, acked: false };
+            let mut attempt = Attempt { run, agent, step, operation, result, fails, ran: false, acked: false };
             let Ok(run_id) = store.create_run(RunSpec::new(RUNS[run])) else { return Some(attempt) };
             let atom = match store.atom_by_key(run_id, AGENTS[agent], STEPS[step]) {
                 Ok(Some(atom)) => atom,
@@ -221,11 +261,11 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Option<Attempt>
             let mut ran = false;
             let called = store.guarded(atom, OPERATIONS[operation], |_| {
                 ran = true;
-                attempt.result.clone()
+                outcome(fails, &attempt.result, &failure)
             });
             attempt.ran = ran;
             attempt.acked = called.is_ok_and(|got| got == attempt.result);
-            if ran {
+            if ran && fails.is_none() {
                 *model.runs.entry((run_id.get(), agent, step, operation)).or_default() += 1;
             }
             Some(attempt)
@@ -268,7 +308,7 @@ fn reconcile(store: &Store, model: &mut Model, attempt: Option<Attempt>) {
             assert_eq!(store.compact().expect("compact").runs_dropped, 1, "the finished run {name} is dropped");
         }
     }
-    let Some(Attempt { run, agent, step, operation, result, ran, acked }) = attempt else { return };
+    let Some(Attempt { run, agent, step, operation, result, fails, ran, acked }) = attempt else { return };
     let what = format!(
         "{}/{}/{}/{} (ran: {ran}, acked: {acked})",
         RUNS[run], AGENTS[agent], STEPS[step], OPERATIONS[operation]
@@ -287,20 +327,28 @@ fn reconcile(store: &Store, model: &mut Model, attempt: Option<Attempt>) {
     let mut ran_again = false;
     let called = store.guarded(atom, OPERATIONS[operation], |_| {
         ran_again = true;
-        again.clone()
+        Ok(again.clone())
     });
     match (called, model.effects.get(&identity).cloned()) {
         (Ok(got), Some(Outcome::Recorded(want))) => {
             assert!(!ran_again && got == want, "{what}: a recorded effect changed or ran again");
         }
         (Err(Error::GuardInDoubt { .. }), Some(Outcome::InDoubt)) => {}
+        (Err(Error::GuardFailed { message, retryable: false, .. }), Some(Outcome::Failed(want))) => {
+            assert!(!ran_again && message == want, "{what}: a recorded failure changed or ran again");
+        }
         (Ok(got), None) if !ran_again => {
-            assert!(ran && got == result, "{what}: recorded {got:?} without running");
+            assert!(ran && fails.is_none() && got == result, "{what}: recorded {got:?} without running");
             model.effects.insert(identity, Outcome::Recorded(got));
         }
+        (Err(Error::GuardFailed { message, retryable: false, .. }), None) => {
+            assert!(ran && fails == Some(false) && !ran_again, "{what}: a failure recorded that did not happen");
+            model.effects.insert(identity, Outcome::Failed(message));
+        }
         (Ok(got), None) => {
-            // The store knew nothing of the effect: so its closure must never have run.
-            assert!(!ran && !acked, "{what}: the effect ran, and the store let it run again");
+            // The store knew nothing of the effect: so its closure must never have run, or
+            // ran and reported a failure (which leaves the key free).
+            assert!((!ran || fails.is_some()) && !acked, "{what}: the effect ran, and the store let it run again");
             *model.runs.entry(identity).or_default() += 1;
             model.effects.insert(identity, Outcome::Recorded(got));
         }

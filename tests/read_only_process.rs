@@ -90,10 +90,8 @@ fn read_only_open_works_while_another_process_holds_the_store_and_changes_nothin
     assert_eq!(rebuilt.snapshot, Some(last), "the holder's snapshot is used");
     assert!(matches!(store.create_run(RunSpec::new("refused")), Err(Error::ReadOnly)));
     assert!(store.snapshot_now(last).is_err(), "a read-only store writes no snapshot");
-    assert!(matches!(store.log().append(b"x"), Err(Error::ReadOnly)));
-    assert!(matches!(store.log().sync(), Err(Error::ReadOnly)));
-    assert!(matches!(store.log().truncate_prefix(continuum::Lsn::new(1_000)), Err(Error::ReadOnly)));
-    assert_eq!(store.metrics().errors.iter().sum::<u64>(), 3, "append, sync and run creation counted");
+    assert!(matches!(store.sync(), Err(Error::ReadOnly)));
+    assert_eq!(store.metrics().errors.iter().sum::<u64>(), 2, "sync and run creation counted");
     drop(store);
     let log = Log::open_read_only(dir.path()).expect("read-only log");
     assert_eq!(log.iter_from(continuum::Lsn::FIRST).expect("iter").count() as u64, log.next_lsn().get() - 1);

@@ -443,7 +443,7 @@ fn a_dropped_run_gives_its_index_memory_back() {
     let old = record(&store, old_run, 9_000);
     // And 2,000 guarded effects, whose guards go too.
     for atom in &old[..2_000] {
-        store.guarded(*atom, "send", |_| b"sent".to_vec()).expect("guarded");
+        store.guarded(*atom, "send", |_| Ok(b"sent".to_vec())).expect("guarded");
     }
     let kept_run = store.create_run(RunSpec::new("kept")).expect("run");
     let kept = record(&store, kept_run, 100);

@@ -169,7 +169,7 @@ fn guarded_effects_run_once_per_key() {
         let result = store
             .guarded(atom, "send_email", |key| {
                 effects.set(effects.get() + 1);
-                format!("sent with {key}").into_bytes()
+                Ok(format!("sent with {key}").into_bytes())
             })
             .expect("guarded");
         assert_eq!(result, b"sent with r#1/mailer/step-3/send_email");
@@ -178,7 +178,7 @@ fn guarded_effects_run_once_per_key() {
     let store = Store::open(dir.path()).expect("reopen");
     let again = store.guarded(atom, "send_email", |_| {
         effects.set(effects.get() + 1);
-        Vec::new()
+        Ok(Vec::new())
     });
     assert_eq!(again.expect("recorded"), b"sent with r#1/mailer/step-3/send_email");
     assert_eq!(effects.get(), 1);
@@ -203,7 +203,7 @@ fn a_run_that_reuses_a_dropped_runs_name_runs_its_guarded_effects_anew() {
         let day = day.to_owned();
         move |key: &str| {
             sent.set(sent.get() + 1);
-            format!("{day} sent with {key}").into_bytes()
+            Ok(format!("{day} sent with {key}").into_bytes())
         }
     };
     let store = dropping_store(dir.path());
@@ -294,7 +294,7 @@ fn guards_recorded_under_keys_without_the_run_id_are_honoured_for_their_own_run(
     let effects = Cell::new(0);
     let pay = |_: &str| {
         effects.set(effects.get() + 1);
-        b"paid now".to_vec()
+        Ok(b"paid now".to_vec())
     };
     let orders = store.create_run(RunSpec::new("orders")).expect("existing run");
     let checkout = store.atom_by_key(orders, "tool", "checkout").expect("read").expect("atom 2");
@@ -327,7 +327,7 @@ fn guard_keys_of_different_atoms_or_operations_never_coincide() {
     let effects = Cell::new(0);
     let effect = |key: &str| {
         effects.set(effects.get() + 1);
-        key.as_bytes().to_vec()
+        Ok(key.as_bytes().to_vec())
     };
     let one = store.guarded(first, "op", effect).expect("first");
     let two = store.guarded(second, "op", effect).expect("second");
@@ -345,7 +345,7 @@ fn only_a_guard_in_doubt_can_be_resolved() {
     let run = store.create_run(RunSpec::new("r")).expect("run");
     let atom = store.begin_atom(run, "mailer", "step-1", &[], "").expect("atom");
     // A completed guard keeps its recorded result.
-    let sent = store.guarded(atom, "send", |_| b"sent".to_vec()).expect("guarded");
+    let sent = store.guarded(atom, "send", |_| Ok(b"sent".to_vec())).expect("guarded");
     let key = store.guard_key(atom, "send").expect("key");
     assert!(matches!(store.resolve_guard(&key, b"other"), Err(Error::GuardNotInDoubt { .. })));
     assert_eq!(store.guarded(atom, "send", |_| unreachable!()).expect("recorded"), sent);
@@ -755,4 +755,142 @@ fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
     let store = open().expect("reopen");
     assert!(store.index_checkpoint().opened_from.is_none());
     check(&store, "reopened by a whole fold");
+}
+
+/// Creating or finishing a run syncs its record; the index stays open to every other agent
+/// meanwhile. An agent resuming from its recorded atoms (`execute` answering from the log, no
+/// append) and readers on other threads return while the run's `fdatasync` is still in
+/// progress, not after it. (A new record of any durability waits for the commit group in
+/// flight, the log's group commit; it no longer also waits for the index.)
+#[test]
+fn run_creation_and_end_do_not_hold_the_index_across_their_sync() {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use continuum::storage::sim::SimStorage;
+
+    let sim = SimStorage::new(7);
+    let store =
+        Store::builder("/runs-and-atoms").storage(Arc::new(sim.process())).background(false).open().expect("open");
+    let run = store.create_run(RunSpec::new("busy")).expect("run");
+    let done = store.execute(run, "a", "k1", &[], |_| Ok(output(1))).expect("execute").atom;
+    let delay = Duration::from_millis(1_500);
+    sim.set_sync_delay(delay);
+    std::thread::scope(|scope| {
+        for action in ["create", "finish"] {
+            let started = Instant::now();
+            let store = &store;
+            let slow = scope.spawn(move || match action {
+                "create" => store.create_run(RunSpec::new("slow")).map(|_| ()),
+                _ => store.finish_run(run, true, "done"),
+            });
+            // The run's record is being synced by now.
+            std::thread::sleep(Duration::from_millis(300));
+            let waited = Instant::now();
+            let replayed = store.execute(run, "a", "k1", &[], |_| Ok(output(2))).expect("replay");
+            assert!(replayed.replayed && replayed.atom == done);
+            assert_eq!(store.atom(done).expect("a read").status, AtomStatus::Completed);
+            assert_eq!(store.last_agent_atom(run, "a"), Some(done));
+            let blocked = waited.elapsed();
+            assert!(blocked < delay / 3, "{action}: another agent's resume waited {blocked:?} for the run's sync");
+            slow.join().expect("thread").expect("the run's record");
+            assert!(started.elapsed() >= delay, "{action}: the run's record waited for its sync");
+        }
+    });
+    sim.set_sync_delay(Duration::ZERO);
+    assert!(store.run_id("slow").is_some());
+    assert!(matches!(store.run_status(run), Ok(RunStatus::Finished { success: true, .. })));
+}
+
+/// A guarded effect that fails is not recorded as a result. A retryable failure leaves the key
+/// free, also after a reopen (it is not in doubt): the next call runs the effect again and its
+/// success is recorded. A failure for good is the key's outcome: later calls return it, before
+/// and after a reopen, without running the effect.
+#[test]
+fn a_failed_guarded_effect_is_retried_or_recorded_as_failed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = Cell::new(0);
+    let effect = |outcome: Result<&'static [u8], bool>| {
+        let runs = &runs;
+        move |_: &str| {
+            runs.set(runs.get() + 1);
+            outcome.map(<[u8]>::to_vec).map_err(|retryable| AtomFailure { message: "HTTP 503".into(), retryable })
+        }
+    };
+    let (pay, refund) = {
+        let store = Store::open(dir.path()).expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let pay = store.begin_atom(run, "agent", "pay", &[], "").expect("atom");
+        let refund = store.begin_atom(run, "agent", "refund", &[], "").expect("atom");
+        let failed = store.guarded(pay, "charge", effect(Err(true)));
+        assert!(
+            matches!(&failed, Err(Error::GuardFailed { message, retryable: true, .. }) if message == "HTTP 503"),
+            "{failed:?}"
+        );
+        let failed = store.guarded(refund, "refund", effect(Err(false)));
+        assert!(matches!(failed, Err(Error::GuardFailed { retryable: false, .. })), "{failed:?}");
+        assert_eq!(runs.get(), 2);
+        (pay, refund)
+    };
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.guarded(pay, "charge", effect(Ok(b"charged"))).expect("the retry"), b"charged");
+    assert_eq!(runs.get(), 3, "the retry ran the effect");
+    assert_eq!(store.guarded(pay, "charge", effect(Ok(b"twice"))).expect("recorded"), b"charged");
+    let again = store.guarded(refund, "refund", effect(Ok(b"refunded")));
+    assert!(matches!(again, Err(Error::GuardFailed { retryable: false, .. })), "{again:?}");
+    assert_eq!(runs.get(), 3, "no recorded outcome ran again");
+    let key = store.guard_key(refund, "refund").expect("key");
+    assert!(matches!(store.resolve_guard(&key, b"x"), Err(Error::GuardNotInDoubt { .. })));
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.guarded(pay, "charge", effect(Ok(b"twice"))).expect("recorded"), b"charged");
+    assert!(matches!(store.guarded(refund, "refund", effect(Ok(b"x"))), Err(Error::GuardFailed { .. })));
+    assert_eq!(runs.get(), 3);
+}
+
+/// The contract of `record_atom`'s arguments: the identity the store enforces is (run, agent,
+/// key) on the branch of the parents, so recording a step again returns `AtomExists` with the
+/// recorded atom, whatever its idempotency key; the idempotency key is the caller's label,
+/// stored and returned, not enforced (two steps may carry the same one).
+#[test]
+fn record_atom_enforces_the_step_and_stores_the_idempotency_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let first = store.record_atom(run, "a", "step-1", &[], "checkpoint-1", &output(1)).expect("record");
+    for idempotency_key in ["checkpoint-1", "checkpoint-2", ""] {
+        let again = store.record_atom(run, "a", "step-1", &[], idempotency_key, &output(2));
+        assert!(matches!(again, Err(Error::AtomExists { atom }) if atom == first.get()), "{again:?}");
+    }
+    let other = store.record_atom(run, "a", "step-2", &[first], "checkpoint-1", &output(3)).expect("another step");
+    assert_eq!(store.atom(first).expect("first").idempotency_key, "checkpoint-1");
+    assert_eq!(store.atom(other).expect("other").idempotency_key, "checkpoint-1");
+    assert_eq!(store.atom(first).expect("first").output, Some(output(1)), "the recorded output stays");
+}
+
+/// An atom id is meaningful across a crash only once its start is durable: the start of an
+/// atom begun and never ended is taken back by a power loss, and the next process may give its
+/// id to another atom; an atom whose completion returned keeps its id, and its key (on its
+/// branch) finds it in every later process.
+#[test]
+fn an_atom_id_names_its_atom_across_a_crash_once_its_start_is_durable() {
+    use std::sync::Arc;
+
+    use continuum::storage::sim::{CrashDamage, DataDamage, DirDamage, SimStorage};
+
+    let sim = SimStorage::new(11);
+    let open = || Store::builder("/ids").storage(Arc::new(sim.process())).background(false).open().expect("open");
+    let store = open();
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let done = store.execute(run, "a", "done", &[], |_| Ok(output(1))).expect("execute").atom;
+    let pending = store.begin_atom(run, "a", "pending", &[done], "").expect("begin");
+    sim.crash(CrashDamage { data: DataDamage::DropUnsynced, dir: DirDamage::KeepAll });
+    drop(store);
+    let store = open();
+    assert!(store.atom_by_key(run, "a", "pending").expect("lookup").is_none(), "the start was not durable");
+    let other = store.begin_atom(run, "a", "other", &[done], "").expect("begin");
+    assert_eq!(other, pending, "the id of a start a crash took back may name another atom");
+    assert_eq!(store.atom(other).expect("atom").key, "other");
+    assert_eq!(store.atom(done).expect("durable").key, "done", "a durable atom keeps its id");
+    assert_eq!(store.atom_by_key_on(run, "a", "done", &[]).expect("lookup"), Some(done));
 }

@@ -213,7 +213,7 @@ fn a_rerun_atom_does_not_repeat_its_guarded_effect() {
                 let receipt = store
                     .guarded(atom, "send", |_| {
                         sent.set(sent.get() + 1);
-                        b"receipt-1".to_vec()
+                        Ok(b"receipt-1".to_vec())
                     })
                     .expect("guarded");
                 Ok(AtomOutput { delta: Transcript::new(1).next_delta(200), result: receipt })

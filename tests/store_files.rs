@@ -43,7 +43,8 @@ fn segment_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         .expect("list")
         .map(|entry| entry.expect("entry").path())
         .filter(|path| {
-            path.extension().is_some_and(|ext| ext == "seg") || path.file_name().is_some_and(|name| name == "log.manifest")
+            path.extension().is_some_and(|ext| ext == "seg")
+                || path.file_name().is_some_and(|name| name == "log.manifest")
         })
         .map(|path| {
             let bytes = std::fs::read(&path).expect("read segment");

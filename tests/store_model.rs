@@ -133,6 +133,8 @@ struct ModelAtom {
     id: AtomId,
     agent: usize,
     key: String,
+    /// The parents it was begun with: a key names a step on a branch.
+    parents: Vec<AtomId>,
     /// The output it completed with, if it did.
     output: Option<AtomOutput>,
     /// It failed for good.
@@ -158,8 +160,8 @@ struct Model {
 
 impl ModelAtom {
     /// A new atom of the agent's, completed with `output` if it is `Some`.
-    fn new(id: AtomId, agent: usize, key: String, output: Option<AtomOutput>) -> Self {
-        Self { id, agent, key, output, failed: false, retry: false, abandoned: false }
+    fn new(id: AtomId, agent: usize, key: String, parents: Vec<AtomId>, output: Option<AtomOutput>) -> Self {
+        Self { id, agent, key, parents, output, failed: false, retry: false, abandoned: false }
     }
 }
 
@@ -179,9 +181,31 @@ impl Model {
         AtomOutput { delta: Transcript::new(self.made).next_delta(200), result: self.made.to_le_bytes().to_vec() }
     }
 
-    /// The step's atom no rollback abandoned.
+    /// The step's newest atom no rollback abandoned, on any branch (`atom_by_key`).
     fn step(&self, run: usize, agent: usize, key: &str) -> Option<&ModelAtom> {
-        self.runs.get(&run)?.1.iter().find(|atom| atom.agent == agent && atom.key == key && !atom.abandoned)
+        self.runs.get(&run)?.1.iter().rev().find(|atom| atom.agent == agent && atom.key == key && !atom.abandoned)
+    }
+
+    /// The step's atom on the branch of `parents` (`execute`, `record_atom`): the newest no
+    /// rollback abandoned whose parents are the same set, or that is an ancestor of one of them.
+    fn step_on(&self, run: usize, agent: usize, key: &str, parents: &[AtomId]) -> Option<&ModelAtom> {
+        let atoms = &self.runs.get(&run)?.1;
+        let set = |atoms: &[AtomId]| atoms.iter().copied().collect::<std::collections::BTreeSet<_>>();
+        let mut ancestors = std::collections::BTreeSet::new();
+        let mut stack: Vec<AtomId> = parents.to_vec();
+        while let Some(atom) = stack.pop() {
+            if ancestors.insert(atom)
+                && let Some(found) = atoms.iter().find(|a| a.id == atom)
+            {
+                stack.extend(found.parents.iter().copied());
+            }
+        }
+        atoms.iter().rev().find(|atom| {
+            atom.agent == agent
+                && atom.key == key
+                && !atom.abandoned
+                && (set(&atom.parents) == set(parents) || ancestors.contains(&atom.id))
+        })
     }
 
     /// The agent's head: its newest atom no rollback abandoned.
@@ -203,7 +227,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let id = run_id(store, model, run);
             let key = format!("step-{step}");
             let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
-            let known = model.step(run, agent, &key).cloned();
+            let known = model.step_on(run, agent, &key, &parents).cloned();
             let output = model.output();
             let mut ran = 0;
             let mut attempt = |_: AtomId| {
@@ -232,7 +256,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                         known.failed = true;
                         known.retry = false;
                     }
-                    None => atoms.push(ModelAtom { failed: true, ..ModelAtom::new(atom, agent, key, None) }),
+                    None => atoms.push(ModelAtom { failed: true, ..ModelAtom::new(atom, agent, key, parents, None) }),
                 }
                 return;
             }
@@ -262,7 +286,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
                             atom.output = Some(output);
                             atom.retry = false;
                         }
-                        None => atoms.push(ModelAtom::new(executed.atom, agent, key, Some(output))),
+                        None => atoms.push(ModelAtom::new(executed.atom, agent, key, parents, Some(output))),
                     }
                 }
             }
@@ -271,14 +295,14 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             let id = run_id(store, model, run);
             let key = format!("step-{step}");
             let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
-            let known = model.step(run, agent, &key).map(|atom| atom.id);
+            let known = model.step_on(run, agent, &key, &parents).map(|atom| atom.id);
             let output = model.output();
             let recorded = store.record_atom(id, AGENTS[agent], &key, &parents, "", &output);
             match (recorded, known) {
                 (Err(Error::AtomExists { atom }), Some(known)) => assert_eq!(atom, known.get()),
                 (Ok(atom), None) => {
                     let atoms = &mut model.runs.get_mut(&run).expect("run").1;
-                    atoms.push(ModelAtom::new(atom, agent, key, Some(output)));
+                    atoms.push(ModelAtom::new(atom, agent, key, parents, Some(output)));
                 }
                 (recorded, known) => panic!("record_atom of {key}: {recorded:?}, the model knows {known:?}"),
             }
@@ -331,7 +355,7 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             store.complete_atom(atom, &output).expect("complete the fork");
             store.rebuild_context(atom).unwrap_or_else(|e| panic!("the fork {atom}: {e}"));
             let atoms = &mut model.runs.get_mut(&run).expect("run").1;
-            atoms.push(ModelAtom::new(atom, agent, key, Some(output)));
+            atoms.push(ModelAtom::new(atom, agent, key, vec![from], Some(output)));
         }
         Action::Drop { run } => {
             let Some((id, atoms)) = model.runs.remove(&run) else { return };
@@ -360,6 +384,8 @@ enum Attempt {
         run: usize,
         agent: usize,
         key: String,
+        /// The parents it was attempted with.
+        parents: Vec<AtomId>,
         output: AtomOutput,
         record: bool,
         fails: Fails,
@@ -410,8 +436,8 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
             let key = format!("step-{step}");
             let output = model.output();
             let mut acked = Acked::Nothing;
+            let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
             if let Ok(id) = store.create_run(RunSpec::new(RUNS[run])) {
-                let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
                 let mut ran = 0;
                 let mut work = |_: AtomId| {
                     ran += 1;
@@ -430,19 +456,19 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
                     break;
                 }
             }
-            Attempt::Step { run, agent, key, output, record: false, fails, acked }
+            Attempt::Step { run, agent, key, parents, output, record: false, fails, acked }
         }
         Action::Record { run, agent, step } => {
             let key = format!("step-{step}");
             let output = model.output();
             let mut acked = Acked::Nothing;
-            if let Ok(id) = store.create_run(RunSpec::new(RUNS[run])) {
-                let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
-                if store.record_atom(id, AGENTS[agent], &key, &parents, "", &output).is_ok() {
-                    acked = Acked::Completion;
-                }
+            let parents: Vec<AtomId> = model.head(run, agent).into_iter().collect();
+            if let Ok(id) = store.create_run(RunSpec::new(RUNS[run]))
+                && store.record_atom(id, AGENTS[agent], &key, &parents, "", &output).is_ok()
+            {
+                acked = Acked::Completion;
             }
-            Attempt::Step { run, agent, key, output, record: true, fails: Fails::Never, acked }
+            Attempt::Step { run, agent, key, parents, output, record: true, fails: Fails::Never, acked }
         }
         Action::Pin { run, agent } => match model.head(run, agent) {
             Some(atom) => Attempt::Pin { atom, acked: store.pin(atom, true).is_ok() },
@@ -496,7 +522,7 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
 /// did not try); the model takes it on.
 fn reconcile(store: &Store, model: &mut Model, attempt: Attempt) {
     match attempt {
-        Attempt::Step { run, agent, key, output, record, fails, acked } => {
+        Attempt::Step { run, agent, key, parents, output, record, fails, acked } => {
             let name = format!("{}/{}/{key}", RUNS[run], AGENTS[agent]);
             let id = match model.runs.get(&run) {
                 Some((id, _)) => *id,
@@ -511,8 +537,8 @@ fn reconcile(store: &Store, model: &mut Model, attempt: Attempt) {
                     }
                 },
             };
-            let known = model.step(run, agent, &key).cloned();
-            let Some(atom) = store.atom_by_key(id, AGENTS[agent], &key).expect("lookup") else {
+            let known = model.step_on(run, agent, &key, &parents).cloned();
+            let Some(atom) = store.atom_by_key_on(id, AGENTS[agent], &key, &parents).expect("lookup") else {
                 assert!(known.is_none(), "{name}: the atom {known:?} is gone");
                 assert_eq!(acked, Acked::Nothing, "{name}: acknowledged, then lost");
                 return;
@@ -550,7 +576,7 @@ fn reconcile(store: &Store, model: &mut Model, attempt: Attempt) {
                 Some(index) => index,
                 None => {
                     assert!(atoms.iter().all(|a| a.id < atom), "{name}: a new atom {atom} older than the run's");
-                    atoms.push(ModelAtom::new(atom, agent, key, None));
+                    atoms.push(ModelAtom::new(atom, agent, key, parents, None));
                     atoms.len() - 1
                 }
             };
@@ -600,8 +626,9 @@ fn reconcile(store: &Store, model: &mut Model, attempt: Attempt) {
                 AtomStatus::Running if !completed => None,
                 _ => panic!("the fork {key}: {status:?} (completion acknowledged: {completed})"),
             };
+            let parents = store.atom(atom).expect("the fork").parents;
             let atoms = &mut model.runs.get_mut(&run).expect("run").1;
-            atoms.push(ModelAtom::new(atom, agent, key, output));
+            atoms.push(ModelAtom::new(atom, agent, key, parents, output));
         }
         Attempt::Drop { run, acked } => {
             let id = model.runs.get(&run).expect("a dropped run").0;

@@ -11,7 +11,8 @@
 //! - `resume_open` (workloads 4 and 5): a data set of 1 GiB of atoms (agents of 10,000 and
 //!   1,000,000 atoms among fillers, interleaved) is loaded into each engine and synced; then
 //!   the engine is reopened (timed: workload 5) and each of the two agents is rebuilt (timed:
-//!   workload 4).
+//!   workload 4); then every atom of the 10,000-atom agent is read back with its output, in
+//!   order (timed: W4h; the store through `Store::agent_history`, the peers as in W4).
 //! - Bytes on disk per atom after each of them (workload 6), and `at_rest`: a sample of the
 //!   data set's atoms in a continuum store with every delta kept (no policy snapshots), after
 //!   one compaction round with cold compression (the store's default), as a long-running
@@ -845,6 +846,8 @@ struct Reopened {
     open: Duration,
     small: Duration,
     big: Duration,
+    /// Every atom of the small agent read back with its output (`AtomSink::history`).
+    history: Duration,
 }
 
 fn resume_open(options: &Options, scale: &Scale, root: &Path, report: &mut Report) {
@@ -858,7 +861,7 @@ fn resume_open(options: &Options, scale: &Scale, root: &Path, report: &mut Repor
             engine.name(),
             loaded.load.as_secs_f64()
         );
-        let (mut opens, mut smalls, mut bigs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut opens, mut smalls, mut bigs, mut histories) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..scale.opens {
             let start = Instant::now();
             let sink = engine
@@ -874,6 +877,12 @@ fn resume_open(options: &Options, scale: &Scale, root: &Path, report: &mut Repor
                 times.push(start.elapsed());
                 assert_eq!(resumed.atoms, expected, "{} should resume every atom of agent {agent}", engine.name());
             }
+            let start = Instant::now();
+            let read = sink
+                .history(SMALL_AGENT)
+                .unwrap_or_else(|error| panic!("{} should read the history: {error}", engine.name()));
+            histories.push(start.elapsed());
+            assert_eq!(read.atoms, scale.small_agent_atoms, "{} should read every atom", engine.name());
             if opens.len() == scale.opens {
                 report.record_space(RESUME_OPEN, engine, &dir, sink.as_ref(), loaded.atoms, Some(loaded.delta_bytes));
             }
@@ -885,6 +894,7 @@ fn resume_open(options: &Options, scale: &Scale, root: &Path, report: &mut Repor
             open: median_duration(&mut opens),
             small: median_duration(&mut smalls),
             big: median_duration(&mut bigs),
+            history: median_duration(&mut histories),
         };
         eprintln!(
             "{RESUME_OPEN}: {}: open {:.3} s, resume {:.3} s / {:.3} s",
@@ -1276,6 +1286,11 @@ impl Report {
         lines.extend(table(&header, &column(|r| r.small)));
         lines.push(format!("W4 resume, agent of {} atoms (after reopening):", thousands(scale.big_agent_atoms as f64)));
         lines.extend(table(&header, &column(|r| r.big)));
+        lines.push(format!(
+            "W4h every atom of the agent of {} atoms with its output, in order (after reopening; the store: `agent_history`):",
+            thousands(scale.small_agent_atoms as f64)
+        ));
+        lines.extend(table(&header, &column(|r| r.history)));
         lines.push("W5 open (recovery) of the whole data set:".to_owned());
         lines.extend(table(&header, &column(|r| r.open)));
         lines.push("load (setup, not a goal):".to_owned());
@@ -1294,6 +1309,10 @@ impl Report {
             {
                 let (l, s) = against_raft(|r| r.big);
                 at_least_raft("W4 big-agent resume speed", l, s)
+            },
+            {
+                let (l, s) = against_raft(|r| r.history);
+                at_least_raft("W4h small-agent history speed", l, s)
             },
             {
                 let (l, s) = against_raft(|r| r.open);

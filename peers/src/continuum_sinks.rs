@@ -91,7 +91,7 @@ impl AtomSink for LogSink {
     }
 
     fn used_bytes(&self) -> Result<Option<u64>> {
-        Ok(Some(used_bytes(&self.log)?))
+        Ok(Some(used_bytes(continuum::LogView::from(&self.log))?))
     }
 
     fn commit_metrics(&self) -> Option<continuum::MetricsSnapshot> {
@@ -111,7 +111,7 @@ fn agent_stream(record: &[u8]) -> Option<u64> {
 
 /// Bytes of a continuum directory that hold data: every file's length, less the preallocated
 /// zeros after each segment's last record.
-fn used_bytes(log: &Log) -> Result<u64> {
+fn used_bytes(log: continuum::LogView<'_>) -> Result<u64> {
     let mut preallocated = 0;
     for segment in log.segments() {
         // A segment compaction deleted after the listing holds no bytes any more.
@@ -246,7 +246,7 @@ impl AtomSink for StoreSink {
     }
 
     fn sync(&self) -> Result<()> {
-        self.store.log().sync()?;
+        self.store.sync()?;
         sync_tree(&self.dir)?;
         Ok(())
     }
@@ -270,6 +270,18 @@ impl AtomSink for StoreSink {
             None => 0,
         };
         Ok(Resumed { atoms: (in_snapshot + rebuilt.atoms_applied) as u64 })
+    }
+
+    fn history(&self, agent: u32) -> Result<Resumed> {
+        let run = self.run(agent)?;
+        let (_, name) = self.names.of(agent)?;
+        let mut atoms = 0;
+        for atom in self.store.agent_history(run, name) {
+            let atom = atom?;
+            std::hint::black_box(&atom.output);
+            atoms += 1;
+        }
+        Ok(Resumed { atoms })
     }
 
     fn used_bytes(&self) -> Result<Option<u64>> {

@@ -278,6 +278,18 @@ pub trait AtomSink: Send + Sync {
     /// The engine's errors, and [`Error::Decode`] for a delta that does not decode.
     fn resume(&self, agent: u32) -> Result<Resumed>;
 
+    /// Reads back every atom of `agent` with its recorded output (delta and, where the engine
+    /// keeps one, result), in atom order, decoding each delta: what a framework resuming an
+    /// agent that needs each step's result does, rather than a rebuilt context. For the peers
+    /// (and the raw log) this is what [`AtomSink::resume`] reads; the continuum store reads its
+    /// atoms through `Store::agent_history` instead of rebuilding a context from a snapshot.
+    ///
+    /// # Errors
+    /// The engine's errors, and [`Error::Decode`] for a delta that does not decode.
+    fn history(&self, agent: u32) -> Result<Resumed> {
+        self.resume(agent)
+    }
+
     /// Bytes of the engine's files that hold data, when the engine preallocates and can tell
     /// (continuum: segments up to their last record; okaywal: files up to their last entry).
     /// `None`: use the files' lengths.

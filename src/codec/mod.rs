@@ -96,6 +96,8 @@ pub enum StoreRecord {
     GuardStarted(proto::GuardStarted),
     /// A guarded side effect ran.
     GuardCompleted(proto::GuardCompleted),
+    /// A guarded side effect failed.
+    GuardFailed(proto::GuardFailed),
     /// A compression dictionary.
     Dictionary(proto::CompressionDictionary),
     /// A rollback: atoms after one atom of an agent were abandoned.
@@ -129,6 +131,8 @@ pub enum RecordKind {
     GuardStarted,
     /// [`StoreRecord::GuardCompleted`].
     GuardCompleted,
+    /// [`StoreRecord::GuardFailed`].
+    GuardFailed,
     /// [`StoreRecord::Dictionary`].
     Dictionary,
     /// [`StoreRecord::AtomsAbandoned`].
@@ -159,6 +163,7 @@ impl RecordKind {
             kind::RUN_DROPPED => RecordKind::RunDropped,
             kind::ATOM_PINNED => RecordKind::AtomPinned,
             kind::HISTORY_RELEASED => RecordKind::HistoryReleased,
+            kind::GUARD_FAILED => RecordKind::GuardFailed,
             _ => return None,
         })
     }
@@ -179,6 +184,7 @@ mod kind {
     pub const RUN_DROPPED: u8 = 11;
     pub const ATOM_PINNED: u8 = 12;
     pub const HISTORY_RELEASED: u8 = 13;
+    pub const GUARD_FAILED: u8 = 14;
 }
 
 /// The schema version every kind is written with today; readers accept this and older.
@@ -200,6 +206,7 @@ impl StoreRecord {
             StoreRecord::RunDropped(_) => kind::RUN_DROPPED,
             StoreRecord::AtomPinned(_) => kind::ATOM_PINNED,
             StoreRecord::HistoryReleased(_) => kind::HISTORY_RELEASED,
+            StoreRecord::GuardFailed(_) => kind::GUARD_FAILED,
         }
     }
 
@@ -211,7 +218,7 @@ impl StoreRecord {
             StoreRecord::AtomCompleted(m) => m.atom,
             StoreRecord::AtomFailed(m) => m.atom,
             StoreRecord::RunTerminal(m) => m.run,
-            StoreRecord::GuardStarted(_) | StoreRecord::GuardCompleted(_) => 0,
+            StoreRecord::GuardStarted(_) | StoreRecord::GuardCompleted(_) | StoreRecord::GuardFailed(_) => 0,
             StoreRecord::Dictionary(m) => u64::from(m.id),
             StoreRecord::AtomsAbandoned(m) => m.after_atom,
             StoreRecord::AtomReclaimed(m) => m.atom,
@@ -236,6 +243,7 @@ impl StoreRecord {
             StoreRecord::RunDropped(m) => m.encode_to_vec(),
             StoreRecord::AtomPinned(m) => m.encode_to_vec(),
             StoreRecord::HistoryReleased(m) => m.encode_to_vec(),
+            StoreRecord::GuardFailed(m) => m.encode_to_vec(),
         }
     }
 
@@ -254,6 +262,7 @@ impl StoreRecord {
             kind::RUN_DROPPED => StoreRecord::RunDropped(decode_message(body)?),
             kind::ATOM_PINNED => StoreRecord::AtomPinned(decode_message(body)?),
             kind::HISTORY_RELEASED => StoreRecord::HistoryReleased(decode_message(body)?),
+            kind::GUARD_FAILED => StoreRecord::GuardFailed(decode_message(body)?),
             other => return Err(CodecError::UnknownKind(other)),
         };
         Ok(record)

@@ -49,6 +49,12 @@ fn sample_records(seed: u64) -> Vec<StoreRecord> {
             started_at_unix_us: 1,
         }),
         StoreRecord::GuardCompleted(GuardCompleted { key: "g".into(), result: vec![1, 2, 3], ended_at_unix_us: 4 }),
+        StoreRecord::GuardFailed(crate::codec::proto::GuardFailed {
+            key: "g".into(),
+            error: "HTTP 503".into(),
+            retryable: true,
+            ended_at_unix_us: 5,
+        }),
         StoreRecord::Dictionary(CompressionDictionary { id: 1, dictionary: vec![7; 100] }),
         StoreRecord::AtomsAbandoned(AtomsAbandoned {
             after_atom: 2,

@@ -80,6 +80,15 @@ impl Store {
     /// The start is ordered in the log but made durable by the atom's completion (or by any
     /// later sync), not on its own.
     ///
+    /// The id returned names the atom in this process at once, and across a crash only once
+    /// the start is durable (the atom's completion or failure returned, or [`Store::sync`]):
+    /// a crash before that takes the start back, and the next process may give the id to
+    /// another atom. What names a step across processes is its key (with its branch:
+    /// [`Store::atom_by_key_on`]). `idempotency_key` is the caller's label for the atom (a
+    /// framework's own checkpoint id, say), stored with it and returned by [`Store::atom`];
+    /// the store does not enforce it: the identity it enforces is (run, agent, key) on the
+    /// branch of `parents` ([`Error::AtomExists`]).
+    ///
     /// # Errors
     /// [`Error::UnknownRun`], [`Error::RunFinished`], [`Error::InvalidParent`],
     /// [`Error::AtomExists`], [`Error::KeyCollision`], and the log's append errors. A refused
@@ -119,7 +128,9 @@ impl Store {
     /// Either both records are in the log or neither is: a crash before this returns leaves no
     /// trace of the atom, so its step runs again on resume, and a step whose output was used
     /// after this returned never does. One `fdatasync` (shared with concurrent writers)
-    /// instead of the two records' separate appends.
+    /// instead of the two records' separate appends. Recording a step again (the same run,
+    /// agent and key on the same branch) returns [`Error::AtomExists`] with the recorded atom;
+    /// `idempotency_key` is stored, not enforced (see [`Store::begin_atom`]).
     ///
     /// # Errors
     /// As [`Store::begin_atom`]. A refused atom leaves the log untouched.
@@ -289,17 +300,13 @@ impl Store {
             }
         }
         // One lookup of the agent and one of the key's hash serve both the check and the
-        // reservation. A key held by an abandoned atom is free again (the rollback released it).
+        // reservation. The key is taken only on the branch of `parents` (see `atom_on_branch`).
         let agent_id = index.agent_id(run32, agent);
         let hash = agent_id.map(|agent_id| index.identity.atom_key(run32, agent_id, key));
-        if let Some(holder) = hash.and_then(|hash| index.atom_keys.get(&hash)).map(|id| AtomId(u64::from(*id)))
-            && let Some(entry) = index.atom(holder).filter(|entry| !entry.abandoned)
+        if let Some(agent_id) = agent_id
+            && let Some(existing) = self.atom_on_branch(&index, (run32, agent_id), agent, key, Some(parents))?
         {
-            return Err(if self.holds_key(entry, agent, key)? {
-                Error::AtomExists { atom: holder.0 }
-            } else {
-                Error::KeyCollision { key: key.to_owned() }
-            });
+            return Err(Error::AtomExists { atom: existing.0 });
         }
         let agent_id = agent_id.unwrap_or_else(|| index.intern_agent(run32, agent));
         let hash = hash.unwrap_or_else(|| index.identity.atom_key(run32, agent_id, key));
@@ -318,44 +325,182 @@ impl Store {
         entry.released || (entry.reclaimed && !self.shared.snapshots.lock().contains(&atom.0))
     }
 
-    /// The atom of (run, agent, key), confirmed against its start record.
-    fn find_atom(&self, index: &StoreIndex, run: u32, agent: &str, key: &str) -> Result<Option<AtomId>> {
+    /// The atom of (run, agent, key), confirmed against its start record: with `parents`,
+    /// the one on their branch ([`Store::atom_on_branch`]); without, the newest that no rollback
+    /// abandoned.
+    fn find_atom(
+        &self,
+        index: &StoreIndex,
+        run: u32,
+        (agent, key): (&str, &str),
+        parents: Option<&[AtomId]>,
+    ) -> Result<Option<AtomId>> {
         let Some(agent_id) = index.agent_id(run, agent) else { return Ok(None) };
-        let Some(&id) = index.atom_keys.get(&index.identity.atom_key(run, agent_id, key)) else { return Ok(None) };
-        let atom = AtomId(u64::from(id));
-        let Some(entry) = index.atom(atom).filter(|entry| !entry.abandoned) else { return Ok(None) };
-        if self.holds_key(entry, agent, key)? {
-            Ok(Some(atom))
-        } else {
-            Err(Error::KeyCollision { key: key.to_owned() })
-        }
+        self.atom_on_branch(index, (run, agent_id), agent, key, parents)
     }
 
-    /// Whether the atom of `entry`, which holds the hash of (`agent`, `key`) in its run, is
-    /// that atom, confirmed against its start record; `false`: another key with the same hash.
-    fn holds_key(&self, entry: &AtomEntry, agent: &str, key: &str) -> Result<bool> {
-        if entry.state == EntryState::Starting {
-            // Reserved by a thread that has not written its start yet: nothing to confirm
-            // against, so taken as this key (as a 64-bit hash of another key begun this very
-            // moment is not worth waiting for).
-            return Ok(true);
-        }
-        match self.read_record(entry.started_lsn)? {
-            StoreRecord::AtomStarted(started) => Ok(started.key == key && started.agent == agent),
-            _ => {
-                Err(Error::InconsistentLog { lsn: entry.started_lsn, reason: "an atom's start is not a start record" })
+    /// The atom `agent` of `run` calls `key` on the branch of `parents`: the newest that no
+    /// rollback abandoned and that either has the same set of parents or is an ancestor of one
+    /// of them (a step the agent runs again after moving past it); `None` for `parents`: the
+    /// newest not abandoned, on any branch. A key names a step at one place of the agent's graph, so a fork
+    /// re-running a step gets an atom of its own, and each branch finds its own
+    /// (`docs/ARCHITECTURE.md`, "Keys and branches").
+    ///
+    /// The index maps a key's hash to its newest atom. Only when that one is abandoned or on
+    /// another branch are older ones looked for: among the agent's atoms newer than every
+    /// parent (a child's id is above its parents'), then among the parents' ancestors, each
+    /// read from its start record.
+    ///
+    /// # Errors
+    /// [`Error::KeyCollision`] when the hash's newest atom has another key; read errors.
+    fn atom_on_branch(
+        &self,
+        index: &StoreIndex,
+        (run, agent_id): (u32, u32),
+        agent: &str,
+        key: &str,
+        parents: Option<&[AtomId]>,
+    ) -> Result<Option<AtomId>> {
+        let hash = index.identity.atom_key(run, agent_id, key);
+        let Some(&id) = index.atom_keys.get(&hash) else { return Ok(None) };
+        let holder = AtomId(u64::from(id));
+        let Some(entry) = index.atom(holder) else { return Ok(None) };
+        if !entry.abandoned {
+            match self.key_match(entry, agent, key, parents)? {
+                KeyMatch::Same => return Ok(Some(holder)),
+                KeyMatch::OtherKey => return Err(Error::KeyCollision { key: key.to_owned() }),
+                KeyMatch::OtherBranch if self.is_ancestor(index, holder, parents.unwrap_or_default())? => {
+                    return Ok(Some(holder));
+                }
+                KeyMatch::OtherBranch => {}
             }
         }
+        let newer_than = parents.map_or(0, |parents| parents.iter().map(|parent| parent.0).max().unwrap_or(0));
+        let candidates: Vec<(AtomId, AtomEntry)> = index
+            .run_atoms(RunId(u64::from(run)))
+            .filter(|(atom, entry)| atom.0 > newer_than && *atom != holder && entry.agent == agent_id)
+            .filter(|(_, entry)| !entry.abandoned)
+            .map(|(atom, entry)| (atom, *entry))
+            .collect();
+        for (atom, entry) in candidates.into_iter().rev() {
+            if self.key_match(&entry, agent, key, parents)? == KeyMatch::Same {
+                return Ok(Some(atom));
+            }
+        }
+        match parents {
+            Some(parents) => self.ancestor_with_key(index, agent, key, parents),
+            None => Ok(None),
+        }
     }
 
-    /// The atom `agent` of `run` calls `key`, if it was begun.
+    /// Whether `ancestor` is an ancestor of one of `of`: a walk up from them through the
+    /// atoms newer than `ancestor` only.
+    fn is_ancestor(&self, index: &StoreIndex, ancestor: AtomId, of: &[AtomId]) -> Result<bool> {
+        let mut found = false;
+        self.walk_ancestors(index, of, ancestor.0, |atom, _| {
+            found |= atom == ancestor;
+            found
+        })?;
+        Ok(found)
+    }
+
+    /// The newest ancestor of `parents` (they included) that `agent` calls `key` and no rollback
+    /// abandoned.
+    fn ancestor_with_key(
+        &self,
+        index: &StoreIndex,
+        agent: &str,
+        key: &str,
+        parents: &[AtomId],
+    ) -> Result<Option<AtomId>> {
+        let mut found: Option<AtomId> = None;
+        self.walk_ancestors(index, parents, 0, |atom, started| {
+            let entry_ok = index.atom(atom).is_some_and(|entry| !entry.abandoned);
+            if entry_ok && started.key == key && started.agent == agent && found.is_none_or(|f| atom > f) {
+                found = Some(atom);
+            }
+            false
+        })?;
+        Ok(found)
+    }
+
+    /// Calls `visit` with each atom of `from` and each of their ancestors whose id is at least
+    /// `floor`, once, with its start record, until it returns `true`.
+    fn walk_ancestors(
+        &self,
+        index: &StoreIndex,
+        from: &[AtomId],
+        floor: u64,
+        mut visit: impl FnMut(AtomId, &proto::AtomStarted) -> bool,
+    ) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        let mut stack: Vec<AtomId> = from.iter().copied().filter(|atom| atom.0 >= floor).collect();
+        while let Some(atom) = stack.pop() {
+            let Some(entry) = index.atom(atom).filter(|entry| entry.state.status().is_some()) else { continue };
+            if !seen.insert(atom) {
+                continue;
+            }
+            let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)? else {
+                return Err(Error::InconsistentLog {
+                    lsn: entry.started_lsn,
+                    reason: "an atom's start is not a start record",
+                });
+            };
+            if visit(atom, &started) {
+                return Ok(());
+            }
+            // Parents are older than their children: ids below `floor` lead only further down.
+            stack.extend(
+                started.parents.iter().filter(|parent| **parent >= floor && **parent < atom.0).map(|p| AtomId(*p)),
+            );
+        }
+        Ok(())
+    }
+
+    /// How the atom of `entry` stands to (`agent`, `key`, `parents`), read from its start
+    /// record. An atom whose start is still being written is taken as the same (as a 64-bit
+    /// hash of another key begun this very moment is not worth waiting for).
+    fn key_match(&self, entry: &AtomEntry, agent: &str, key: &str, parents: Option<&[AtomId]>) -> Result<KeyMatch> {
+        if entry.state == EntryState::Starting {
+            return Ok(KeyMatch::Same);
+        }
+        let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)? else {
+            return Err(Error::InconsistentLog {
+                lsn: entry.started_lsn,
+                reason: "an atom's start is not a start record",
+            });
+        };
+        if started.key != key || started.agent != agent {
+            return Ok(KeyMatch::OtherKey);
+        }
+        match parents {
+            Some(parents) if !same_parents(&started.parents, parents) => Ok(KeyMatch::OtherBranch),
+            _ => Ok(KeyMatch::Same),
+        }
+    }
+
+    /// The atom `agent` of `run` calls `key` on the branch of `parents`, if it was begun: the
+    /// atom [`Store::execute`] with these parents would answer with (the newest not abandoned
+    /// whose parents are the same set, or that is an ancestor of one of them; see
+    /// `docs/ARCHITECTURE.md`, "Keys and branches").
+    ///
+    /// # Errors
+    /// Read errors of the log.
+    pub fn atom_by_key_on(&self, run: RunId, agent: &str, key: &str, parents: &[AtomId]) -> Result<Option<AtomId>> {
+        let index = self.shared.index.read();
+        let Ok(run32) = u32::try_from(run.0) else { return Ok(None) };
+        self.find_atom(&index, run32, (agent, key), Some(parents))
+    }
+
+    /// The newest atom `agent` of `run` calls `key` that no rollback abandoned, on any branch
+    /// (after a fork two atoms may hold the key; [`Store::atom_by_key_on`] tells them apart).
     ///
     /// # Errors
     /// Read errors of the log.
     pub fn atom_by_key(&self, run: RunId, agent: &str, key: &str) -> Result<Option<AtomId>> {
         let index = self.shared.index.read();
         let Ok(run32) = u32::try_from(run.0) else { return Ok(None) };
-        self.find_atom(&index, run32, agent, key)
+        self.find_atom(&index, run32, (agent, key), None)
     }
 
     /// Records that `atom` completed with `output`; returns once that is durable (or as
@@ -442,8 +587,9 @@ impl Store {
         }
     }
 
-    /// Runs one atom exactly once across crashes. If the atom (`agent` of `run`, called `key`)
-    /// already completed, returns its recorded output without calling `work`. Otherwise records
+    /// Runs one atom exactly once across crashes. If the atom (`agent` of `run`, called `key`,
+    /// on the branch of `parents`: see [`Store::atom_by_key_on`]) already completed, returns its
+    /// recorded output without calling `work`. Otherwise records
     /// it as running, calls `work`, records the completion (or failure) durably, and only then
     /// returns the output. With a buffered [`StoreBuilder::atom_durability`](crate::StoreBuilder::atom_durability),
     /// a power loss soon after may take the completion back, and the atom runs again (its
@@ -452,8 +598,10 @@ impl Store {
     /// One (run, agent, key) must not be executed by two threads at once.
     ///
     /// # Errors
-    /// [`Error::AtomFailed`] when `work` fails, or failed for good before; the errors of
-    /// [`Store::begin_atom`] and [`Store::complete_atom`].
+    /// [`Error::AtomFailed`] when `work` fails, or failed for good before;
+    /// [`Error::OutputNotRecorded`] when `work` succeeded and its completion was not recorded
+    /// (the error holds the output and the completion's error); the errors of
+    /// [`Store::begin_atom`] and [`Store::fail_atom`].
     pub fn execute(
         &self,
         run: RunId,
@@ -462,7 +610,12 @@ impl Store {
         parents: &[AtomId],
         work: impl FnOnce(AtomId) -> std::result::Result<AtomOutput, AtomFailure>,
     ) -> Result<Executed> {
-        let atom = match self.atom_by_key(run, agent, key)? {
+        let found = {
+            let index = self.shared.index.read();
+            let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
+            self.find_atom(&index, run32, (agent, key), Some(parents))?
+        };
+        let atom = match found {
             Some(atom) => match self.replay(atom)? {
                 Some(executed) => {
                     self.shared.log.metrics_handle().record_atom_skipped();
@@ -473,10 +626,13 @@ impl Store {
             None => self.begin_atom(run, agent, key, parents, "")?,
         };
         match work(atom) {
-            Ok(output) => {
-                self.complete_atom(atom, &output)?;
-                Ok(Executed { atom, output, replayed: false, delta_reclaimed: false })
-            }
+            Ok(output) => match self.complete_atom(atom, &output) {
+                Ok(()) => Ok(Executed { atom, output, replayed: false, delta_reclaimed: false }),
+                // The work is done: its output goes back to the caller with the error.
+                Err(source) => {
+                    Err(Error::OutputNotRecorded { atom: atom.0, output: Box::new(output), source: Box::new(source) })
+                }
+            },
             Err(failure) => {
                 self.fail_atom(atom, &failure)?;
                 Err(Error::AtomFailed { atom: atom.0, message: failure.message, retryable: failure.retryable })
@@ -514,47 +670,13 @@ impl Store {
                 .filter(|entry| entry.state.status().is_some())
                 .ok_or(Error::UnknownAtom { atom: atom.0 })?
         };
-        let StoreRecord::AtomStarted(started) = self.read_record(entry.started_lsn)? else {
-            return Err(Error::InconsistentLog {
-                lsn: entry.started_lsn,
-                reason: "an atom's start is not a start record",
-            });
+        let started = self.read_record(entry.started_lsn)?;
+        let ended = if entry.ended_lsn != 0 && entry.state.status() != Some(AtomStatus::Running) {
+            Some(self.read_record(entry.ended_lsn)?)
+        } else {
+            None
         };
-        let mut found = Atom {
-            id: atom,
-            run: RunId(started.run),
-            agent: started.agent,
-            key: started.key,
-            parents: started.parents.into_iter().map(AtomId).collect(),
-            idempotency_key: started.idempotency_key,
-            status: entry.state.status().unwrap_or(AtomStatus::Running),
-            started_at_unix_us: started.started_at_unix_us,
-            ended_at_unix_us: None,
-            output: None,
-            error: None,
-            started_lsn: Lsn::new(entry.started_lsn),
-            abandoned: entry.abandoned,
-            delta_reclaimed: entry.reclaimed,
-        };
-        if entry.ended_lsn != 0 && found.status != AtomStatus::Running {
-            match self.read_record(entry.ended_lsn)? {
-                StoreRecord::AtomCompleted(done) | StoreRecord::AtomReclaimed(done) => {
-                    found.ended_at_unix_us = Some(done.ended_at_unix_us);
-                    found.output = Some(AtomOutput { delta: done.delta.unwrap_or_default(), result: done.result });
-                }
-                StoreRecord::AtomFailed(failed) => {
-                    found.ended_at_unix_us = Some(failed.ended_at_unix_us);
-                    found.error = Some(failed.error);
-                }
-                _ => {
-                    return Err(Error::InconsistentLog {
-                        lsn: entry.ended_lsn,
-                        reason: "an atom's end is not an end record",
-                    });
-                }
-            }
-        }
-        Ok(found)
+        assemble_atom(atom, &entry, started, ended)
     }
 
     /// Every atom of `run`, in id order.
@@ -799,6 +921,72 @@ fn check_parent(index: &StoreIndex, run: u32, parent: AtomId) -> Result<()> {
         return Err(Error::InvalidParent { parent: parent.0, reason: "it was abandoned by a rollback" });
     }
     Ok(())
+}
+
+/// How an atom stands to a lookup by key ([`Store::atom_on_branch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyMatch {
+    /// The same key, agent and branch.
+    Same,
+    /// The same key and agent, other parents.
+    OtherBranch,
+    /// Another key or agent with the same hash.
+    OtherKey,
+}
+
+/// Whether `recorded` (a start record's parents) and `wanted` are the same set of atoms.
+fn same_parents(recorded: &[u64], wanted: &[AtomId]) -> bool {
+    let mut recorded = recorded.to_vec();
+    let mut wanted: Vec<u64> = wanted.iter().map(|atom| atom.0).collect();
+    recorded.sort_unstable();
+    recorded.dedup();
+    wanted.sort_unstable();
+    wanted.dedup();
+    recorded == wanted
+}
+
+/// The public view of `atom` (index entry `entry`) from its start record and, if it ended, its
+/// end record.
+pub(crate) fn assemble_atom(
+    atom: AtomId,
+    entry: &AtomEntry,
+    started: StoreRecord,
+    ended: Option<StoreRecord>,
+) -> Result<Atom> {
+    let StoreRecord::AtomStarted(started) = started else {
+        return Err(Error::InconsistentLog { lsn: entry.started_lsn, reason: "an atom's start is not a start record" });
+    };
+    let mut found = Atom {
+        id: atom,
+        run: RunId(started.run),
+        agent: started.agent,
+        key: started.key,
+        parents: started.parents.into_iter().map(AtomId).collect(),
+        idempotency_key: started.idempotency_key,
+        status: entry.state.status().unwrap_or(AtomStatus::Running),
+        started_at_unix_us: started.started_at_unix_us,
+        ended_at_unix_us: None,
+        output: None,
+        error: None,
+        started_lsn: Lsn::new(entry.started_lsn),
+        abandoned: entry.abandoned,
+        delta_reclaimed: entry.reclaimed,
+    };
+    match ended {
+        None => {}
+        Some(StoreRecord::AtomCompleted(done) | StoreRecord::AtomReclaimed(done)) => {
+            found.ended_at_unix_us = Some(done.ended_at_unix_us);
+            found.output = Some(AtomOutput { delta: done.delta.unwrap_or_default(), result: done.result });
+        }
+        Some(StoreRecord::AtomFailed(failed)) => {
+            found.ended_at_unix_us = Some(failed.ended_at_unix_us);
+            found.error = Some(failed.error);
+        }
+        Some(_) => {
+            return Err(Error::InconsistentLog { lsn: entry.ended_lsn, reason: "an atom's end is not an end record" });
+        }
+    }
+    Ok(found)
 }
 
 fn empty_resume(agent: &str) -> AgentResume {

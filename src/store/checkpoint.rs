@@ -771,7 +771,7 @@ mod tests {
     /// The index of `store` as it was rebuilt on open, against a fold of its whole log.
     fn assert_index_is_the_whole_fold(store: &Store) {
         let index = store.shared.index.read();
-        let expected = whole(store.log(), index.identity.seed());
+        let expected = whole(&store.shared.log, index.identity.seed());
         assert!(*index == expected, "the index rebuilt from a checkpoint differs from the whole fold");
     }
 
@@ -1107,8 +1107,8 @@ mod tests {
         let on_disk = std::fs::read(dir.path().join(FILE_NAME)).expect("read");
         // What the open's writer thread would hold: another encoding of the same log.
         let next = store.log().next_lsn().get();
-        let state = rebuild::fold_from(store.log(), &Codec::default(), fresh(99), next).expect("fold");
-        let other = encode(&state, store.log()).expect("encode");
+        let state = rebuild::fold_from(&store.shared.log, &Codec::default(), fresh(99), next).expect("fold");
+        let other = encode(&state, &store.shared.log).expect("encode");
         assert_ne!(other, on_disk);
         let checkpoint = &store.shared.index_checkpoint;
         let publish = |changes: u64| {
@@ -1147,7 +1147,7 @@ mod tests {
             let report = store.compact().expect("compact");
             assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
             let first = store.log().segments()[0].path.clone();
-            let header = identity::segment_header(store.log().storage().as_ref(), &first).expect("header");
+            let header = identity::segment_header(store.shared.log.storage().as_ref(), &first).expect("header");
             assert!(header.is_compacted(), "segment 1 was rewritten");
             assert!(store.atom(atoms[0]).expect("atom").delta_reclaimed);
             atoms[0]
@@ -1172,10 +1172,10 @@ mod tests {
         store.snapshot_now(atoms[100]).expect("snapshot");
         assert!(store.compact().expect("compact").segments_rewritten > 0);
         let next = store.log().next_lsn().get();
-        let before = fingerprint(store.log(), next).expect("fingerprint");
+        let before = fingerprint(&store.shared.log, next).expect("fingerprint");
         store.snapshot_now(atoms[300]).expect("snapshot");
         assert!(store.compact().expect("compact").segments_rewritten > 0);
-        let after = fingerprint(store.log(), next).expect("fingerprint");
+        let after = fingerprint(&store.shared.log, next).expect("fingerprint");
         let rewritten_again = before.segments.iter().zip(&after.segments).any(|(b, a)| b.end_lsn != 0 && b != a);
         assert!(rewritten_again, "{before:?} {after:?}");
     }
@@ -1350,7 +1350,7 @@ mod tests {
                 }
                 Step::GuardAndPin => {
                     if let Some(atom) = newest_completed(&store) {
-                        let _ = store.guarded(atom, "effect", |_| b"done".to_vec());
+                        let _ = store.guarded(atom, "effect", |_| Ok(b"done".to_vec()));
                         let _ = store.pin(atom, true);
                     }
                 }

@@ -1,7 +1,8 @@
 //! Idempotency guards: a side effect runs at most once per key, across crashes.
 //!
 //! `GuardStarted` is written durably before the effect runs and `GuardCompleted` (with the
-//! effect's result) after. A later call with a completed key returns the recorded result; a
+//! effect's result) after, or `GuardFailed` if the effect reports a failure (a retryable one
+//! frees the key for another attempt; another is the key's outcome). A later call with a completed key returns the recorded result; a
 //! key that started but never completed is *in doubt* (the process died during the effect):
 //! running it again could repeat it, so the caller gets [`Error::GuardInDoubt`] and decides,
 //! using the key with the external system, then records the outcome with
@@ -12,7 +13,7 @@ use crate::codec::proto;
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::store::index::GuardEntry;
-use crate::store::types::{AtomId, RunId};
+use crate::store::types::{AtomFailure, AtomId, RunId};
 use crate::store::{Store, now_us};
 
 impl Store {
@@ -42,12 +43,36 @@ impl Store {
 
     /// Runs `effect` at most once for (`atom`, `operation`) across crashes and returns its
     /// result; every later call returns the recorded result without running it. `effect`
-    /// receives the idempotency key.
+    /// receives the idempotency key, and reports a failure as an [`AtomFailure`]: a retryable
+    /// one is recorded as such and leaves the key free, so the next call runs the effect again;
+    /// one that is not retryable is recorded as the key's outcome, and every later call returns
+    /// it without running the effect. Only a success is ever returned as a result.
+    ///
+    /// ```
+    /// # fn main() -> continuum::Result<()> {
+    /// use continuum::{AtomFailure, Error, RunSpec, Store};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::open(dir.path())?;
+    /// let run = store.create_run(RunSpec::new("trip"))?;
+    /// let step = store.begin_atom(run, "planner", "book", &[], "")?;
+    /// let busy = |_key: &str| Err(AtomFailure { message: "503".into(), retryable: true });
+    /// assert!(matches!(store.guarded(step, "book_flight", busy), Err(Error::GuardFailed { retryable: true, .. })));
+    /// let booked = store.guarded(step, "book_flight", |_key| Ok(b"PNR 7XK2".to_vec()))?;
+    /// assert_eq!(booked, b"PNR 7XK2");
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
+    /// [`Error::GuardFailed`] when `effect` fails, or failed for good before;
     /// [`Error::GuardInDoubt`] if an earlier attempt started the effect and never recorded its
     /// end; [`Error::UnknownAtom`]; the log's errors.
-    pub fn guarded(&self, atom: AtomId, operation: &str, effect: impl FnOnce(&str) -> Vec<u8>) -> Result<Vec<u8>> {
+    pub fn guarded(
+        &self,
+        atom: AtomId,
+        operation: &str,
+        effect: impl FnOnce(&str) -> std::result::Result<Vec<u8>, AtomFailure>,
+    ) -> Result<Vec<u8>> {
         let names = self.guard_names(atom)?;
         let key = names.key(operation);
         let hash = self.shared.identity.guard(&key);
@@ -80,9 +105,39 @@ impl Store {
             }
         };
         self.shared.index.write().guards.insert(hash, GuardEntry { started_lsn: lsn.get(), completed_lsn: 0 });
-        let result = effect(&key);
-        self.record_guard(&key, hash, &result)?;
-        Ok(result)
+        match effect(&key) {
+            Ok(result) => {
+                self.record_guard(&key, hash, &result)?;
+                Ok(result)
+            }
+            Err(failure) => {
+                self.record_guard_failure(&key, hash, &failure)?;
+                Err(Error::GuardFailed { key, message: failure.message, retryable: failure.retryable })
+            }
+        }
+    }
+
+    /// Records that the effect guarded by `key` failed: a retryable failure frees the key (the
+    /// next call runs the effect again), another is the key's outcome. Should the record not be
+    /// written, the key stays in doubt, the safe side.
+    fn record_guard_failure(&self, key: &str, hash: u64, failure: &AtomFailure) -> Result<()> {
+        let failed = StoreRecord::GuardFailed(proto::GuardFailed {
+            key: key.to_owned(),
+            error: failure.message.clone(),
+            retryable: failure.retryable,
+            ended_at_unix_us: now_us(),
+        });
+        // IMPORTANT: durable before the key is free, so that no open finds it in doubt while
+        // this process runs the effect again.
+        let lsn = self.append(&failed, Durability::Sync)?;
+        let mut index = self.shared.index.write();
+        if failure.retryable {
+            index.guards.remove(&hash);
+        } else {
+            let entry = index.guards.entry(hash).or_insert(GuardEntry { started_lsn: lsn.get(), completed_lsn: 0 });
+            entry.completed_lsn = entry.completed_lsn.max(lsn.get());
+        }
+        Ok(())
     }
 
     /// Records the outcome of an in-doubt guard after the caller checked the external system;
@@ -161,7 +216,12 @@ impl Store {
         }
         match self.read_record(entry.completed_lsn)? {
             StoreRecord::GuardCompleted(done) if done.key == key => Ok(Some(done.result)),
-            StoreRecord::GuardCompleted(_) => Err(Error::KeyCollision { key: key.to_owned() }),
+            StoreRecord::GuardFailed(failed) if failed.key == key => {
+                Err(Error::GuardFailed { key: key.to_owned(), message: failed.error, retryable: false })
+            }
+            StoreRecord::GuardCompleted(_) | StoreRecord::GuardFailed(_) => {
+                Err(Error::KeyCollision { key: key.to_owned() })
+            }
             _ => {
                 Err(Error::InconsistentLog { lsn: entry.completed_lsn, reason: "a guard's end is not a guard record" })
             }

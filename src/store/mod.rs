@@ -14,9 +14,11 @@ mod ballast;
 mod checkpoint;
 mod compaction;
 mod guard;
+mod history;
 pub(crate) mod identity;
 mod index;
 mod inspect;
+mod log_view;
 mod loss;
 mod lull;
 mod policy;
@@ -41,7 +43,9 @@ use crate::storage::Storage;
 use index::StoreIndex;
 
 pub use compaction::{CompactionReport, SpaceReport};
+pub use history::History;
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
+pub use log_view::LogView;
 pub use loss::{LossEvidence, StoreRecoveryReport};
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
 pub use replay::{Rebuilt, SnapshotFallback};
@@ -274,6 +278,7 @@ impl Shared {
             purge: Mutex::new(()),
             #[cfg(test)]
             after_plan: Mutex::new(None),
+            runs_changing: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
@@ -559,6 +564,9 @@ pub(crate) struct Shared {
     /// Called by a compaction round between its plan and its marks (tests of the purge lock).
     #[cfg(test)]
     after_plan: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Held while a run is created or finished: their records are appended one at a time,
+    /// without the index lock.
+    runs_changing: Mutex<()>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.
     closing: std::sync::atomic::AtomicBool,
     /// Compaction rounds completed since open, and the last one's report.
@@ -599,9 +607,11 @@ impl Store {
         Store { worker: None, shared, owner: false, checkpoint_writer: Mutex::new(None) }
     }
 
-    /// The underlying log.
-    pub fn log(&self) -> &Log {
-        &self.shared.log
+    /// A read-only view of the store's log: its records, segments, recovery report and
+    /// counters. Only the store appends to its log (its index must describe every record);
+    /// [`Store::sync`] makes its atoms durable.
+    pub fn log(&self) -> LogView<'_> {
+        LogView::from(&self.shared.log)
     }
 
     /// Creates a run, or returns the existing run of that name.
@@ -612,12 +622,15 @@ impl Store {
         if let Some(run) = self.run_id(&spec.name) {
             return Ok(run);
         }
-        // Run creation is rare: serialising it under the index lock keeps run numbers dense.
-        let mut index = self.shared.index.write();
-        if let Some(id) = index.run_names.get(&spec.name) {
-            return Ok(RunId(u64::from(*id)));
+        // Run creations and ends take turns, so that run numbers follow the order of their
+        // records in the log (dense); the index lock is not held across the record's sync,
+        // which would stall every agent's completions.
+        let _runs = self.shared.runs_changing.lock();
+        if let Some(run) = self.run_id(&spec.name) {
+            return Ok(run);
         }
-        let run = index.runs.len() as u64 + 1;
+        let run = self.shared.index.read().runs.len() as u64 + 1;
+        let id = u32::try_from(run).map_err(|_| Error::UnknownRun { run: spec.name.clone() })?;
         let record = StoreRecord::RunCreated(crate::codec::proto::RunCreated {
             run,
             run_name: spec.name.clone(),
@@ -629,7 +642,7 @@ impl Store {
             snapshot_every_ms: spec.snapshot_policy.map(|p| policy::duration_ms(p.every)),
         });
         self.append(&record, Durability::Sync)?;
-        let id = u32::try_from(run).map_err(|_| Error::UnknownRun { run: spec.name.clone() })?;
+        let mut index = self.shared.index.write();
         index.run_names.insert(spec.name.clone(), id);
         index.runs.push(index::RunEntry {
             name: spec.name,
@@ -660,21 +673,22 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownRun`], [`Error::RunFinished`], the log's append errors.
     pub fn finish_run(&self, run: RunId, success: bool, resume_hint: &str) -> Result<()> {
-        let mut index = self.shared.index.write();
-        let entry = index.run(run).ok_or_else(|| unknown_run(run))?;
-        if entry.status != RunStatus::Running {
+        // One end per run: ends take turns (with creations), outside the index lock.
+        let _runs = self.shared.runs_changing.lock();
+        if self.run_status(run)? != RunStatus::Running {
             return Err(Error::RunFinished { run: run.0 });
         }
+        let ended_at_unix_us = now_us();
         let record = StoreRecord::RunTerminal(crate::codec::proto::RunTerminal {
             run: run.0,
             success,
             resume_hint: resume_hint.to_owned(),
-            ended_at_unix_us: now_us(),
+            ended_at_unix_us,
         });
         self.append_reserved(&record)?;
-        if let Some(entry) = index.run_mut(run) {
+        if let Some(entry) = self.shared.index.write().run_mut(run) {
             entry.status = RunStatus::Finished { success, resume_hint: resume_hint.to_owned() };
-            entry.ended_at_unix_us = now_us();
+            entry.ended_at_unix_us = ended_at_unix_us;
         }
         Ok(())
     }

@@ -349,6 +349,16 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
             let entry = index.guards.entry(hash).or_insert(GuardEntry { started_lsn: lsn, completed_lsn: 0 });
             entry.completed_lsn = lsn;
         }
+        StoreRecord::GuardFailed(guard) => {
+            let hash = index.identity.guard(&guard.key);
+            if guard.retryable {
+                // The key is free again: the next call runs the effect anew.
+                index.guards.remove(&hash);
+            } else {
+                index.guards.entry(hash).or_insert(GuardEntry { started_lsn: lsn, completed_lsn: 0 }).completed_lsn =
+                    lsn;
+            }
+        }
         StoreRecord::Dictionary(dictionary) => {
             if dictionary.id > crate::limits::DICTIONARY_ID_MAX {
                 return Err(Error::InconsistentLog { lsn, reason: "dictionary id out of range" });
@@ -493,7 +503,7 @@ pub(crate) mod tests {
                     .expect("complete"),
             }
             if i % 29 == 4 && store.atom(atom).is_ok_and(|a| a.status == crate::AtomStatus::Completed) {
-                store.guarded(atom, "send-email", |_| b"sent".to_vec()).expect("guard");
+                store.guarded(atom, "send-email", |_| Ok(b"sent".to_vec())).expect("guard");
                 store.pin(atom, true).expect("pin");
             }
             let completed = store.atom(atom).is_ok_and(|a| a.status == crate::AtomStatus::Completed);

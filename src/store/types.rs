@@ -135,7 +135,9 @@ pub struct AtomOutput {
     pub result: Vec<u8>,
 }
 
-/// Why an atom's work failed, as its closure reports it to [`Store::execute`](crate::Store::execute).
+/// Why an atom's work failed, as its closure reports it to [`Store::execute`](crate::Store::execute),
+/// or why a guarded side effect failed, as its closure reports it to
+/// [`Store::guarded`](crate::Store::guarded).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AtomFailure {
     /// A human-readable message.
