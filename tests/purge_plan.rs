@@ -19,12 +19,7 @@ fn open(dir: &std::path::Path) -> Store {
         .segment_bytes(16 * 1024)
         .snapshot_policy(SnapshotPolicy { every_atoms: 10, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: None })
-        .compaction(CompactionPolicy {
-            live_fraction_min: 1.0,
-            interval: None,
-            cold_compression: None,
-            ..CompactionPolicy::default()
-        })
+        .compaction(CompactionPolicy { live_fraction_min: 1.0, interval: None, cold_compression: None })
         .background(false)
         .open()
         .expect("open")

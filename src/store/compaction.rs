@@ -790,12 +790,7 @@ mod tests {
                 .segment_bytes(16 * 1024)
                 .snapshot_policy(SnapshotPolicy { every_atoms: 10, every: std::time::Duration::ZERO })
                 .retention(crate::RetentionPolicy { snapshots_per_agent: 1, finished_run_age: None })
-                .compaction(CompactionPolicy {
-                    live_fraction_min: 1.0,
-                    interval: None,
-                    cold_compression: None,
-                    ..CompactionPolicy::default()
-                })
+                .compaction(CompactionPolicy { live_fraction_min: 1.0, interval: None, cold_compression: None })
                 .background(false)
                 .open()
                 .expect("open"),
