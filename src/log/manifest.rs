@@ -232,7 +232,7 @@ impl ManifestWriter {
     /// the last tail record written. Takes the index's read lock only to copy it.
     ///
     /// # Errors
-    /// As [`write`].
+    /// As [`write()`].
     pub fn publish(&self, index: &RwLock<SegmentIndex>, tail: Option<TailRecord>) -> Result<()> {
         let mut last_tail = self.tail.lock();
         let tail = tail.unwrap_or(*last_tail);
