@@ -119,11 +119,15 @@ fn store_metrics_count_what_happened() {
     let store = Store::builder(dir.path()).compress_records_from(64).background(false).open().expect("open");
     let run = store.create_run(RunSpec::new("metrics")).expect("run");
     let mut parents = Vec::new();
+    let mut atoms = Vec::new();
     for step in 0..10 {
         let executed = store.execute(run, "agent", &format!("s{step}"), &parents, |_| Ok(output(step)));
         parents = vec![executed.expect("atom").atom];
+        atoms.push(parents[0]);
     }
-    let again = store.execute(run, "agent", "s3", &[], |_| Ok(AtomOutput { delta: Delta::default(), result: vec![] }));
+    // A step is found again on its branch: under the same parents.
+    let again =
+        store.execute(run, "agent", "s3", &[atoms[2]], |_| Ok(AtomOutput { delta: Delta::default(), result: vec![] }));
     assert!(again.expect("replayed").replayed);
     store.snapshot_now(parents[0]).expect("snapshot");
     store.rebuild_context(parents[0]).expect("rebuild");
