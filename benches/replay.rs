@@ -7,7 +7,7 @@
 //! and 1,000 slots each of tool outputs and intermediate results.
 //!
 //! The targets are measured on records compressed one by one as they were appended
-//! (`compress_records_from(64)`, every store's layout before session 7): what the parallel
+//! (`compress_records_from(64)`): what the parallel
 //! replayer decompresses on several cores. The summary also prints the same rebuilds of the
 //! default layout, whose ~570-byte records are appended plain: faster, with nothing to
 //! decompress, so the replayer's sequential part weighs more against its bound. And a full
@@ -15,9 +15,8 @@
 //!
 //! It also rebuilds one agent among 16 and among 256 that wrote in turn, as the store does it
 //! (reading only the agent's own records when they are few enough in the range) and, side by
-//! side, scanning every agent's records (as every rebuild did before session 14); and every
-//! agent's head, one by one and all together through `rebuild_contexts`, whose scans are
-//! shared (session 15).
+//! side, scanning every agent's records of the range; and every agent's head, one by one and
+//! all together through `rebuild_contexts`, whose scans are shared.
 //!
 //! `cargo bench --bench replay` (`CONTINUUM_BENCH_REPLAY_ATOMS` changes the 1,000,000);
 //! `cargo bench --bench replay -- interleaved` runs only the interleaved part, and the queries

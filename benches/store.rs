@@ -43,8 +43,8 @@ const SPIN_DEFAULT: Duration = Duration::from_micros(continuum::limits::COMMIT_S
 const SPIN_NONE: Duration = Duration::ZERO;
 
 /// [`open_store`] compressing record bodies of `compress_from` bytes or more as they are
-/// appended (the default 2 KiB leaves the benchmark's ~570-byte completions plain; 64 is the
-/// setting before session 7, every completion compressed with the trained dictionary).
+/// appended (the default 2 KiB leaves the benchmark's ~570-byte completions plain; 64 compresses
+/// every completion with the trained dictionary, the layout the replay targets were set on).
 fn open_store_compressing(dir: &Path, compress_from: usize, spin: Duration) -> Store {
     Store::builder(dir)
         .commit_spin(spin)

@@ -1,6 +1,6 @@
 //! Measures what compressing blocks of plain records *at rest* would store per atom, against
 //! what the store stores today (each record compressed on its own with the store's trained
-//! dictionary): the figures behind `docs/BENCHMARKS.md` §6, "Why the space goal is missed".
+//! dictionary): the figures behind `docs/BENCHMARKS.md` §6, "Space".
 //!
 //! A store of 12,000 realistic atoms is written on tmpfs (or the temp directory); the records
 //! of the atoms after the dictionary is trained are decoded back to plain protobuf bodies,

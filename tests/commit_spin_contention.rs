@@ -69,12 +69,11 @@ fn spinning_waiters_stand_aside_when_other_work_holds_the_cpu() {
     });
     // Without the hold-off, spinning was about 30 times slower than sleeping here; with it,
     // within 3x on a machine running nothing else, and up to 4x with one more busy loop
-    // beside the test's (one run in twenty of the first bound failed there, session 16).
-    // Session 22's doubling hold-off, at 150 appends a thread: 0.94-3.04x in twelve runs
-    // (the fixed 100 ms one 0.89-1.69x), its first hold-offs being short; at 500: 1.01-1.79x.
-    // Session 23's three stalls within 25 ms (two within 50 ms before), at 500: 1.47-2.38x in
-    // twelve runs, each hold-off taking a stall longer to begin. The bound sits above. The hold-off must have engaged unless the scheduler handed the
-    // yielding waiters the CPU in time anyway (once in CI, session 18: spinning 20,000 against
+    // beside the test's (a tighter bound failed there in one run in twenty). With the
+    // doubling hold-off that begins at three stalls within 25 ms, at 500 appends a thread,
+    // sleeping did 1.47-2.38x the appends of spinning in twelve runs (2026-12-04), each
+    // hold-off taking a stall to begin. The bound sits above. The hold-off must have engaged unless the scheduler handed the
+    // yielding waiters the CPU in time anyway (once in CI: spinning 20,000 against
     // 10,654 appends/s sleeping, and no yield came back late).
     assert!(
         hold_offs > 0 || spinning >= sleeping,

@@ -757,7 +757,7 @@ fn policy_snapshots_wait_until_a_burst_of_atoms_ends() {
 /// rather than thousands. It keeps to that pace by the clock, catching up after a late wake-up:
 /// paced by a fixed 1 ms sleep after every ten atoms (about ten thousand a second), a loaded
 /// machine's late wake-ups brought it near the lull's rate, and a round compressed every due
-/// segment during the burst (one CI run in session 13).
+/// segment during the burst (once in CI, 2026-12-01).
 #[test]
 fn background_cold_compression_waits_for_a_lull_in_the_appends() {
     let sim = SimStorage::new(29);

@@ -761,7 +761,7 @@ fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
 /// meanwhile. An agent resuming from its recorded atoms (`execute` answering from the log, no
 /// append) and readers on other threads return while the run's `fdatasync` is still in
 /// progress, not after it. (A new record of any durability waits for the commit group in
-/// flight, the log's group commit; it no longer also waits for the index.)
+/// flight, the log's group commit; it does not also wait for the index.)
 #[test]
 fn run_creation_and_end_do_not_hold_the_index_across_their_sync() {
     use std::sync::Arc;

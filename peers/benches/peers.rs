@@ -203,7 +203,7 @@ impl Scale {
             durable_samples: 2000,
             warmup_samples: 200,
             // Trials of 40-50 ms swing by +-15 % on a shared 2-vCPU host: the median of seven
-            // (three until session 11) is steadier.
+            // is steadier than that of three.
             concurrent_trials: 7,
             concurrent_per_writer: 250,
             buffered_trials: 3,
@@ -511,7 +511,7 @@ struct Ceilings {
 /// long it waited. Background work one engine leaves behind (the continuum store's policy
 /// snapshots, paced to a quarter of a core; okaywal's checkpoints) would otherwise run inside
 /// the next engines' trials: a low-priority thread busy on one of two cores halved the raw
-/// log's rate here (session 12).
+/// log's rate here (measured 2026-12-01).
 fn settle() -> Duration {
     let started = Instant::now();
     std::thread::sleep(TRIAL_SETTLE);

@@ -11,7 +11,7 @@
 //!
 //! The ceiling: 0.30 × what a peer stores per atom. No peer can store less than the atom's
 //! agent, id and delta (12 + the delta's bytes), so 0.30 × that is a floor under the ceiling;
-//! the smallest peer measured (okaywal, `docs/BENCHMARKS.md` workload 6) stores about 536–542
+//! the smallest peer measured (okaywal, `docs/BENCHMARKS.md` §8, W6) stores about 536–542
 //! bytes per atom, 12–19 more. An atom appended by continuum needs, besides its compressed
 //! delta, the same 12 bytes of identity and a frame to find and check it; this study charges
 //! it nothing for either, so every figure here is below what an engine would store.

@@ -1,8 +1,7 @@
 //! continuum itself: the raw [`Log`] (one record per atom) and the atom [`Store`] (each agent
 //! its own run, atoms chained as a DAG). The store records each atom finished, with
 //! `record_atom_encoded` (its start and completion in one durable batch, the delta handed over
-//! as the same protobuf bytes every other engine is given; since session 19, `record_atom`
-//! with the `Delta` before), as the peers write one row or entry per finished atom;
+//! as the same protobuf bytes every other engine is given), as the peers write one row or entry per finished atom;
 //! `CONTINUUM_PEERS_STORE=begin_complete` makes it call `begin_atom` and then
 //! `complete_atom_encoded` instead, as an agent that must survive a crash mid-step does.
 
@@ -151,7 +150,7 @@ impl StoreSink {
     /// policy is the default). A round's cold compression holds a core for tens of seconds
     /// with zstd 17, and it waits for lulls in the store's own appends, which the other
     /// engines' trials are: it would run inside them (it halved the raw log's workload 2 and
-    /// cut raft-engine's by a fifth, session 12). Compaction is measured on its own in the
+    /// cut raft-engine's by a fifth, measured 2026-12-01). Compaction is measured on its own in the
     /// `compaction` bench and, with cold compression, in `at_rest` (workload 6).
     pub(crate) fn open(dir: &Path, mode: Mode) -> Result<Self> {
         let compaction = CompactionPolicy { interval: None, ..CompactionPolicy::default() };

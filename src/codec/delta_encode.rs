@@ -3,8 +3,8 @@
 //! a repeated message written, a set `oneof` written even when empty), with each nested length
 //! computed once and the varints written inline. `record_atom` encodes one delta per atom on
 //! the appending thread; prost took about 2,900 instructions for a 510-byte delta there
-//! (`BENCHMARKS_HISTORY.md`, session 13). Tests check the bytes against prost's for random deltas of
-//! every shape. Every struct is destructured field by field, so a field added to the schema
+//! (callgrind, 2026-12-01). Tests check the bytes against prost's for random deltas of every
+//! shape. Every struct is destructured field by field, so a field added to the schema
 //! fails to compile here until it is encoded. Its field writers also write the start and
 //! completion records around the delta (`Codec::encode_start`, `Codec::encode_completion`).
 

@@ -841,8 +841,8 @@ mod tests {
 
     #[test]
     fn skipping_many_damaged_ranges_scans_the_zero_tail_once() {
-        // Each damaged range used to scan the segment's preallocated zeros again: the work of
-        // a SkipCorrupted open (and of `dump verify`) grew with ranges × segment size.
+        // Guards against each damaged range scanning the segment's preallocated zeros again,
+        // which would make a SkipCorrupted open (and `dump verify`) grow with ranges × segment size.
         let storage = crate::storage::sim::SimStorage::new(0);
         let dir = Path::new("/damaged");
         let segment_bytes = 4 << 20;

@@ -144,9 +144,9 @@ const YIELD_SLOW: Duration = Duration::from_millis(1);
 
 /// Three stalls within this hold spinning off: one alone is a hiccup (the hypervisor, a
 /// kernel thread), and on this virtual machine two close together are too; a steady stream of
-/// them is a CPU shared with other work. Measured (session 23, 16 threads spinning on two
+/// them is a CPU shared with other work. Measured (2026-12-04, 16 threads spinning on two
 /// vCPUs, every slow yield recorded): on the idle machine 91 stalls in 30 s, two of them within
-/// 50 ms of each other 10 times (which held spinning off until then), three within 25 ms never
+/// 50 ms of each other 10 times (false alarms for a rule of two), three within 25 ms never
 /// (three within 50 ms once); beside one busy loop (or three), a stall every 7.7 ms, so three
 /// within 25 ms at every stall from the third on.
 const STALLS_WINDOW: Duration = Duration::from_millis(25);
@@ -157,19 +157,19 @@ const HOLD_OFF_RECURS_WITHIN: Duration = Duration::from_millis(50);
 
 /// Slow yields within this of the first are one stall: when the hypervisor holds a vCPU for a
 /// millisecond or two, every thread spinning on it comes back late at once. Measured here
-/// (session 12): 16 spinning appenders on an idle machine reported stalls of 1.3-2.1 ms as
-/// 5-10 slow yields within 0.25 ms, and when those counted as two, spinning was held off for
-/// 100 ms in four of five 0.3 s trials (104-108 k appends/s against 115-126 k without). Beside
+/// (2026-12-01): 16 spinning appenders on an idle machine reported stalls of 1.3-2.1 ms as
+/// 5-10 slow yields within 0.25 ms; counted as two stalls, they held spinning off for 100 ms
+/// in four of five 0.3 s trials (104-108 k appends/s against 115-126 k without). Beside
 /// a busy loop, slow yields keep coming a scheduler slice (a few milliseconds) apart.
 const SAME_STALL: Duration = Duration::from_millis(5);
 
 /// How long waiters and gatherers first sleep instead of spinning once spinning is held off.
-/// Measured (`BENCHMARKS.md` §2, session 11): four `Sync` appenders beside three busy loops on
-/// two cores, 1,000 appends/s spinning against 28-33 k with spinning off. Short, because a
+/// Measured (2026-12-01): four `Sync` appenders beside three busy loops on two cores, with no
+/// hold-off, 1,000 appends/s spinning against 28-33 k with spinning off. Short, because a
 /// hold-off may be a false alarm: on a virtual machine whose host stalls a vCPU now and then,
 /// stalls can land within [`STALLS_WINDOW`] with no other work on the CPU, and then sleeping
 /// waiters only cost throughput (16 writers: 24-42 % fewer appends/s in the trials a
-/// fixed 100 ms hold-off hit, `BENCHMARKS.md` §8, session 22).
+/// fixed 100 ms hold-off hit, peers suite W2, 2026-12-04).
 const SPIN_HOLD_OFF_MIN: Duration = Duration::from_millis(10);
 
 /// The longest hold-off. A hold-off that begins within [`HOLD_OFF_RECURS_WITHIN`] of the end
@@ -219,9 +219,9 @@ const GATHER_BUDGET_MAX: Duration = Duration::from_millis(1);
 /// one that ran out, at most [`GATHER_BUDGET_MAX`]. Appenders acknowledged together come back
 /// together, but how long their next appends take to arrive depends on their work and the
 /// CPUs, not on the disk: the store's 16 writers on two vCPUs took 45–60 µs, past half of a
-/// fast sync, and a third of a trial's gathers ran out short of a member or several
-/// (`BENCHMARKS.md` §2). Where the members expected do not come back (agents that pause
-/// between atoms), a gather runs out and the next waits half as long, as before. A gather
+/// fast sync, and a third of a trial's gathers ran out short of a member or several (a trace
+/// of the peers suite's W2, 2026-12-04). Where the members expected do not come back (agents
+/// that pause between atoms), a gather runs out and the next waits half as long. A gather
 /// taken over by its completing arrival does not count either way (see [`Writer::gather`]).
 fn gather_budget(last_sync: Duration, last_gather_completed: bool) -> Duration {
     let budget = if last_gather_completed { last_sync } else { last_sync / 2 };
@@ -375,7 +375,7 @@ pub(crate) struct Writer {
 /// that comes back late meanwhile neither starts a stall nor holds spinning off. That thread
 /// gets a vCPU when the spinning waiters yield and keeps it for a scheduler slice, and the
 /// late yields read as a CPU shared with other work: in a probe of 16 writers on two vCPUs
-/// (`BENCHMARKS.md` §8, session 22) the store held spinning off in 27 of 50 trials with its
+/// (the peers suite's W2 pattern, 2026-12-04) the store held spinning off in 27 of 50 trials with its
 /// policy snapshots on and in 2 of 50 with them off, and its trials that held off did about
 /// half the appends of those that did not.
 pub(crate) struct OwnWork<'a>(&'a AtomicUsize);
@@ -750,8 +750,8 @@ impl Writer {
             commit.taken_over.swap_remove(at);
             // A taken-over gather leaves `last_gather_completed` as it was. Counting it as
             // complete (so that the next gather may wait a whole sync) was measured slower:
-            // 8 alternating W2 probe pairs, store 97 k against 107 k atoms/s (median; session
-            // 25, BENCHMARKS_HISTORY.md).
+            // 8 alternating W2 probe pairs, store 97 k against 107 k atoms/s (median;
+            // 2026-12-04).
             return true;
         }
         commit.gathering = true;

@@ -30,7 +30,7 @@ type DueSnapshots = Arc<Mutex<BTreeMap<u32, AtomId>>>;
 /// snapshot that falls due sooner waits (coalesced with later ones) until this long after the
 /// agent's previous one. A snapshot rewrites the agent's whole context; an agent bursting
 /// thousands of atoms a second would otherwise have it rewritten many times a second (for the
-/// 410 KB contexts of `BENCHMARKS.md` §8, 40 MB/s of snapshots for 2.5 MB/s of deltas), while a
+/// 410 KB contexts of the peers suite's agents, 40 MB/s of snapshots for 2.5 MB/s of deltas), while a
 /// crash costs at most this much of its atoms' replay more. At an agent's usual pace (seconds
 /// per atom) the policy's count is reached far less often, and this never applies.
 const AGENT_SNAPSHOT_INTERVAL_MIN: Duration = Duration::from_secs(1);

@@ -13,7 +13,7 @@ pub(crate) const LULL_WAIT_MAX: Duration = Duration::from_secs(2);
 const LULL_PROBE: Duration = Duration::from_millis(5);
 /// A probe that saw fewer records appended than this is quiet: 6,400 records a second, the
 /// pace of about 3,200 atoms a second, far above agents' usual pace (seconds per atom) and far
-/// below a burst's (a hundred thousand atoms a second with 16 agents in `BENCHMARKS.md` §8).
+/// below a burst's (a hundred thousand atoms a second with 16 agents in the peers suite's W2).
 const LULL_RECORDS_MAX: u64 = 32;
 /// Consecutive quiet probes that make a lull: one stalled appender is not a lull.
 const LULL_PROBES: u32 = 2;
@@ -25,7 +25,7 @@ const LULL_PROBES: u32 = 2;
 /// Policy snapshots wait for one: a snapshot rebuilds, encodes and compresses an agent's whole
 /// context (about a millisecond of CPU for a 20 KB context), and written in the middle of a
 /// burst of atoms they take that CPU from the appending threads on a small machine (16 agents
-/// bursting on 2 cores: 15–25 % fewer atoms per second, `BENCHMARKS_HISTORY.md`, session 11). Agents
+/// bursting on 2 cores: 15–25 % fewer atoms per second, measured 2026-12-01). Agents
 /// usually pause between atoms (a model call takes seconds), so a lull comes soon.
 pub(crate) fn wait_for_lull(mut next_lsn: impl FnMut() -> u64, deadline: Instant, stopping: &AtomicBool) -> bool {
     let mut quiet = 0;

@@ -291,7 +291,7 @@ impl Shared {
 
 impl Shared {
     /// Sets the ballast aside if the store has one configured and the disk has the room (best
-    /// effort: without it the store works as before).
+    /// effort: without it the store works, with no reserve).
     fn ensure_ballast(&self) {
         let bytes = self.policies.ballast_bytes;
         if bytes == 0 {

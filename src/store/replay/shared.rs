@@ -71,7 +71,7 @@ const PLAN_ROUTER_IDS_MAX: usize = 1 << 24;
 type Planned = (usize, Option<u64>, ScanPlan);
 
 /// What a targeted read of one LSN costs, in LSNs of a scan of the whole range: measured
-/// (`cargo bench --bench replay -- interleaved`, session 14) at 1.8x faster than the whole
+/// (`cargo bench --bench replay -- interleaved`, 2026-12-01) at 1.8x faster than the whole
 /// range at one record in 128, 3.1x at one in 256 and 5.6x at one in 512, i.e. 70-90 LSNs.
 const TARGETED_READ_COST_LSNS: u64 = 80;
 
