@@ -339,18 +339,24 @@ impl StoreIndex {
         }
     }
 
-    /// Marks the atoms of `first[i] .. first[i] + count[i]` released. Ranges are clipped to the
-    /// atoms the index holds, so a damaged record costs no more than the index's size.
+    /// Marks the atoms of `first[i] .. first[i] + count[i]` released. The ranges must ascend
+    /// without overlapping (as the writer writes them) and are clipped to the atoms the index
+    /// holds, so a damaged record costs at most one pass over the index.
     ///
     /// # Errors
-    /// `None` if the two lists differ in length.
+    /// `None` if the two lists differ in length, or the ranges overlap or descend.
     pub fn release(&mut self, first: &[u64], count: &[u64]) -> Option<()> {
         if first.len() != count.len() {
             return None;
         }
         let len = self.atoms.len() as u64;
+        let mut done_to = 0u64;
         for (&from, &count) in first.iter().zip(count) {
-            let to = from.saturating_add(count).min(len.saturating_add(1));
+            if from < done_to {
+                return None;
+            }
+            done_to = from.saturating_add(count);
+            let to = done_to.min(len.saturating_add(1));
             for id in from.max(1)..to {
                 if let Some(entry) = self.atom_mut(AtomId(id)) {
                     entry.released = true;

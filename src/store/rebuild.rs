@@ -394,7 +394,7 @@ fn apply(index: &mut StoreIndex, orphans: &mut Orphans, codec: &Codec, lsn: u64,
         StoreRecord::HistoryReleased(released) => {
             index
                 .release(&released.first, &released.count)
-                .ok_or(Error::InconsistentLog { lsn, reason: "a release's ranges do not pair up" })?;
+                .ok_or(Error::InconsistentLog { lsn, reason: "a release's ranges do not pair up or overlap" })?;
         }
         StoreRecord::AtomCompleted(_) | StoreRecord::AtomFailed(_) | StoreRecord::AtomReclaimed(_) => {
             return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
@@ -595,6 +595,27 @@ pub(crate) mod tests {
         drop(log);
         let opened = Store::builder(dir.path()).background(false).open().map(|_| ());
         assert!(matches!(opened, Err(Error::InconsistentLog { .. })), "{opened:?}");
+    }
+
+    #[test]
+    fn a_release_is_clipped_to_the_index_and_overlapping_ranges_are_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        crate::store::test_logs::write_run(dir.path(), &[(1, vec![], None), (2, vec![1], None)]);
+        // Ranges far past every atom cost nothing: only held atoms are marked.
+        let far = crate::codec::proto::HistoryReleased { first: vec![1, 1 << 40], count: vec![1, u64::MAX], at_unix_us: 1 };
+        append_record(dir.path(), StoreRecord::HistoryReleased(far));
+        let log = Log::open_read_only(dir.path()).expect("log");
+        let index = rebuild_sequential(&log).expect("a clipped release folds");
+        assert!(index.atom(AtomId(1)).expect("atom 1").released);
+        assert!(!index.atom(AtomId(2)).expect("atom 2").released);
+        drop(log);
+        // Overlapping ranges would let one record make the fold walk the index once per range.
+        let overlapping =
+            crate::codec::proto::HistoryReleased { first: vec![1, 1, 1], count: vec![u64::MAX; 3], at_unix_us: 2 };
+        append_record(dir.path(), StoreRecord::HistoryReleased(overlapping));
+        let log = Log::open_read_only(dir.path()).expect("log");
+        let error = rebuild_sequential(&log).map(|_| ());
+        assert!(matches!(error, Err(Error::InconsistentLog { .. })), "{error:?}");
     }
 
     #[test]
