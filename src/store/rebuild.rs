@@ -602,7 +602,8 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().expect("dir");
         crate::store::test_logs::write_run(dir.path(), &[(1, vec![], None), (2, vec![1], None)]);
         // Ranges far past every atom cost nothing: only held atoms are marked.
-        let far = crate::codec::proto::HistoryReleased { first: vec![1, 1 << 40], count: vec![1, u64::MAX], at_unix_us: 1 };
+        let far =
+            crate::codec::proto::HistoryReleased { first: vec![1, 1 << 40], count: vec![1, u64::MAX], at_unix_us: 1 };
         append_record(dir.path(), StoreRecord::HistoryReleased(far));
         let log = Log::open_read_only(dir.path()).expect("log");
         let index = rebuild_sequential(&log).expect("a clipped release folds");
