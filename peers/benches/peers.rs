@@ -887,6 +887,9 @@ fn resume_open(options: &Options, scale: &Scale, root: &Path, report: &mut Repor
                 report.record_space(RESUME_OPEN, engine, &dir, sink.as_ref(), loaded.atoms, Some(loaded.delta_bytes));
             }
             sink.close().unwrap_or_else(|error| panic!("{} should close: {error}", engine.name()));
+            if opens.len() == scale.opens {
+                report.record_space_closed(RESUME_OPEN, engine, &dir);
+            }
         }
         let reopened = Reopened {
             engine,
@@ -990,6 +993,9 @@ struct Space {
     engine: Engine,
     atoms: u64,
     allocated: u64,
+    /// Blocks allocated once the engine was closed cleanly (what `du` shows of a closed store),
+    /// where the workload measures it.
+    allocated_closed: Option<u64>,
     used: u64,
     delta_bytes: Option<u64>,
 }
@@ -1335,7 +1341,24 @@ impl Report {
     ) {
         let usage = disk_usage(dir).expect("the engine's directory should be readable");
         let used = sink.used_bytes().expect("the engine should report its bytes").unwrap_or(usage.length);
-        self.space.push(Space { workload, engine, atoms, allocated: usage.allocated, used, delta_bytes });
+        let allocated_closed = None;
+        self.space.push(Space {
+            workload,
+            engine,
+            atoms,
+            allocated: usage.allocated,
+            allocated_closed,
+            used,
+            delta_bytes,
+        });
+    }
+
+    /// Records what `engine`'s files of `workload` take once it was closed cleanly.
+    fn record_space_closed(&mut self, workload: &'static str, engine: Engine, dir: &Path) {
+        let usage = disk_usage(dir).expect("the engine's directory should be readable");
+        if let Some(space) = self.space.iter_mut().rev().find(|s| s.workload == workload && s.engine == engine) {
+            space.allocated_closed = Some(usage.allocated);
+        }
     }
 
     fn space(&mut self, options: &Options) {
@@ -1343,7 +1366,7 @@ impl Report {
             return;
         }
         let mut lines = vec![
-            "bytes per atom = bytes ÷ atoms stored; allocated = st_blocks × 512; used = file lengths, except for the engines that preallocate: continuum (segments up to their last record) and okaywal (files up to their last entry)".to_owned(),
+            "bytes per atom = bytes ÷ atoms stored; allocated = st_blocks × 512 (open, and after a clean close: what `du` shows); used = file lengths, except for the engines that preallocate: continuum (segments up to their last record) and okaywal (files up to their last entry)".to_owned(),
         ];
         let mut rows = Vec::new();
         let workloads: Vec<&'static str> = self.space.iter().map(|s| s.workload).fold(Vec::new(), |mut seen, w| {
@@ -1371,6 +1394,7 @@ impl Report {
                     thousands(space.atoms as f64),
                     format!("{:.1}", per_atom(space, space.used)),
                     format!("{:.1}", per_atom(space, space.allocated)),
+                    space.allocated_closed.map_or_else(String::new, |bytes| format!("{:.1}", per_atom(space, bytes))),
                     space.delta_bytes.map_or_else(String::new, |bytes| format!("{:.1}", per_atom(space, bytes))),
                     ratio(Engine::ContinuumLog),
                     ratio(Engine::ContinuumStore),
@@ -1384,6 +1408,7 @@ impl Report {
                 "atoms",
                 "used B/atom",
                 "allocated B/atom",
+                "closed: allocated B/atom",
                 "delta B/atom",
                 "log ÷ peer (used)",
                 "store ÷ peer (used)",
