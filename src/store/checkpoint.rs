@@ -466,25 +466,12 @@ fn put_state(out: &mut Writer, state: &FoldState) {
     }
     out.varint(orphans.dropped_below);
     // Released atoms, as ranges (the entry's flags byte has no bit left).
-    let released = released_ranges(index);
+    let released = index.released_ranges();
     out.varint(released.len() as u64);
     for (first, count) in released {
         out.varint(first);
         out.varint(count);
     }
-}
-
-/// The released atoms of `index` as (first id, count) ranges, ascending.
-fn released_ranges(index: &StoreIndex) -> Vec<(u64, u64)> {
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for (at, _) in index.atoms.iter().filter(|(_, entry)| entry.released) {
-        let id = at as u64 + 1;
-        match ranges.last_mut() {
-            Some((first, count)) if *first + *count == id => *count += 1,
-            _ => ranges.push((id, 1)),
-        }
-    }
-    ranges
 }
 
 fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {

@@ -409,13 +409,7 @@ impl Store {
 
     /// Appends the durable record of the atoms a round released (none: nothing is written).
     fn record_released(&self, released: &[u64]) -> Result<()> {
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        for &id in released {
-            match ranges.last_mut() {
-                Some((first, count)) if *first + *count == id => *count += 1,
-                _ => ranges.push((id, 1)),
-            }
-        }
+        let ranges = crate::store::index::id_ranges(released.iter().copied());
         for chunk in ranges.chunks(RELEASED_RANGES_PER_RECORD) {
             let record = StoreRecord::HistoryReleased(proto::HistoryReleased {
                 first: chunk.iter().map(|(first, _)| *first).collect(),

@@ -339,6 +339,12 @@ impl StoreIndex {
         }
     }
 
+    /// The released atoms as ascending (first id, count) ranges: what [`StoreIndex::release`]
+    /// takes back.
+    pub fn released_ranges(&self) -> Vec<(u64, u64)> {
+        id_ranges(self.atoms.iter().filter(|(_, entry)| entry.released).map(|(at, _)| at as u64 + 1))
+    }
+
     /// Marks the atoms of `first[i] .. first[i] + count[i]` released. The ranges must ascend
     /// without overlapping (as the writer writes them) and are clipped to the atoms the index
     /// holds, so a damaged record costs at most one pass over the index.
@@ -446,3 +452,15 @@ impl StoreIndex {
 }
 
 const _: () = assert!(std::mem::size_of::<AtomEntry>() == 32);
+
+/// Ascending ids as (first id, count) ranges of consecutive ids.
+pub(crate) fn id_ranges(ids: impl IntoIterator<Item = u64>) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for id in ids {
+        match ranges.last_mut() {
+            Some((first, count)) if *first + *count == id => *count += 1,
+            _ => ranges.push((id, 1)),
+        }
+    }
+    ranges
+}

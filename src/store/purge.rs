@@ -74,10 +74,14 @@ pub(crate) fn decide(inputs: &PurgeInputs<'_>) -> PurgeDecision {
     let (mut snapshots_kept, mut snapshots_pruned) = retain_snapshots(inputs);
     let mut strip = strippable(inputs, &snapshots_kept, &heads);
     let mut rebuildable = rebuildable_after(inputs, &snapshots_kept, &strip);
-    // A target that only a pruned snapshot still rebuilds (a pinned atom a rollback abandoned,
-    // resting on a snapshot of its abandoned branch) keeps that snapshot.
-    let needed = snapshots_targets_need(inputs, &heads, &rebuildable);
-    if !needed.is_empty() {
+    let lost = lost_targets(inputs, &heads, &rebuildable);
+    // What rebuilds today: computed once, when a target would be lost (or to check the plan).
+    let today = (!lost.is_empty() || cfg!(debug_assertions))
+        .then(|| rebuild_starts(inputs, inputs.snapshots, &BTreeSet::new()));
+    if let Some(today) = today.as_ref().filter(|_| !lost.is_empty()) {
+        // A target that only a pruned snapshot still rebuilds (a pinned atom a rollback
+        // abandoned, resting on a snapshot of its abandoned branch) keeps that snapshot.
+        let needed = snapshots_targets_need(&lost, today);
         snapshots_kept.extend(needed.iter().copied());
         snapshots_pruned.retain(|snapshot| !needed.contains(snapshot));
         strip = strippable(inputs, &snapshots_kept, &heads);
@@ -90,8 +94,8 @@ pub(crate) fn decide(inputs: &PurgeInputs<'_>) -> PurgeDecision {
         .filter(|id| !rebuildable.contains(id))
         .filter(|id| inputs.facts.get(id).is_some_and(|facts| !facts.abandoned && !facts.dropped && !facts.released))
         .collect();
-    if cfg!(debug_assertions) {
-        assert_targets_kept(inputs, &heads, &rebuildable);
+    if let Some(today) = today.as_ref().filter(|_| cfg!(debug_assertions)) {
+        assert_targets_kept(inputs, &heads, today, &rebuildable);
     }
     PurgeDecision { snapshots_kept, snapshots_pruned, strip, released }
 }
@@ -235,29 +239,34 @@ fn is_target_kept_whole(inputs: &PurgeInputs<'_>, heads: &HashSet<u64>, id: u64)
     heads.contains(&id) || inputs.facts.get(&id).is_some_and(|facts| facts.pinned && !facts.dropped)
 }
 
-/// For each head or pin that the round's plan would no longer rebuild but today's snapshots and
-/// deltas do, the newest snapshot it rebuilds from today.
-fn snapshots_targets_need(inputs: &PurgeInputs<'_>, heads: &HashSet<u64>, after: &HashSet<u64>) -> BTreeSet<u64> {
-    let lost: Vec<u64> = inputs
+/// The heads and pins the round's plan would no longer rebuild.
+fn lost_targets(inputs: &PurgeInputs<'_>, heads: &HashSet<u64>, after: &HashSet<u64>) -> Vec<u64> {
+    inputs
         .parents
         .keys()
         .copied()
         .filter(|id| !after.contains(id) && is_target_kept_whole(inputs, heads, *id))
-        .collect();
-    if lost.is_empty() {
-        return BTreeSet::new();
-    }
-    let starts = rebuild_starts(inputs, inputs.snapshots, &BTreeSet::new());
-    lost.iter().filter_map(|id| starts.get(id)?.iter().copied().filter(|start| *start != FROM_NOTHING).max()).collect()
+        .collect()
+}
+
+/// For each of `lost` that rebuilds today (`today`: every atom's starts with today's snapshots
+/// and deltas), the newest snapshot it rebuilds from.
+fn snapshots_targets_need(lost: &[u64], today: &HashMap<u64, Rc<Vec<u64>>>) -> BTreeSet<u64> {
+    lost.iter().filter_map(|id| today.get(id)?.iter().copied().filter(|start| *start != FROM_NOTHING).max()).collect()
 }
 
 /// Every target that was rebuildable before the round still is: the round releases only what
 /// no head, pin or kept time-travel window needs.
-fn assert_targets_kept(inputs: &PurgeInputs<'_>, heads: &HashSet<u64>, after: &HashSet<u64>) {
-    let before = rebuildable_after(inputs, inputs.snapshots, &BTreeSet::new());
+fn assert_targets_kept(
+    inputs: &PurgeInputs<'_>,
+    heads: &HashSet<u64>,
+    today: &HashMap<u64, Rc<Vec<u64>>>,
+    after: &HashSet<u64>,
+) {
     for id in inputs.facts.keys() {
+        let rebuilt_before = today.get(id).is_some_and(|starts| !starts.is_empty());
         assert!(
-            !is_target_kept_whole(inputs, heads, *id) || !before.contains(id) || after.contains(id),
+            !is_target_kept_whole(inputs, heads, *id) || !rebuilt_before || after.contains(id),
             "the purge plan releases target atom {id}, which was rebuildable before the round"
         );
     }
