@@ -33,6 +33,7 @@ use crate::storage::{OpenMode, Storage, StorageFile, WriteMap};
 use rayon::prelude::*;
 
 pub(crate) mod read_only;
+mod windowed;
 
 /// Sector size assumed by the torn-write rule (docs/FORMAT.md, media assumptions).
 const SECTOR_BYTES: usize = 512;
@@ -439,10 +440,17 @@ struct SealedRead {
 /// Opens, reads and scans one sealed segment; its bytes are dropped once scanned.
 fn read_sealed(storage: &dyn Storage, path: &Path, mode: RecoveryMode, key: Option<StreamKey>) -> Result<SealedRead> {
     let file = storage.open(path, OpenMode::ReadOnly).map_err(|e| Error::io("open", path, e))?;
+    let end = written_end(file.as_ref(), path)?;
+    let mut head = vec![0u8; SEGMENT_HEADER_BYTES.min(end as usize)];
+    file.read_exact_at(&mut head, 0).map_err(|e| Error::io("read", path, e))?;
+    let Ok(header) = SegmentHeader::decode(&head) else {
+        return Ok(SealedRead { file, head, scan: None });
+    };
+    if let Some(scan) = windowed::scan_sealed(file.as_ref(), path, &header, end, key)? {
+        return Ok(SealedRead { file, head, scan: Some(Ok(scan)) });
+    }
     let bytes = read_written(file.as_ref(), path)?;
-    let head = bytes[..SEGMENT_HEADER_BYTES.min(bytes.len())].to_vec();
-    let header = SegmentHeader::decode(&bytes).ok();
-    let scan = header.map(|header| scan_segment_indexed(&bytes, &header, path, mode, false, key));
+    let scan = Some(scan_segment_indexed(&bytes, &header, path, mode, false, key));
     Ok(SealedRead { file, head, scan })
 }
 
@@ -511,6 +519,14 @@ fn check_header(
 /// write the kernel did not finish, never an acknowledged one) could read differently, and
 /// it is torn either way once cut. A file larger than any segment is refused unread.
 fn read_written(file: &dyn StorageFile, path: &Path) -> Result<Vec<u8>> {
+    let end = written_end(file, path)?;
+    let mut bytes = vec![0u8; usize::try_from(end).expect("at most SEGMENT_BYTES_MAX, checked above")];
+    file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io("read", path, e))?;
+    Ok(bytes)
+}
+
+/// The end of the part of a segment file recovery scans (see [`read_written`]).
+fn written_end(file: &dyn StorageFile, path: &Path) -> Result<u64> {
     const WRITTEN_SLACK_BYTES: u64 = 64 * 1024;
     let len = file.len().map_err(|e| Error::io("stat", path, e))?;
     if len > limits::SEGMENT_BYTES_MAX {
@@ -519,10 +535,7 @@ fn read_written(file: &dyn StorageFile, path: &Path) -> Result<Vec<u8>> {
     }
     let hint = file.data_end_hint().ok().flatten();
     let end = hint.map_or(len, |end| end.saturating_add(WRITTEN_SLACK_BYTES).min(len));
-    let end = end.max((SEGMENT_HEADER_BYTES as u64).min(len));
-    let mut bytes = vec![0u8; usize::try_from(end).expect("at most SEGMENT_BYTES_MAX, checked above")];
-    file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io("read", path, e))?;
-    Ok(bytes)
+    Ok(end.max((SEGMENT_HEADER_BYTES as u64).min(len)))
 }
 
 /// Walks the frames of one segment. Fails on corruption the mode does not tolerate.
@@ -578,7 +591,7 @@ fn scan_segment_indexed(
                     last_indexed = Some(at);
                 }
                 if let (Some(key_of), Some(part)) = (stream_key, &mut scan.streams)
-                    && streams::index_frame(key_of, bytes, at, &frame, salt, part).is_err()
+                    && streams::index_frame(key_of, &bytes[at..], at as u64, &frame, salt, part).is_err()
                 {
                     scan.streams = None;
                 }

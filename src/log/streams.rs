@@ -61,20 +61,20 @@ pub(crate) fn merge(into: &mut StreamPart, later: StreamPart) {
 /// If its records cannot be read (an inflation that fails, a record that runs past its frame).
 pub(crate) fn index_frame(
     key_of: StreamKey,
-    segment: &[u8],
-    at: usize,
+    frame: &[u8],
+    at: u64,
     header: &FrameHeader,
     salt: u64,
     part: &mut StreamPart,
 ) -> std::result::Result<(), ()> {
     let inflated;
     let payload = if header.is_compressed() {
-        let frame = record::decode_frame(&segment[at..], salt).map_err(|_| ())?;
+        let frame = record::decode_frame(frame, salt).map_err(|_| ())?;
         inflated = record::inflate(&frame).map_err(|_| ())?;
         &inflated[..]
     } else {
-        let start = at + record::FRAME_HEADER_BYTES;
-        segment.get(start..start + header.payload_len as usize).ok_or(())?
+        let start = record::FRAME_HEADER_BYTES;
+        frame.get(start..start + header.payload_len as usize).ok_or(())?
     };
     let mut offset = 0;
     for lsn in header.first_lsn..header.next_lsn() {
@@ -83,7 +83,7 @@ pub(crate) fn index_frame(
         let end = start + record::read_u32_le(len, 0) as usize;
         let record = payload.get(start..end).ok_or(())?;
         if let Some(key) = key_of(record) {
-            part.entry(key).or_default().push(lsn, at as u64);
+            part.entry(key).or_default().push(lsn, at);
         }
         offset = end;
     }
