@@ -107,7 +107,7 @@ pub fn replay_decode(data: &[u8]) {
 
     use crate::codec::proto::{AtomCompleted, AtomStarted};
     use crate::codec::{delta_check, delta_view};
-    use crate::context::{Context, Rotation};
+    use crate::codec::context::{Context, Rotation};
 
     let Some((&which, body)) = data.split_first() else { return };
     if which == 3 {
@@ -164,8 +164,8 @@ pub fn replay_decode(data: &[u8]) {
 }
 
 /// A context with a window and keys, so that replay's buffer reuse is exercised.
-fn fuzz_base_context() -> crate::context::Context {
-    let mut context = crate::context::Context::new();
+fn fuzz_base_context() -> crate::codec::context::Context {
+    let mut context = crate::codec::context::Context::new();
     let mut transcript = crate::synthetic::Transcript::new(7);
     for _ in 0..3 {
         context.apply(&transcript.next_delta(200));

@@ -49,8 +49,9 @@
 
 pub mod codec;
 pub mod config;
-pub mod context;
+pub use codec::context;
 pub mod error;
+mod ids;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod inspect;
@@ -65,7 +66,7 @@ pub mod synthetic;
 
 pub use codec::proto::Delta;
 pub use config::{Config, Durability, RecoveryMode};
-pub use context::{Context, KeyedValues};
+pub use codec::context::{Context, KeyedValues};
 pub use error::{CorruptionKind, Error, Result};
 pub use log::{FrameCompression, Log, LogBuilder, Lsn, LsnRange, RecoveryReport, RewriteOptions, StreamKey};
 pub use metrics::MetricsSnapshot;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::context::Context;
+use crate::codec::context::Context;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::record::{read_u32_le, read_u64_le};

@@ -323,7 +323,7 @@ mod tests {
     use super::*;
     use crate::codec::proto::{AtomCompleted, AtomStarted, Delta};
     use crate::codec::tests::arb_delta;
-    use crate::context::{Context, Rotation};
+    use crate::codec::context::{Context, Rotation};
 
     /// What prost makes of `body` applied to `base`: the context, or `None` if prost rejects it.
     fn by_prost(base: &Context, body: &[u8], subject: u64) -> Option<Context> {

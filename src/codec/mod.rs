@@ -7,6 +7,7 @@
 //! allocates more than [`limits::RECORD_DECOMPRESSED_BYTES_MAX`].
 
 mod compressors;
+pub mod context;
 pub(crate) mod delta_check;
 mod delta_encode;
 pub(crate) mod delta_view;
@@ -304,7 +305,7 @@ pub(crate) struct StartParts<'a> {
     pub run: u64,
     pub agent: &'a str,
     pub key: &'a str,
-    pub parents: &'a [crate::store::AtomId],
+    pub parents: &'a [crate::ids::AtomId],
     pub idempotency_key: &'a str,
     pub started_at_unix_us: u64,
 }

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::proto::*;
 use super::*;
-use crate::store::AtomId;
+use crate::ids::AtomId;
 use crate::synthetic::Transcript;
 
 fn sample_records(seed: u64) -> Vec<StoreRecord> {

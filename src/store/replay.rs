@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::codec::delta_view::{self, Op};
 use crate::codec::{CodecError, RecordKind, StoreRecord};
-use crate::context::{Context, Rotation};
+use crate::codec::context::{Context, Rotation};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::{HeldRange, HeldSources, Lsn, RecordRef};

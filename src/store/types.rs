@@ -1,54 +1,11 @@
 //! Public value types of the store: identifiers, statuses, run specs, atom views, resume points.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use crate::codec::proto::Delta;
 use crate::log::Lsn;
 
-/// A run's store-assigned number (dense from 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RunId(pub(crate) u64);
-
-/// An atom's store-assigned number (dense from 1, unique across runs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct AtomId(pub(crate) u64);
-
-impl RunId {
-    /// A run id from its raw number (as printed by tools); it may name no run.
-    pub fn from_raw(run: u64) -> Self {
-        Self(run)
-    }
-
-    /// The raw number.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl AtomId {
-    /// An atom id from its raw number (as printed by tools); it may name no atom.
-    pub fn from_raw(atom: u64) -> Self {
-        Self(atom)
-    }
-
-    /// The raw number.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "run#{}", self.0)
-    }
-}
-
-impl fmt::Display for AtomId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "atom#{}", self.0)
-    }
-}
+pub use crate::ids::{AtomId, RunId};
 
 /// Where an atom is in its life: `running → completed | failed` (an atom not yet begun has no
 /// status; a retryable failure may run again).

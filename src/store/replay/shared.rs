@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::{Reading, Rebuilt, RunScan, ScanPart, ScanPlan, apply_deltas, scan_part_count};
-use crate::context::Context;
+use crate::codec::context::Context;
 use crate::error::{Error, Result};
 use crate::log::Lsn;
 use crate::store::Store;
