@@ -105,9 +105,9 @@ pub fn decode_record(data: &[u8]) {
 pub fn replay_decode(data: &[u8]) {
     use prost::Message;
 
+    use crate::codec::context::{Context, Rotation};
     use crate::codec::proto::{AtomCompleted, AtomStarted};
     use crate::codec::{delta_check, delta_view};
-    use crate::codec::context::{Context, Rotation};
 
     let Some((&which, body)) = data.split_first() else { return };
     if which == 3 {

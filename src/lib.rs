@@ -51,27 +51,31 @@ pub mod codec;
 pub mod config;
 pub use codec::context;
 pub mod error;
-mod ids;
 #[doc(hidden)]
 pub mod fuzz;
+mod ids;
 pub mod inspect;
 pub mod limits;
 pub mod log;
 pub mod metrics;
+pub(crate) mod purge;
+pub(crate) mod replay;
 pub(crate) mod snapshot;
 pub mod storage;
 pub mod store;
 #[doc(hidden)]
 pub mod synthetic;
 
+pub use codec::context::{Context, KeyedValues};
 pub use codec::proto::Delta;
 pub use config::{Config, Durability, RecoveryMode};
-pub use codec::context::{Context, KeyedValues};
 pub use error::{CorruptionKind, Error, Result};
 pub use log::{FrameCompression, Log, LogBuilder, Lsn, LsnRange, RecoveryReport, RewriteOptions, StreamKey};
 pub use metrics::MetricsSnapshot;
+pub use purge::{CompactionReport, SpaceReport};
+pub use replay::{Rebuilt, SnapshotFallback};
 pub use store::{
-    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, CompactionReport, Executed,
-    History, IndexCheckpointInfo, LogView, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus,
-    SnapshotPolicy, SpaceReport, Store, StoreBuilder, StoreRecoveryReport,
+    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, Executed, History,
+    IndexCheckpointInfo, LogView, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus,
+    SnapshotPolicy, Store, StoreBuilder, StoreRecoveryReport,
 };

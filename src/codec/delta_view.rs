@@ -321,9 +321,9 @@ mod tests {
     use prost::Message;
 
     use super::*;
+    use crate::codec::context::{Context, Rotation};
     use crate::codec::proto::{AtomCompleted, AtomStarted, Delta};
     use crate::codec::tests::arb_delta;
-    use crate::codec::context::{Context, Rotation};
 
     /// What prost makes of `body` applied to `base`: the context, or `None` if prost rejects it.
     fn by_prost(base: &Context, body: &[u8], subject: u64) -> Option<Context> {

@@ -8,6 +8,7 @@ mod index;
 mod inflated;
 mod iter;
 pub(crate) mod manifest;
+pub(crate) mod problem;
 pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod segment;
@@ -41,14 +42,14 @@ pub use compact::{
 pub(crate) use iter::{HeldRange, HeldSources};
 pub use iter::{LogIter, RecordRef};
 pub use manifest::MANIFEST_FILE_NAME;
+pub use problem::Problem;
 pub use recovery::{InvalidRange, LossEvidence, LostRecords, RecoveryReport};
 pub use streams::StreamKey;
 
 /// Records of a stream [`Log::visit_stream`] looks up at a time (12 bytes each).
 const STREAM_VISIT_CHUNK: usize = 16 * 1024;
 
-/// Name of the lock file inside a store directory.
-pub const LOCK_FILE_NAME: &str = "LOCK";
+pub use crate::storage::LOCK_FILE_NAME;
 
 /// A log sequence number: the address of one record. Starts at 1; never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

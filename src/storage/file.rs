@@ -67,7 +67,7 @@ impl Storage for FileStorage {
             .write(true)
             .create(true)
             .truncate(false)
-            .open(dir.join(crate::log::LOCK_FILE_NAME))?;
+            .open(dir.join(super::LOCK_FILE_NAME))?;
         // flock(2) locks belong to the open file description, so a second open in this same
         // process conflicts too, as it must.
         match file.try_lock() {

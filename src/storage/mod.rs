@@ -23,6 +23,9 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+/// Name of the lock file inside a store directory.
+pub const LOCK_FILE_NAME: &str = "LOCK";
+
 pub use file::FileStorage;
 pub use mmap::WriteMap;
 pub use read_only::ReadOnlyStorage;

@@ -319,7 +319,7 @@ impl Store {
     }
 
     /// Whether nothing can continue from `atom` (whose index entry is `entry`): a compaction
-    /// round released it (no rebuild can reach it: `purge.rs`), or reclaimed its delta and it
+    /// round released it (no rebuild can reach it: `purge/plan.rs`), or reclaimed its delta and it
     /// has no snapshot. It cannot be a parent, a rollback's target or pinned.
     pub(crate) fn history_gone(&self, entry: &AtomEntry, atom: AtomId) -> bool {
         entry.released || (entry.reclaimed && !self.shared.snapshots.lock().contains(&atom.0))

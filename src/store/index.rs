@@ -59,7 +59,7 @@ pub(crate) struct AtomEntry {
     pub reclaimed: bool,
     /// Pinned: retention keeps what its context needs.
     pub pinned: bool,
-    /// A compaction round released it: no rebuild can reach it any more (`purge.rs`).
+    /// A compaction round released it: no rebuild can reach it any more (`purge/plan.rs`).
     pub released: bool,
 }
 

@@ -3,13 +3,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::codec::envelope::{self, Compression};
 use crate::codec::{Codec, CodecError, RecordKind, StoreRecord};
 use crate::error::Result;
 use crate::metrics::MetricsSnapshot;
-use crate::store::replay::Rebuilt;
 use crate::store::{RunId, RunStatus, Shared, Store, StoreBuilder};
 
 /// One run, as [`Store::runs`] lists it.
@@ -142,17 +140,5 @@ impl Store {
     /// A [`CodecError`] for bytes that are not a valid record.
     pub fn decode_record(&self, bytes: &[u8]) -> std::result::Result<RecordInfo, CodecError> {
         record_info(&self.shared.codec, bytes)
-    }
-
-    /// Counts one context rebuild in the metrics.
-    pub(crate) fn record_rebuild(&self, rebuilt: &Result<Rebuilt>, started: Instant) {
-        let metrics = self.shared.log.metrics_handle();
-        match rebuilt {
-            Ok(rebuilt) => {
-                metrics.record_context_rebuild(rebuilt.atoms_applied as u64, started.elapsed());
-                metrics.record_snapshot_fallbacks(rebuilt.fallbacks.len() as u64);
-            }
-            Err(error) => metrics.record_error(error),
-        }
     }
 }

@@ -7,26 +7,21 @@
 //! tells each agent where it stands and [`Store::execute`] returns recorded outputs instead of
 //! running completed atoms again.
 
-mod atom_table;
-mod atoms;
-mod background;
-mod ballast;
-mod checkpoint;
-mod compaction;
-mod guard;
-mod history;
+pub(crate) mod atom_table;
+pub(crate) mod atoms;
+pub(crate) mod ballast;
+pub(crate) mod checkpoint;
+pub(crate) mod guard;
+pub(crate) mod history;
 pub(crate) mod identity;
-mod index;
-mod inspect;
-mod log_view;
-mod loss;
-mod lull;
-mod policy;
-mod purge;
-mod rebuild;
-mod replay;
-mod retention;
-mod types;
+pub(crate) mod index;
+pub(crate) mod inspect;
+pub(crate) mod log_view;
+pub(crate) mod loss;
+pub(crate) mod policy;
+pub(crate) mod pool;
+pub(crate) mod rebuild;
+pub(crate) mod types;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,13 +37,12 @@ use crate::storage::Storage;
 
 use index::StoreIndex;
 
-pub use compaction::{CompactionReport, SpaceReport};
+use crate::purge::CompactionReport;
 pub use history::History;
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use log_view::LogView;
 pub use loss::{LossEvidence, StoreRecoveryReport};
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
-pub use replay::{Rebuilt, SnapshotFallback};
 pub use types::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
 };
@@ -218,7 +212,7 @@ impl StoreBuilder {
         let shared = Arc::new(Shared::new(log?, self.policies, false, Some(checkpoint))?);
         shared.ensure_ballast();
         let checkpoint_writer = Mutex::new(Shared::write_pending_checkpoint(&shared));
-        let worker = if self.background { Some(background::Worker::start(&shared)?) } else { None };
+        let worker = if self.background { Some(crate::purge::background::Worker::start(&shared)?) } else { None };
         Ok(Store { worker, shared, owner: true, checkpoint_writer })
     }
 }
@@ -377,7 +371,7 @@ impl Shared {
 
     /// The index checkpoint on disk, loaded and checked against the log, if this store has
     /// one (compaction patches it).
-    fn loaded_index_checkpoint(&self) -> Option<rebuild::FoldState> {
+    pub(crate) fn loaded_index_checkpoint(&self) -> Option<rebuild::FoldState> {
         if self.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return None;
         }
@@ -386,14 +380,14 @@ impl Shared {
 
     /// Publishes the index checkpoint `bytes`, which cover the records below `covered` (the
     /// caller holds the compaction lock).
-    fn publish_index_checkpoint(&self, covered: u64, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn publish_index_checkpoint(&self, covered: u64, bytes: &[u8]) -> Result<()> {
         checkpoint::publish(&self.log, bytes)?;
         self.index_checkpoint.covered.store(covered, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     /// Deletes the index checkpoint, durably (before anything changes the records it covers).
-    fn remove_index_checkpoint(&self) -> Result<()> {
+    pub(crate) fn remove_index_checkpoint(&self) -> Result<()> {
         self.index_checkpoint.log_changes.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         checkpoint::remove(&self.log)?;
         self.index_checkpoint.covered.store(0, std::sync::atomic::Ordering::Relaxed);
@@ -507,12 +501,12 @@ pub struct Store {
     /// The background thread, owned by the handle the user opened (absent in the temporary
     /// handles the thread itself works through, and when disabled). Declared first: it is
     /// stopped before the store's files are closed.
-    worker: Option<background::Worker>,
-    shared: Arc<Shared>,
+    pub(crate) worker: Option<crate::purge::background::Worker>,
+    pub(crate) shared: Arc<Shared>,
     /// Opened by [`StoreBuilder::open`] (not a view): checkpoints the index when dropped.
-    owner: bool,
+    pub(crate) owner: bool,
     /// The thread publishing the checkpoint of the open's fold, if one runs.
-    checkpoint_writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub(crate) checkpoint_writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for Store {
@@ -536,50 +530,50 @@ impl Drop for Store {
 
 /// Everything a store holds, shared with its background thread.
 pub(crate) struct Shared {
-    log: Log,
-    codec: Codec,
+    pub(crate) log: Log,
+    pub(crate) codec: Codec,
     /// The store id every segment header holds; snapshots and index checkpoints repeat it.
-    store_id: u64,
+    pub(crate) store_id: u64,
     /// What the open found lost from the end of the log.
-    recovery: StoreRecoveryReport,
+    pub(crate) recovery: StoreRecoveryReport,
     /// The index's identity hasher (fixed for the store's lifetime in this process), for
     /// hashing a key before taking the index lock.
-    identity: index::IdentityHasher,
-    index: RwLock<StoreIndex>,
-    training: Mutex<atoms::Training>,
+    pub(crate) identity: index::IdentityHasher,
+    pub(crate) index: RwLock<StoreIndex>,
+    pub(crate) training: Mutex<atoms::Training>,
     /// Set once `training` reaches its last stage: completions then skip its lock (taken by
     /// every completion otherwise, by all of a burst's writers at once).
-    training_done: std::sync::atomic::AtomicBool,
+    pub(crate) training_done: std::sync::atomic::AtomicBool,
     /// Atoms with a snapshot file.
-    snapshots: Mutex<std::collections::BTreeSet<u64>>,
-    policies: policy::Policies,
+    pub(crate) snapshots: Mutex<std::collections::BTreeSet<u64>>,
+    pub(crate) policies: policy::Policies,
     /// Per agent: completed atoms and time since its last snapshot.
-    snapshot_clock: Mutex<policy::SnapshotClocks>,
+    pub(crate) snapshot_clock: Mutex<policy::SnapshotClocks>,
     /// Compaction runs one at a time.
-    compacting: Mutex<()>,
+    pub(crate) compacting: Mutex<()>,
     /// Held while a compaction round plans what is live and marks what it releases, and by
     /// everything that changes what is live (rollback, fork, pin): no plan is made from heads
-    /// that change under it (`purge.rs`). Taken after `compacting`, never before it.
-    purge: Mutex<()>,
+    /// that change under it (`purge/plan.rs`). Taken after `compacting`, never before it.
+    pub(crate) purge: Mutex<()>,
     /// Called by a compaction round between its plan and its marks (tests of the purge lock).
     #[cfg(test)]
-    after_plan: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    pub(crate) after_plan: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// Held while a run is created or finished: their records are appended one at a time,
     /// without the index lock.
-    runs_changing: Mutex<()>,
+    pub(crate) runs_changing: Mutex<()>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.
-    closing: std::sync::atomic::AtomicBool,
+    pub(crate) closing: std::sync::atomic::AtomicBool,
     /// Compaction rounds completed since open, and the last one's report.
-    compaction_rounds: std::sync::atomic::AtomicU64,
-    last_compaction: Mutex<Option<CompactionReport>>,
+    pub(crate) compaction_rounds: std::sync::atomic::AtomicU64,
+    pub(crate) last_compaction: Mutex<Option<CompactionReport>>,
     /// The index checkpoint on disk.
-    index_checkpoint: IndexCheckpoint,
+    pub(crate) index_checkpoint: IndexCheckpoint,
     /// Policy snapshots renamed into place since the snapshot directory was last synced: their
     /// names are not durable yet, so compaction does not rely on them. Held while the
     /// directory syncs.
-    unsynced_snapshots: Mutex<std::collections::BTreeSet<u64>>,
+    pub(crate) unsynced_snapshots: Mutex<std::collections::BTreeSet<u64>>,
     /// Whether rebuilds may read only their run's records (see `Store::set_targeted_scans`).
-    targeted_scans: std::sync::atomic::AtomicBool,
+    pub(crate) targeted_scans: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -603,7 +597,7 @@ impl Store {
     }
 
     /// A handle over `shared` without a worker: what the background thread works through.
-    fn view(shared: Arc<Shared>) -> Self {
+    pub(crate) fn view(shared: Arc<Shared>) -> Self {
         Store { worker: None, shared, owner: false, checkpoint_writer: Mutex::new(None) }
     }
 
@@ -787,7 +781,7 @@ impl Store {
 
     /// Records after the newest index checkpoint (all of them if there is none), and records
     /// it covers.
-    fn checkpoint_lag(&self) -> (u64, u64) {
+    pub(crate) fn checkpoint_lag(&self) -> (u64, u64) {
         self.lag_after(self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed))
     }
 
@@ -803,7 +797,7 @@ impl Store {
         self.shared.index.read().heap_bytes()
     }
 
-    fn append(&self, record: &StoreRecord, durability: Durability) -> Result<Lsn> {
+    pub(crate) fn append(&self, record: &StoreRecord, durability: Durability) -> Result<Lsn> {
         let bytes = self.shared.codec.encode(record);
         self.shared.log.append_with(&bytes, durability)
     }
@@ -812,12 +806,12 @@ impl Store {
     /// unpinned): it may use the reserve at the end of the log's active segment
     /// ([`Log::append_reserved_with`]), so that a full disk never keeps retention from freeing
     /// space.
-    fn append_reserved(&self, record: &StoreRecord) -> Result<Lsn> {
+    pub(crate) fn append_reserved(&self, record: &StoreRecord) -> Result<Lsn> {
         let bytes = self.shared.codec.encode(record);
         self.shared.log.append_reserved_with(&bytes, Durability::Sync)
     }
 
-    fn read_record(&self, lsn: u64) -> Result<StoreRecord> {
+    pub(crate) fn read_record(&self, lsn: u64) -> Result<StoreRecord> {
         let bytes = self
             .shared
             .log
@@ -832,7 +826,7 @@ fn unknown_run(run: RunId) -> Error {
 }
 
 /// Microseconds since the Unix epoch (0 if the clock is before it).
-fn now_us() -> u64 {
+pub(crate) fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 

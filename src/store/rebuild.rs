@@ -67,7 +67,7 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
 /// one in log order, exactly as without the pipeline or a checkpoint.
 pub(crate) fn fold_from(log: &Log, codec: &Codec, start: FoldState, until: u64) -> Result<FoldState> {
     let identity = start.index.identity;
-    match crate::store::replay::replay_pool().filter(|pool| pool.current_num_threads() > 1) {
+    match crate::store::pool::replay_pool().filter(|pool| pool.current_num_threads() > 1) {
         Some(pool) => {
             let threads = pool.current_num_threads();
             match pool.install(|| fold_pipelined(log, codec, start, until, threads, REBUILD_CHUNK_LSNS)) {

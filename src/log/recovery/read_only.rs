@@ -24,9 +24,9 @@ use super::{
 };
 use crate::config::{Config, RecoveryMode};
 use crate::error::{CorruptionKind, Error, Result};
-use crate::inspect::Problem;
 use crate::log::index::SegmentIndex;
 use crate::log::manifest::{self, FoundSegment, ManifestWriter, TailRecord};
+use crate::log::problem::Problem;
 use crate::log::segment::{self, SegmentHeader};
 use crate::log::{Log, StreamKey};
 use crate::metrics::Metrics;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::store::lull::{LULL_WAIT_MAX, wait_for_lull};
+use crate::purge::lull::{LULL_WAIT_MAX, wait_for_lull};
 use crate::store::types::AtomId;
 use crate::store::{Shared, Store};
 

@@ -303,9 +303,9 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay::RunMembers;
+    use crate::replay::tests::interleaved_store;
     use crate::snapshot;
-    use crate::store::replay::RunMembers;
-    use crate::store::replay::tests::interleaved_store;
     use crate::{AtomOutput, RunSpec, SnapshotPolicy};
 
     /// A rebuild's result, or its error, as text to compare.

@@ -33,10 +33,10 @@ use bytes::Bytes;
 use crate::codec::{CodecError, RecordKind, StoreRecord, proto};
 use crate::error::{Error, Result};
 use crate::log::{Lsn, Rewrite, RewriteOptions};
+use crate::purge::lull::{BurstWatch, LULL_WAIT_MAX, wait_for_lull};
+use crate::purge::plan::{AtomFacts, PurgeDecision, PurgeInputs};
 use crate::store::Store;
 use crate::store::index::EntryState;
-use crate::store::lull::{BurstWatch, LULL_WAIT_MAX, wait_for_lull};
-use crate::store::purge::{self, AtomFacts, PurgeDecision, PurgeInputs};
 use crate::store::types::{AtomId, RunId, RunStatus};
 
 /// Bytes a reclaimed completion record is assumed to keep, when planning (the real size is
@@ -343,7 +343,7 @@ impl Store {
     /// lulls in the appends, and leaves to the next round what gets none in time
     /// ([`CompactionReport::segments_deferred`]).
     pub fn compact_in_background(&self) -> bool {
-        self.worker.as_ref().is_some_and(|worker| worker.request(crate::store::background::Job::Compact))
+        self.worker.as_ref().is_some_and(|worker| worker.request(crate::purge::background::Job::Compact))
     }
 
     /// The report of the last compaction round that completed since the store was opened.
@@ -446,7 +446,7 @@ impl Store {
         };
         let graph = self.scan_graph(&mut plan)?;
         let facts = self.entry_facts(&graph, &plan.dropped_runs);
-        plan.decision = purge::decide(&PurgeInputs {
+        plan.decision = crate::purge::plan::decide(&PurgeInputs {
             parents: &graph.parents,
             facts: &facts,
             snapshots: &snapshots,

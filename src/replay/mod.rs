@@ -9,14 +9,12 @@
 //! and applies them in order. A snapshot that fails its SHA-256 or does not decode is never used: the rebuild falls
 //! back to an older one, or to the log from the start, and reports it.
 
-use std::sync::OnceLock;
-
 use parking_lot::Mutex;
 use rayon::prelude::*;
 
+use crate::codec::context::{Context, Rotation};
 use crate::codec::delta_view::{self, Op};
 use crate::codec::{CodecError, RecordKind, StoreRecord};
-use crate::codec::context::{Context, Rotation};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::{HeldRange, HeldSources, Lsn, RecordRef};
@@ -456,7 +454,7 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownAtom`], and read or decode errors of the log.
     pub fn rebuild_context(&self, atom: AtomId) -> Result<Rebuilt> {
-        self.rebuild_recorded(atom, replay_pool())
+        self.rebuild_recorded(atom, crate::store::pool::replay_pool())
     }
 
     /// [`Store::rebuild_context`] of several atoms at once — the heads of independent branches
@@ -468,7 +466,7 @@ impl Store {
     /// side), the log is read once for all of them, in parallel parts, and each fold then
     /// decodes in parallel in turn (see `Store::rebuild_several`).
     pub fn rebuild_contexts(&self, atoms: &[AtomId]) -> Vec<Result<Rebuilt>> {
-        let pool = replay_pool();
+        let pool = crate::store::pool::replay_pool();
         let mut results: Vec<Option<Result<Rebuilt>>> = atoms.iter().map(|_| None).collect();
         let mut rebuild = || self.rebuild_several(atoms, pool, |at, rebuilt| results[at] = Some(rebuilt));
         match pool {
@@ -559,7 +557,7 @@ impl Store {
     /// [`Error::UnknownAtom`], [`Error::InvalidTransition`] if the atom has not completed, and
     /// the file system's errors.
     pub fn snapshot_now(&self, atom: AtomId) -> Result<()> {
-        self.write_snapshot(atom, NameDurability::Now, replay_pool())
+        self.write_snapshot(atom, NameDurability::Now, crate::store::pool::replay_pool())
     }
 
     /// Writes a snapshot of `atom`'s context, rebuilt on `pool` (`None`: on this thread), its
@@ -609,7 +607,7 @@ impl Store {
             }
         }
         self.shared.log.metrics_handle().record_snapshot_write(bytes.len() as u64, started.elapsed());
-        // Retention prunes snapshots in the next compaction round's plan (`purge.rs`), which
+        // Retention prunes snapshots in the next compaction round's plan (`purge/plan.rs`), which
         // knows what each one still serves.
         self.shared.snapshots.lock().insert(atom.0);
         Ok(())
@@ -1055,22 +1053,22 @@ fn decode_chunk<'a>(store: &Store, chunk: &'a [Pending<'a>], threads: usize) -> 
 /// Completions one decode task takes.
 const DECODE_PART_ATOMS: usize = 256;
 
+impl Store {
+    /// Counts one context rebuild in the metrics.
+    pub(crate) fn record_rebuild(&self, rebuilt: &Result<Rebuilt>, started: std::time::Instant) {
+        let metrics = self.shared.log.metrics_handle();
+        match rebuilt {
+            Ok(rebuilt) => {
+                metrics.record_context_rebuild(rebuilt.atoms_applied as u64, started.elapsed());
+                metrics.record_snapshot_fallbacks(rebuilt.fallbacks.len() as u64);
+            }
+            Err(error) => metrics.record_error(error),
+        }
+    }
+}
+
 /// Completions one decode task takes at least.
 const DECODE_PART_ATOMS_MIN: usize = 32;
-
-/// The shared pool rebuilds decode on: one thread per core, at most `REPLAY_THREADS_MAX`.
-pub(crate) fn replay_pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(cores.min(limits::REPLAY_THREADS_MAX))
-            .thread_name(|i| format!("continuum-replay-{i}"))
-            .build()
-            .ok()
-    })
-    .as_ref()
-}
 
 #[cfg(test)]
 mod tests {
