@@ -12,8 +12,8 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::codec::StoreRecord;
 use crate::error::{Error, Result};
-use crate::store::atoms::assemble_atom;
 use crate::store::index::AtomEntry;
+use crate::store::reads::assemble_atom;
 use crate::store::types::{Atom, AtomId, AtomStatus, RunId};
 use crate::store::{Store, unknown_run};
 

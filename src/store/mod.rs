@@ -10,17 +10,24 @@
 pub(crate) mod atom_table;
 pub(crate) mod atoms;
 pub(crate) mod ballast;
+pub(crate) mod branches;
+pub(crate) mod builder;
 pub(crate) mod checkpoint;
 pub(crate) mod guard;
 pub(crate) mod history;
 pub(crate) mod identity;
 pub(crate) mod index;
 pub(crate) mod inspect;
+pub(crate) mod keys;
 pub(crate) mod log_view;
 pub(crate) mod loss;
+pub(crate) mod open;
 pub(crate) mod policy;
 pub(crate) mod pool;
+pub(crate) mod reads;
 pub(crate) mod rebuild;
+pub(crate) mod runs;
+pub(crate) mod training;
 pub(crate) mod types;
 
 use std::path::Path;
@@ -30,14 +37,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use parking_lot::{Mutex, RwLock};
 
 use crate::codec::{Codec, StoreRecord};
-use crate::config::{Durability, RecoveryMode};
+use crate::config::Durability;
 use crate::error::{Error, Result};
-use crate::log::{Log, LogBuilder, Lsn};
-use crate::storage::Storage;
+use crate::log::{Log, Lsn};
 
 use index::StoreIndex;
 
 use crate::purge::CompactionReport;
+pub use builder::StoreBuilder;
 pub use history::History;
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use log_view::LogView;
@@ -59,228 +66,6 @@ pub(crate) fn checkpoint_body_decodes(body: &[u8]) -> bool {
 /// target).
 pub(crate) fn folds_agree(log: &Log) {
     rebuild::folds_agree(log);
-}
-
-/// Builds a [`Store`]: `Store::builder(dir).segment_bytes(…).open()?`.
-#[must_use = "a builder does nothing until `open` is called"]
-pub struct StoreBuilder {
-    log: LogBuilder,
-    policies: policy::Policies,
-    background: bool,
-}
-
-impl StoreBuilder {
-    /// Size of each log segment; see [`Config::segment_bytes`](crate::Config::segment_bytes).
-    pub fn segment_bytes(mut self, bytes: u64) -> Self {
-        self.log = self.log.segment_bytes(bytes);
-        self
-    }
-
-    /// How recovery treats invalid bytes; see [`RecoveryMode`].
-    pub fn recovery_mode(mut self, mode: RecoveryMode) -> Self {
-        self.log = self.log.recovery_mode(mode);
-        self
-    }
-
-    /// How long a waiting appender spins before it sleeps; see
-    /// [`Config::commit_spin`](crate::Config::commit_spin) (the same default as a bare log's).
-    /// `Duration::ZERO` makes waiters sleep at once, which leaves more CPU to other work when
-    /// the appending threads have plenty to do between appends.
-    pub fn commit_spin(mut self, spin: std::time::Duration) -> Self {
-        self.log = self.log.commit_spin(spin);
-        self
-    }
-
-    /// The file system to use (tests use [`SimStorage`](crate::storage::sim::SimStorage)).
-    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
-        self.log = self.log.storage(storage);
-        self
-    }
-
-    /// When snapshots are written (default: every 50 completed atoms of an agent or every 10
-    /// minutes, whichever comes first). Runs may override it ([`RunSpec::snapshot_policy`]).
-    pub fn snapshot_policy(mut self, policy: SnapshotPolicy) -> Self {
-        self.policies.snapshot = policy;
-        self
-    }
-
-    /// What retention keeps (default: the last 5 snapshots per agent; finished runs forever).
-    pub fn retention(mut self, policy: RetentionPolicy) -> Self {
-        self.policies.retention = policy;
-        self
-    }
-
-    /// When compaction rewrites a segment, and how often it runs in the background.
-    pub fn compaction(mut self, policy: CompactionPolicy) -> Self {
-        self.policies.compaction = policy;
-        self
-    }
-
-    /// How many records must come after the newest index checkpoint before the store writes
-    /// another on its own: at open (after folding that many), when dropped or closed, and on
-    /// the background thread after a compaction round (when they are also a quarter of what
-    /// the checkpoint covers). Default 65,536; `u64::MAX` leaves checkpoints to
-    /// [`Store::checkpoint_index`]. Smaller means faster opens after a crash and more
-    /// checkpoint writes (each rewrites the whole index: about 16 bytes per atom).
-    pub fn index_checkpoint_after(mut self, records: u64) -> Self {
-        self.policies.index_checkpoint_after = records;
-        self
-    }
-
-    /// The smallest record body (protobuf bytes) the store compresses as it appends it, with
-    /// zstd and the store's trained dictionary; smaller records are appended plain. Default
-    /// 2 KiB. Cold compression (`CompactionPolicy::cold_compression`) rewrites sealed segments
-    /// with all of their records compressed together, far smaller than record by record
-    /// (about 140 bytes per atom against 323 for 500-byte deltas), so compressing small records
-    /// on the append path only shrinks the newest segment, at 2–6 µs of CPU per record. Lower
-    /// it (64 compresses nearly everything) when cold compression is off, or when the newest
-    /// segment's size matters more than that CPU.
-    pub fn compress_records_from(mut self, bytes: usize) -> Self {
-        self.policies.compress_records_from = bytes;
-        self
-    }
-
-    /// Sets aside `bytes` of disk in the store's directory (a file named `ballast`), given back
-    /// when a compaction round runs out of space, so that retention can free space even on a
-    /// disk with not a byte left: the round rewrites the segments a dropped run shared with
-    /// live ones, and each rewrite needs room for the records it keeps until it replaces the
-    /// original. A segment's size ([`StoreBuilder::segment_bytes`]) always suffices. Default 0:
-    /// no ballast. Once given back, it is made again at the next open that finds the room.
-    pub fn ballast_bytes(mut self, bytes: u64) -> Self {
-        self.policies.ballast_bytes = bytes;
-        self
-    }
-
-    /// How durable an atom is when `complete_atom`, `fail_atom` or `record_atom` returns.
-    /// Default [`Durability::Sync`]: its records are on disk (one `fdatasync`, shared with
-    /// concurrent writers), so a crash never loses it and `execute` never runs it again.
-    ///
-    /// [`Durability::Buffered`] returns once the operating system has the records and syncs
-    /// them in the background every [`StoreBuilder::flush_interval`] (as LangGraph's `async`
-    /// durability, SQLite's `synchronous=NORMAL`): an atom costs no `fdatasync` of its own,
-    /// but a power loss (not a process crash) may lose the atoms ended in the last interval, a
-    /// suffix of each agent's history, which then run again. Everything else stays exact:
-    /// each guarded effect's record is synced before the effect runs, so a re-run atom's
-    /// effects are not repeated; a snapshot or an index checkpoint syncs the log first, so
-    /// neither ever refers to an atom a crash took back; runs, rollbacks, forks, pins and
-    /// drops are synced as always. [`Store::sync`] makes every ended atom durable at once.
-    /// [`Durability::None`] syncs only when something else does (a segment filled up, a
-    /// synced record, [`Store::sync`], close).
-    pub fn atom_durability(mut self, durability: Durability) -> Self {
-        self.policies.atom_durability = durability;
-        self
-    }
-
-    /// How often the background flusher syncs atoms ended with [`Durability::Buffered`]; see
-    /// [`Config::flush_interval`](crate::Config::flush_interval).
-    pub fn flush_interval(mut self, interval: std::time::Duration) -> Self {
-        self.log = self.log.flush_interval(interval);
-        self
-    }
-
-    /// Whether a background thread writes policy snapshots and runs compaction (default:
-    /// yes). Without it, policy snapshots are written by the thread that completes the atom,
-    /// and compaction runs only when [`Store::compact`] is called.
-    pub fn background(mut self, enabled: bool) -> Self {
-        self.background = enabled;
-        self
-    }
-
-    /// Opens the log (running its recovery) and rebuilds the index from it.
-    ///
-    /// # Errors
-    /// Everything [`LogBuilder::open`] returns, plus [`Error::Codec`] and
-    /// [`Error::InconsistentLog`] for records the index cannot take, and
-    /// [`Error::InvalidConfig`] for an invalid policy.
-    pub fn open(self) -> Result<Store> {
-        self.policies.validate()?;
-        // The index checkpoint is read and decoded while the log recovers (both take a large
-        // store's open time); it is checked against the log once that is open.
-        let (dir, storage) = self.log.location();
-        let (dir, storage) = (dir.to_path_buf(), Arc::clone(storage));
-        let (log, checkpoint) = std::thread::scope(|scope| {
-            let reader = std::thread::Builder::new()
-                .name("continuum-checkpoint-read".into())
-                .spawn_scoped(scope, || checkpoint::read(storage.as_ref(), &dir));
-            let log = self.log.open();
-            let read = match reader {
-                Ok(thread) => thread.join().unwrap_or(checkpoint::Read::Unusable("its reader panicked")),
-                Err(_) => checkpoint::read(storage.as_ref(), &dir),
-            };
-            (log, read)
-        });
-        let shared = Arc::new(Shared::new(log?, self.policies, false, Some(checkpoint))?);
-        shared.ensure_ballast();
-        let checkpoint_writer = Mutex::new(Shared::write_pending_checkpoint(&shared));
-        let worker = if self.background { Some(crate::purge::background::Worker::start(&shared)?) } else { None };
-        Ok(Store { worker, shared, owner: true, checkpoint_writer })
-    }
-}
-
-impl Shared {
-    /// Rebuilds the index of the opened `log` (from `checkpoint`, the index checkpoint already
-    /// read, if it was; otherwise it is read here) and lists its snapshots. A `read_only` store
-    /// never trains a dictionary (training appends one).
-    fn new(
-        log: Log,
-        policies: policy::Policies,
-        read_only: bool,
-        checkpoint: Option<checkpoint::Read>,
-    ) -> Result<Self> {
-        let codec = Codec::compressing_from(policies.compress_records_from);
-        let index_checkpoint = IndexCheckpoint::default();
-        let checkpoint = checkpoint.unwrap_or_else(|| checkpoint::read(log.storage().as_ref(), log.dir()));
-        let store_id = identity::store_id(&log)?;
-        let mut snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
-        if !read_only {
-            // IMPORTANT: compaction relies on the snapshots listed here; their names are durable
-            // before it can run.
-            crate::snapshot::sync_dir_at_open(log.storage().as_ref(), log.dir())?;
-        }
-        let opening =
-            Opening { read_only, store_id, snapshots: &snapshots, checkpoint_after: policies.index_checkpoint_after };
-        let (index, recovery) = open_index(&log, &codec, &opening, checkpoint, &index_checkpoint)?;
-        loss::settle(&recovery, log.config().recovery_mode, log.next_lsn().get())?;
-        if !read_only {
-            loss::clear_evidence(&log, &recovery, &mut snapshots)?;
-            let completed =
-                |atom| index.atom(types::AtomId(atom)).is_some_and(|e| e.state == index::EntryState::Completed);
-            crate::snapshot::bind_all(log.storage().as_ref(), log.dir(), store_id, &snapshots, completed)?;
-        }
-        let training = match (read_only, codec.current_dictionary_len()) {
-            (true, _) => atoms::Training::done(),
-            (false, None) => atoms::Training::new(atoms::TrainingStage::First),
-            // A first-stage dictionary (smaller than the final one's half): train the final one.
-            (false, Some(len)) if len * 2 <= atoms::final_dictionary_bytes(log.config().segment_bytes) => {
-                atoms::Training::new(atoms::TrainingStage::Final)
-            }
-            (false, Some(_)) => atoms::Training::done(),
-        };
-        Ok(Shared {
-            log,
-            codec,
-            store_id,
-            recovery,
-            identity: index.identity,
-            index: RwLock::new(index),
-            training_done: std::sync::atomic::AtomicBool::new(training.is_done()),
-            training: Mutex::new(training),
-            snapshots: Mutex::new(snapshots),
-            policies,
-            snapshot_clock: Mutex::new(policy::SnapshotClocks::default()),
-            compacting: Mutex::new(()),
-            purge: Mutex::new(()),
-            #[cfg(test)]
-            after_plan: Mutex::new(None),
-            runs_changing: Mutex::new(()),
-            closing: std::sync::atomic::AtomicBool::new(false),
-            compaction_rounds: std::sync::atomic::AtomicU64::new(0),
-            last_compaction: Mutex::new(None),
-            index_checkpoint,
-            unsynced_snapshots: Mutex::new(std::collections::BTreeSet::new()),
-            targeted_scans: std::sync::atomic::AtomicBool::new(true),
-        })
-    }
 }
 
 impl Shared {
@@ -343,32 +128,6 @@ impl Shared {
         snapshots
     }
 
-    /// Starts a thread that publishes the checkpoint of the open's fold, if the open left one
-    /// (`None` if not, or if the thread cannot start: the checkpoint is then dropped, which
-    /// costs only the next open's time).
-    fn write_pending_checkpoint(shared: &Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
-        shared.index_checkpoint.pending.lock().as_ref()?;
-        let shared = Arc::clone(shared);
-        let spawned = std::thread::Builder::new().name("continuum-checkpoint-write".into()).spawn(move || {
-            let Some((covered, bytes)) = shared.index_checkpoint.pending.lock().take() else { return };
-            // Compaction cannot start a change while this holds the lock; one that already
-            // changed a segment since the open bumped `log_changes`.
-            let _no_compaction = shared.compacting.lock();
-            // Nothing changed a segment since the open, and no newer checkpoint was written
-            // meanwhile (`checkpoint_index` on the background thread).
-            if shared.index_checkpoint.log_changes.load(std::sync::atomic::Ordering::Acquire) != 0
-                || shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed) >= covered
-            {
-                return;
-            }
-            if let Err(error) = shared.publish_index_checkpoint(covered, &bytes) {
-                shared.log.metrics_handle().record_maintenance_failure();
-                tracing::warn!(%error, "index checkpoint not written after open");
-            }
-        });
-        spawned.ok()
-    }
-
     /// The index checkpoint on disk, loaded and checked against the log, if this store has
     /// one (compaction patches it).
     pub(crate) fn loaded_index_checkpoint(&self) -> Option<rebuild::FoldState> {
@@ -393,73 +152,6 @@ impl Shared {
         self.index_checkpoint.covered.store(0, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
-}
-
-/// What an open knows before it rebuilds the index.
-struct Opening<'a> {
-    read_only: bool,
-    /// The log's store id.
-    store_id: u64,
-    /// Atoms with a snapshot file.
-    snapshots: &'a std::collections::BTreeSet<u64>,
-    /// Records a fold must cover for the open to write a checkpoint of it.
-    checkpoint_after: u64,
-}
-
-/// Rebuilds the index: from the index checkpoint and the records after it if there is a usable
-/// one, from the whole log otherwise; writes a new checkpoint when the fold covered at least
-/// `checkpoint_after` records (not for a read-only store). A checkpoint that cannot
-/// be written costs only the next open's time: it is logged, not returned. Returns the index
-/// and the evidence of lost records the checkpoint and the snapshots give.
-fn open_index(
-    log: &Log,
-    codec: &Codec,
-    opening: &Opening<'_>,
-    checkpoint: checkpoint::Read,
-    written: &IndexCheckpoint,
-) -> Result<(StoreIndex, StoreRecoveryReport)> {
-    let (read_only, checkpoint_after) = (opening.read_only, opening.checkpoint_after);
-    let started = std::time::Instant::now();
-    let covered_beyond = checkpoint::beyond_log(&checkpoint, log, opening.store_id);
-    let (loaded, ignored) = match checkpoint::accept(checkpoint, log, codec) {
-        Ok(state) => (Some(state), None),
-        Err(reason) => (None, reason),
-    };
-    let from = loaded.as_ref().map_or(0, |state| state.next_lsn);
-    written.covered.store(from, std::sync::atomic::Ordering::Relaxed);
-    *written.at_open.lock() = (from, ignored);
-    let start = loaded.unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
-    let state = rebuild::fold_from(log, codec, start, log.next_lsn().get())?;
-    let folded = state.next_lsn - from.max(log.first_lsn().get()).min(state.next_lsn);
-    let atoms = state.index.atoms.iter().filter(|(_, entry)| entry.state.status().is_some()).count() as u64;
-    let time_to_resume = log.recovery_report().duration + started.elapsed();
-    log.metrics_handle().record_index_rebuild(atoms, time_to_resume);
-    tracing::info!(
-        atoms,
-        runs = state.index.runs.len(),
-        from_checkpoint_lsn = from,
-        records_folded = folded,
-        time_to_resume_us = time_to_resume.as_micros() as u64,
-        "store index rebuilt"
-    );
-    if !read_only && folded >= checkpoint_after {
-        // The recovered records are durable before a checkpoint covering them is. The file is
-        // written by `StoreBuilder::open`'s writer thread, off the open's path.
-        match log.sync().and_then(|()| checkpoint::encode(&state, log)) {
-            Ok(bytes) => *written.pending.lock() = Some((state.next_lsn, bytes)),
-            Err(error) => {
-                log.metrics_handle().record_maintenance_failure();
-                tracing::warn!(%error, "index checkpoint not written at open");
-            }
-        }
-    }
-    let storage = log.storage().as_ref();
-    let verified = |atom| {
-        let bytes = crate::snapshot::read(storage, log.dir(), atom).ok().and_then(std::result::Result::ok);
-        bytes.is_some_and(|bytes| crate::snapshot::verify(&bytes, atom, opening.store_id).is_ok())
-    };
-    let recovery = loss::find(log, &state, covered_beyond, opening.snapshots, verified);
-    Ok((state.finish()?, recovery))
 }
 
 /// What the store knows of its index checkpoint file.
@@ -540,7 +232,7 @@ pub(crate) struct Shared {
     /// hashing a key before taking the index lock.
     pub(crate) identity: index::IdentityHasher,
     pub(crate) index: RwLock<StoreIndex>,
-    pub(crate) training: Mutex<atoms::Training>,
+    pub(crate) training: Mutex<training::Training>,
     /// Set once `training` reaches its last stage: completions then skip its lock (taken by
     /// every completion otherwise, by all of a burst's writers at once).
     pub(crate) training_done: std::sync::atomic::AtomicBool,
@@ -606,85 +298,6 @@ impl Store {
     /// [`Store::sync`] makes its atoms durable.
     pub fn log(&self) -> LogView<'_> {
         LogView::from(&self.shared.log)
-    }
-
-    /// Creates a run, or returns the existing run of that name.
-    ///
-    /// # Errors
-    /// The log's append errors.
-    pub fn create_run(&self, spec: RunSpec) -> Result<RunId> {
-        if let Some(run) = self.run_id(&spec.name) {
-            return Ok(run);
-        }
-        // Run creations and ends take turns, so that run numbers follow the order of their
-        // records in the log (dense); the index lock is not held across the record's sync,
-        // which would stall every agent's completions.
-        let _runs = self.shared.runs_changing.lock();
-        if let Some(run) = self.run_id(&spec.name) {
-            return Ok(run);
-        }
-        let run = self.shared.index.read().runs.len() as u64 + 1;
-        let id = u32::try_from(run).map_err(|_| Error::UnknownRun { run: spec.name.clone() })?;
-        let record = StoreRecord::RunCreated(crate::codec::proto::RunCreated {
-            run,
-            run_name: spec.name.clone(),
-            pipeline: spec.pipeline,
-            pipeline_version: spec.pipeline_version,
-            environment: spec.environment.into_iter().collect(),
-            created_at_unix_us: now_us(),
-            snapshot_every_atoms: spec.snapshot_policy.map(|p| p.every_atoms),
-            snapshot_every_ms: spec.snapshot_policy.map(|p| policy::duration_ms(p.every)),
-        });
-        self.append(&record, Durability::Sync)?;
-        let mut index = self.shared.index.write();
-        index.run_names.insert(spec.name.clone(), id);
-        index.runs.push(index::RunEntry {
-            name: spec.name,
-            status: RunStatus::Running,
-            snapshot_policy: spec.snapshot_policy,
-            ended_at_unix_us: 0,
-            atom_span: (0, 0),
-        });
-        Ok(RunId(run))
-    }
-
-    /// The run named `name`.
-    pub fn run_id(&self, name: &str) -> Option<RunId> {
-        self.shared.index.read().run_names.get(name).map(|id| RunId(u64::from(*id)))
-    }
-
-    /// A run's status.
-    ///
-    /// # Errors
-    /// [`Error::UnknownRun`].
-    pub fn run_status(&self, run: RunId) -> Result<RunStatus> {
-        let index = self.shared.index.read();
-        index.run(run).map(|entry| entry.status.clone()).ok_or_else(|| unknown_run(run))
-    }
-
-    /// Marks a run finished, with a human-readable hint for whoever resumes or debugs it.
-    ///
-    /// # Errors
-    /// [`Error::UnknownRun`], [`Error::RunFinished`], the log's append errors.
-    pub fn finish_run(&self, run: RunId, success: bool, resume_hint: &str) -> Result<()> {
-        // One end per run: ends take turns (with creations), outside the index lock.
-        let _runs = self.shared.runs_changing.lock();
-        if self.run_status(run)? != RunStatus::Running {
-            return Err(Error::RunFinished { run: run.0 });
-        }
-        let ended_at_unix_us = now_us();
-        let record = StoreRecord::RunTerminal(crate::codec::proto::RunTerminal {
-            run: run.0,
-            success,
-            resume_hint: resume_hint.to_owned(),
-            ended_at_unix_us,
-        });
-        self.append_reserved(&record)?;
-        if let Some(entry) = self.shared.index.write().run_mut(run) {
-            entry.status = RunStatus::Finished { success, resume_hint: resume_hint.to_owned() };
-            entry.ended_at_unix_us = ended_at_unix_us;
-        }
-        Ok(())
     }
 
     /// Makes every atom ended so far durable (one `fdatasync`, shared with concurrent
