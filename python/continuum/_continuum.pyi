@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+import pathlib
 from os import PathLike
 from typing import Any, Literal, Optional, TypedDict, Union
 
@@ -133,7 +134,7 @@ class Store:
         read_only: bool = False,
     ) -> None: ...
     @property
-    def path(self) -> str: ...
+    def path(self) -> pathlib.Path: ...
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
