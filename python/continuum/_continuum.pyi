@@ -44,6 +44,11 @@ class RunStatus(TypedDict, total=False):
     success: bool
     resume_hint: str
 
+class RunInfo(TypedDict):
+    id: int
+    name: str
+    status: RunStatus
+
 class AgentResume(TypedDict):
     agent: str
     completed: list[int]
@@ -148,6 +153,7 @@ class Store:
         pipeline_version: str = "",
         environment: Optional[Mapping[str, str]] = None,
     ) -> int: ...
+    def runs(self) -> list[RunInfo]: ...
     def run_id(self, name: str) -> Optional[int]: ...
     def run_status(self, run: int) -> RunStatus: ...
     def finish_run(self, run: int, success: bool = True, resume_hint: str = "") -> None: ...

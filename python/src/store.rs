@@ -263,6 +263,21 @@ impl PyStore {
         self.call(py, |store| store.create_run(spec)).map(RunId::get)
     }
 
+    /// Every run of the store, oldest first, as dicts: ``id``, ``name`` and ``status`` (as
+    /// ``run_status`` returns it). Example: ``[run["name"] for run in store.runs()]``
+    fn runs<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let runs = self.handle(py)?.runs();
+        runs.iter()
+            .map(|run| {
+                let dict = PyDict::new(py);
+                dict.set_item("id", run.id.get())?;
+                dict.set_item("name", &run.name)?;
+                dict.set_item("status", convert::run_status_to_py(py, &run.status)?)?;
+                Ok(dict)
+            })
+            .collect()
+    }
+
     /// The id of the run called ``name``, or None.
     fn run_id(&self, py: Python<'_>, name: &str) -> PyResult<Option<u64>> {
         Ok(self.handle(py)?.run_id(name).map(RunId::get))
