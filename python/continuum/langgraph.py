@@ -182,15 +182,15 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
             for idx, (channel, value) in enumerate(writes)
         ]
         result = _pack(task_id.encode(), task_path.encode(), *entries)
+        # A task's writes may be put while its checkpoint's `put` is still being recorded
+        # on another thread: they name the checkpoint by key, not as a parent atom.
         run = self._run(thread_id, create=True)
-        checkpoint_atom = self.store.atom_by_key(run, _NS_PREFIX + checkpoint_ns, checkpoint_id)
-        parents = [checkpoint_atom] if checkpoint_atom else []
         agent, sequence = _WRITES_PREFIX + checkpoint_ns, 0
         while True:
             while self.store.atom_by_key(run, agent, f"{checkpoint_id}/{sequence}") is not None:
                 sequence += 1
             try:
-                self.store.record_atom(run, agent, f"{checkpoint_id}/{sequence}", parents, result)
+                self.store.record_atom(run, agent, f"{checkpoint_id}/{sequence}", [], result)
                 return
             except continuum.ConflictError:
                 sequence += 1  # Another thread took this number.
@@ -212,7 +212,10 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         )
         if atom is None:
             return None
-        found = self.store.atom(atom)
+        try:
+            found = self.store.atom(atom)
+        except continuum.UnknownAtomError:
+            return None  # A `put` on another thread has not recorded it yet.
         if found.status != "completed" or found.result is None:
             return None
         return self._tuple(run, thread_id, checkpoint_ns, found)
