@@ -335,6 +335,28 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         if run is not None:
             self.store.finish_run(run, False, "deleted by delete_thread")
 
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copies every checkpoint and write of one thread to another: each atom of the
+        source's run is recorded again in the target's, in the same order, with its parents
+        mapped, so the copy's checkpoints keep their ids, order, values and writes. A
+        checkpoint the target already holds is kept as it is."""
+        source = self._run(source_thread_id, create=False)
+        if source is None:
+            return
+        target = self._run(target_thread_id, create=True)
+        copied: dict[int, int] = {}
+        for atom in self.store.run_history(source):
+            if atom.status != "completed" or atom.abandoned:
+                continue
+            parents = [copied[parent] for parent in atom.parents if parent in copied]
+            try:
+                copied[atom.id] = self.store.record_atom(
+                    target, atom.agent, atom.key, parents, atom.result or b"", atom.delta,
+                    idempotency_key=atom.idempotency_key,
+                )
+            except continuum.ConflictError as existing:
+                copied[atom.id] = existing.atom
+
     # Async twins: the same calls on a worker thread.
 
     async def aget_tuple(self, config: RunnableConfig) -> Optional[CheckpointTuple]:
@@ -377,6 +399,10 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     async def adelete_thread(self, thread_id: str) -> None:
         """``delete_thread`` off the event loop."""
         await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """``copy_thread`` off the event loop."""
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
 
 
 __all__ = ["ContinuumSaver"]
