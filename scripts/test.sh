@@ -2,7 +2,8 @@
 # Every test of continuum: the Rust suite, then the Python package's (python/tests).
 #
 # The Python side runs in a project-local virtual environment, .venv/ (git-ignored), made on
-# first use with the machine's CPython (3.9 or newer; PYTHON overrides `python3`). Its tools
+# first use with the machine's CPython (3.10 or newer, as pytest 9 and the conformance suite
+# need; PYTHON overrides `python3`). Its tools
 # are pinned in python/requirements-test.txt; the extension is built in release mode and
 # installed into it with maturin.
 #
@@ -25,7 +26,7 @@ fi
 echo "== python: virtual environment (.venv)"
 python=${PYTHON:-python3}
 if ! command -v "$python" >/dev/null 2>&1; then
-    echo "$python is missing: the Python tests need CPython 3.9 or newer with pip" >&2
+    echo "$python is missing: the Python tests need CPython 3.10 or newer with pip" >&2
     exit 1
 fi
 if [ ! -x .venv/bin/python ]; then
