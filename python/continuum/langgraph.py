@@ -1,0 +1,408 @@
+"""A LangGraph checkpointer on a continuum store: ``ContinuumSaver``.
+
+Each LangGraph thread is a continuum run (``langgraph:<thread_id>``), each checkpoint
+namespace an agent of it (``ns:<checkpoint_ns>``), and each checkpoint one atom of that
+agent, recorded durably in one batch by ``put``, whose parent is the atom of the checkpoint's
+parent. The atom's result holds the checkpoint (without its channel values) and its
+metadata; its delta sets one state key per channel named in ``new_versions``, holding that
+version's value. A channel's value is thus stored once per version, and the context the store
+rebuilds at a checkpoint's atom (the fold of the deltas along its ancestry) holds the value of
+every channel as of that checkpoint. Pending writes are atoms of the agent
+``writes:<checkpoint_ns>``, keyed ``<checkpoint_id>/<n>``. Values go through the saver's
+``serde``: the store sees only opaque ``(type, bytes)`` pairs.
+
+Example::
+
+    from continuum.langgraph import ContinuumSaver
+
+    with ContinuumSaver.from_path("/var/lib/my-agent/store") as saver:
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, {"configurable": {"thread_id": "trip-42"}})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from os import PathLike
+from typing import Any, Optional, Union
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    SerializerProtocol,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+
+import continuum
+
+_RUN_PREFIX = "langgraph:"
+_NS_PREFIX = "ns:"
+_WRITES_PREFIX = "writes:"
+_CHANNEL_PREFIX = "channel:"
+_EMPTY = "empty"
+
+
+def _pack(*parts: bytes) -> bytes:
+    """Length-prefixed concatenation (u32 little-endian lengths)."""
+    return b"".join(struct.pack("<I", len(part)) + part for part in parts)
+
+
+def _unpack(data: bytes) -> list[bytes]:
+    parts, at = [], 0
+    while at < len(data):
+        (length,) = struct.unpack_from("<I", data, at)
+        at += 4
+        parts.append(data[at : at + length])
+        at += length
+    return parts
+
+
+def _configurable(config: RunnableConfig) -> dict[str, Any]:
+    configurable = config.get("configurable")
+    if not configurable or "thread_id" not in configurable:
+        raise continuum.InvalidArgumentError("a checkpointer config needs configurable.thread_id")
+    return configurable
+
+
+def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
+
+
+class ContinuumSaver(BaseCheckpointSaver[int]):
+    """A LangGraph checkpointer storing checkpoints in a continuum ``Store``.
+
+    Pass an open store (the saver does not close it), or use ``ContinuumSaver.from_path(dir)``
+    as a context manager. Every ``put`` is durable when it returns; the ``a``-methods run the
+    same calls on a worker thread, never blocking the event loop.
+
+    Example::
+
+        store = continuum.Store("/var/lib/my-agent/store")
+        graph = builder.compile(checkpointer=ContinuumSaver(store))
+    """
+
+    store: continuum.Store
+
+    def __init__(self, store: continuum.Store, *, serde: Optional[SerializerProtocol] = None) -> None:
+        super().__init__(serde=serde)
+        self.store = store
+
+    @classmethod
+    @contextmanager
+    def from_path(cls, path: Union[str, PathLike[str]], **options: Any) -> Iterator[ContinuumSaver]:
+        """Opens the store at ``path`` (with ``continuum.Store``'s options) for the block.
+
+        Example: ``with ContinuumSaver.from_path("/tmp/store") as saver: ...``
+        """
+        with continuum.Store(path, **options) as store:
+            yield cls(store)
+
+    # Store layout.
+
+    def _run(self, thread_id: str, create: bool) -> Optional[int]:
+        """The run of ``thread_id``: the newest of its generations not deleted."""
+        generation, found = 0, None
+        while (run := self.store.run_id(self._run_name(thread_id, generation))) is not None:
+            found = run if self.store.run_status(run)["status"] == "running" else None
+            generation += 1
+        if found is None and create:
+            found = self.store.create_run(self._run_name(thread_id, generation))
+        return found
+
+    @staticmethod
+    def _run_name(thread_id: str, generation: int) -> str:
+        return f"{_RUN_PREFIX}{thread_id}" if generation == 0 else f"{_RUN_PREFIX}{thread_id}#{generation}"
+
+    def _dump(self, value: Any) -> tuple[bytes, bytes]:
+        kind, data = self.serde.dumps_typed(value)
+        return kind.encode(), data
+
+    def _load(self, kind: bytes, data: bytes) -> Any:
+        return self.serde.loads_typed((kind.decode(), data))
+
+    # Writing.
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Stores ``checkpoint`` with its metadata and the channel values named in
+        ``new_versions``; durable on return. Returns the checkpoint's config."""
+        configurable = _configurable(config)
+        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        parent_id = configurable.get("checkpoint_id")
+        stored = dict(checkpoint)
+        values = stored.pop("channel_values", {})
+        state: dict[str, bytes] = {}
+        for channel, version in new_versions.items():
+            kind, data = self._dump(values[channel]) if channel in values else (_EMPTY.encode(), b"")
+            state[_CHANNEL_PREFIX + channel] = _pack(json.dumps(version).encode(), kind, data)
+        result = _pack(*self._dump(stored), *self._dump(get_checkpoint_metadata(config, metadata)),
+                       (parent_id or "").encode())
+        run = self._run(thread_id, create=True)
+        agent = _NS_PREFIX + checkpoint_ns
+        parent = self.store.atom_by_key(run, agent, parent_id) if parent_id else None
+        try:
+            self.store.record_atom(run, agent, checkpoint["id"], [parent] if parent else [], result,
+                                   {"state": state}, idempotency_key=checkpoint["id"])
+        except continuum.ConflictError:
+            pass  # The checkpoint is stored already: a checkpoint id names one checkpoint.
+        return _config(thread_id, checkpoint_ns, checkpoint["id"])
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Stores a task's writes for the checkpoint in ``config``; durable on return. A
+        write's index is its position, or ``WRITES_IDX_MAP``'s for a special channel: an
+        ordinary write is kept only if its (task_id, index) is new, a special one replaces."""
+        configurable = _configurable(config)
+        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        checkpoint_id = configurable["checkpoint_id"]
+        entries = [
+            _pack(str(WRITES_IDX_MAP.get(channel, idx)).encode(), channel.encode(), *self._dump(value))
+            for idx, (channel, value) in enumerate(writes)
+        ]
+        result = _pack(task_id.encode(), task_path.encode(), *entries)
+        # A task's writes may be put while its checkpoint's `put` is still being recorded
+        # on another thread: they name the checkpoint by key, not as a parent atom.
+        run = self._run(thread_id, create=True)
+        agent, sequence = _WRITES_PREFIX + checkpoint_ns, 0
+        while True:
+            while self.store.atom_by_key(run, agent, f"{checkpoint_id}/{sequence}") is not None:
+                sequence += 1
+            try:
+                self.store.record_atom(run, agent, f"{checkpoint_id}/{sequence}", [], result)
+                return
+            except continuum.ConflictError:
+                sequence += 1  # Another thread took this number.
+
+    # Reading.
+
+    def get_tuple(self, config: RunnableConfig) -> Optional[CheckpointTuple]:
+        """The checkpoint ``config`` names (``checkpoint_id``), or the thread's latest in its
+        namespace; None if there is none."""
+        configurable = _configurable(config)
+        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        run = self._run(thread_id, create=False)
+        if run is None:
+            return None
+        agent = _NS_PREFIX + checkpoint_ns
+        checkpoint_id = get_checkpoint_id(config)
+        atom = self.store.atom_by_key(run, agent, checkpoint_id) if checkpoint_id else self.store.last_agent_atom(
+            run, agent
+        )
+        if atom is None:
+            return None
+        try:
+            found = self.store.atom(atom)
+        except continuum.UnknownAtomError:
+            return None  # A `put` on another thread has not recorded it yet.
+        if found.status != "completed" or found.result is None:
+            return None
+        return self._tuple(run, thread_id, checkpoint_ns, found)
+
+    def list(
+        self,
+        config: Optional[RunnableConfig],
+        *,
+        filter: Optional[dict[str, Any]] = None,
+        before: Optional[RunnableConfig] = None,
+        limit: Optional[int] = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first: of the thread in ``config`` (and of its namespace, if it
+        names one), or of every thread; those whose metadata holds every ``filter`` item, older
+        than ``before``, at most ``limit``."""
+        before_id = get_checkpoint_id(before) if before else None
+        remaining = limit
+        for run, thread_id in self._threads(config):
+            for checkpoint_ns in self._namespaces(run, config):
+                for atom in self.store.agent_history(run, _NS_PREFIX + checkpoint_ns, newest_first=True):
+                    if remaining is not None and remaining <= 0:
+                        return
+                    if atom.status != "completed" or atom.result is None:
+                        continue
+                    if config and (wanted := get_checkpoint_id(config)) and atom.key != wanted:
+                        continue
+                    if before_id and atom.key >= before_id:
+                        continue
+                    parts = _unpack(atom.result)
+                    metadata = self._load(parts[2], parts[3])
+                    if filter and not all(metadata.get(key) == value for key, value in filter.items()):
+                        continue
+                    if remaining is not None:
+                        remaining -= 1
+                    yield self._tuple(run, thread_id, checkpoint_ns, atom)
+
+    def _threads(self, config: Optional[RunnableConfig]) -> list[tuple[int, str]]:
+        if config:
+            thread_id = _configurable(config)["thread_id"]
+            run = self._run(thread_id, create=False)
+            return [] if run is None else [(run, thread_id)]
+        threads: dict[str, int] = {}
+        for info in self.store.runs():
+            if info["name"].startswith(_RUN_PREFIX) and info["status"]["status"] == "running":
+                threads[info["name"][len(_RUN_PREFIX) :].rsplit("#", 1)[0]] = info["id"]
+        return [(run, thread_id) for thread_id, run in threads.items()]
+
+    def _namespaces(self, run: int, config: Optional[RunnableConfig]) -> list[str]:
+        if config and "checkpoint_ns" in config["configurable"]:
+            return [config["configurable"]["checkpoint_ns"]]
+        agents = [entry["agent"] for entry in self.store.resume(run)["agents"]]
+        return [agent[len(_NS_PREFIX) :] for agent in agents if agent.startswith(_NS_PREFIX)]
+
+    def _tuple(self, run: int, thread_id: str, checkpoint_ns: str, atom: continuum.Atom) -> CheckpointTuple:
+        assert atom.result is not None
+        checkpoint_kind, checkpoint_data, metadata_kind, metadata_data, parent_id = _unpack(atom.result)
+        checkpoint = self._load(checkpoint_kind, checkpoint_data)
+        checkpoint["channel_values"] = self._channel_values(run, checkpoint_ns, atom.id, checkpoint)
+        parent = parent_id.decode()
+        return CheckpointTuple(
+            config=_config(thread_id, checkpoint_ns, atom.key),
+            checkpoint=checkpoint,
+            metadata=self._load(metadata_kind, metadata_data),
+            parent_config=_config(thread_id, checkpoint_ns, parent) if parent else None,
+            pending_writes=self._pending_writes(run, checkpoint_ns, atom.key),
+        )
+
+    def _channel_values(self, run: int, checkpoint_ns: str, atom: int, checkpoint: Checkpoint) -> dict[str, Any]:
+        versions = checkpoint.get("channel_versions", {})
+        if not versions:
+            return {}
+        state = self.store.rebuild_context(atom)["state"]
+        values: dict[str, Any] = {}
+        for channel, version in versions.items():
+            stored = state.get(_CHANNEL_PREFIX + channel)
+            parts = _unpack(stored) if stored is not None else None
+            if parts is None or json.loads(parts[0]) != version:
+                parts = self._channel_version(run, checkpoint_ns, channel, version)
+            if parts is not None and parts[1].decode() != _EMPTY:
+                values[channel] = self._load(parts[1], parts[2])
+        return values
+
+    def _channel_version(self, run: int, checkpoint_ns: str, channel: str, version: Any) -> Optional[list[bytes]]:
+        """A channel value stored by a checkpoint off this one's ancestry (rare: a config that
+        names no parent, or versions shared across branches)."""
+        for atom in self.store.agent_history(run, _NS_PREFIX + checkpoint_ns, newest_first=True):
+            stored = (atom.delta or {}).get("state", {}).get(_CHANNEL_PREFIX + channel)
+            if stored is not None and json.loads((parts := _unpack(stored))[0]) == version:
+                return parts
+        return None
+
+    def _pending_writes(self, run: int, checkpoint_ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
+        agent, sequence = _WRITES_PREFIX + checkpoint_ns, 0
+        kept: dict[tuple[str, int], tuple[str, str, str, bytes, bytes]] = {}
+        while (atom := self.store.atom_by_key(run, agent, f"{checkpoint_id}/{sequence}")) is not None:
+            sequence += 1
+            found = self.store.atom(atom)
+            if found.result is None:
+                continue
+            parts = _unpack(found.result)
+            task_id, task_path = parts[0].decode(), parts[1].decode()
+            for entry in parts[2:]:
+                idx, channel, kind, data = _unpack(entry)
+                key = (task_id, int(idx))
+                if key[1] >= 0 and key in kept:
+                    continue
+                kept[key] = (task_path, task_id, channel.decode(), kind, data)
+        ordered = sorted(kept.items(), key=lambda item: writes_sort_key(item[1][0], item[0][0], item[0][1]))
+        return [(task_id, channel, self._load(kind, data)) for _, (_, task_id, channel, kind, data) in ordered]
+
+    # Deleting.
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Deletes the thread's checkpoints and writes: its run is finished, and a later
+        ``put`` starts a new one. Retention (``finished_run_age``) reclaims the space."""
+        run = self._run(thread_id, create=False)
+        if run is not None:
+            self.store.finish_run(run, False, "deleted by delete_thread")
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copies every checkpoint and write of one thread to another: each atom of the
+        source's run is recorded again in the target's, in the same order, with its parents
+        mapped, so the copy's checkpoints keep their ids, order, values and writes. A
+        checkpoint the target already holds is kept as it is."""
+        source = self._run(source_thread_id, create=False)
+        if source is None:
+            return
+        target = self._run(target_thread_id, create=True)
+        copied: dict[int, int] = {}
+        for atom in self.store.run_history(source):
+            if atom.status != "completed" or atom.abandoned:
+                continue
+            parents = [copied[parent] for parent in atom.parents if parent in copied]
+            try:
+                copied[atom.id] = self.store.record_atom(
+                    target, atom.agent, atom.key, parents, atom.result or b"", atom.delta,
+                    idempotency_key=atom.idempotency_key,
+                )
+            except continuum.ConflictError as existing:
+                copied[atom.id] = existing.atom
+
+    # Async twins: the same calls on a worker thread.
+
+    async def aget_tuple(self, config: RunnableConfig) -> Optional[CheckpointTuple]:
+        """``get_tuple`` off the event loop."""
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: Optional[RunnableConfig],
+        *,
+        filter: Optional[dict[str, Any]] = None,
+        before: Optional[RunnableConfig] = None,
+        limit: Optional[int] = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """``list`` off the event loop."""
+        tuples = await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        for item in tuples:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """``put`` off the event loop."""
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """``put_writes`` off the event loop."""
+        await asyncio.to_thread(partial(self.put_writes, config, writes, task_id, task_path))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """``delete_thread`` off the event loop."""
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """``copy_thread`` off the event loop."""
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+
+__all__ = ["ContinuumSaver"]

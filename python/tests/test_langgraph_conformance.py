@@ -1,0 +1,35 @@
+"""`ContinuumSaver` against langgraph-checkpoint-conformance: every test of the base
+capabilities (put, put_writes, get_tuple, list, delete_thread: 58) and of `copy_thread`
+passes. `delete_for_runs` and `prune` are not implemented yet (the suite skips them)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import tempfile
+
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.conformance")
+
+from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
+from langgraph.checkpoint.conformance.report import ProgressCallbacks  # noqa: E402
+
+from continuum.langgraph import ContinuumSaver  # noqa: E402
+
+
+@checkpointer_test(name="ContinuumSaver")
+async def continuum_saver():  # type: ignore[no-untyped-def]
+    with tempfile.TemporaryDirectory() as directory:
+        with ContinuumSaver.from_path(pathlib.Path(directory) / "store") as saver:
+            yield saver
+
+
+def test_conformance_base_capabilities() -> None:
+    report = asyncio.run(validate(continuum_saver, progress=ProgressCallbacks.verbose()))
+    report.print_report()
+    assert report.passed_all_base()
+    base = ("put", "put_writes", "get_tuple", "list", "delete_thread")
+    assert sum(report.results[name].tests_passed for name in base) == 58
+    copy = report.results["copy_thread"]
+    assert (copy.passed, copy.tests_failed) == (True, 0)
