@@ -271,6 +271,25 @@ pub enum Error {
         /// Which value is wrong, and why.
         reason: String,
     },
+
+    /// An argument of a call is not one it can take (LSNs out of order, a call that needs an
+    /// option the log was opened without); nothing was changed.
+    #[error("invalid argument: {reason}")]
+    InvalidArgument {
+        /// Which argument is wrong, and why.
+        reason: String,
+    },
+
+    /// A bound the on-disk format or the index sets (`limits.rs`) was reached: more atoms
+    /// than atom ids, a segment rewritten more times than its generation counts, a file
+    /// larger than its limit. Nothing was written; the store stays usable for what fits.
+    #[error("limit reached: {what} (at most {limit})")]
+    LimitExceeded {
+        /// What ran out, as a phrase.
+        what: String,
+        /// The bound.
+        limit: u64,
+    },
 }
 
 /// What is wrong with damaged bytes.
@@ -423,6 +442,8 @@ impl Error {
             },
             Error::EmptyBatch => Error::EmptyBatch,
             Error::InvalidConfig { reason } => Error::InvalidConfig { reason: reason.clone() },
+            Error::InvalidArgument { reason } => Error::InvalidArgument { reason: reason.clone() },
+            Error::LimitExceeded { what, limit } => Error::LimitExceeded { what: what.clone(), limit: *limit },
             Error::NotSealed { first_lsn } => Error::NotSealed { first_lsn: *first_lsn },
             Error::HistoryReclaimed { atom, reclaimed } => {
                 Error::HistoryReclaimed { atom: *atom, reclaimed: *reclaimed }

@@ -176,8 +176,8 @@ fn visit_lsns_reads_the_records_asked_for_across_frames_and_segments() {
         .expect("visit");
     assert_eq!((count, calls), (3, 3));
     // Unsorted or repeated LSNs are refused.
-    assert!(matches!(log.visit_lsns(&[5, 3], |_, _| Ok(true)), Err(Error::InvalidConfig { .. })));
-    assert!(matches!(log.visit_lsns(&[5, 5], |_, _| Ok(true)), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(log.visit_lsns(&[5, 3], |_, _| Ok(true)), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(log.visit_lsns(&[5, 5], |_, _| Ok(true)), Err(Error::InvalidArgument { .. })));
     // Records in truncated segments are passed over.
     let removed = log.truncate_prefix(Lsn::new(lsns[lsns.len() / 2])).expect("truncate");
     assert!(removed > 0);

@@ -302,7 +302,7 @@ fn damaged_frames_are_reported_or_salvaged_never_passed_over() {
     // Without a stream key, the stream queries are a configuration error.
     let log = Log::builder(dir.path()).recovery_mode(RecoveryMode::SkipCorrupted).open().expect("open");
     let error = log.visit_stream(0, Lsn::FIRST, |_, _| Ok(true)).expect_err("no stream key");
-    assert!(matches!(error, Error::InvalidConfig { .. }), "{error:?}");
+    assert!(matches!(error, Error::InvalidArgument { .. }), "{error:?}");
 }
 
 /// A read-only log has streams too, and a truncated stream no longer counts among the keys.

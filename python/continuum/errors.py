@@ -94,6 +94,10 @@ class ReadOnlyError(Error):
     """The store was opened with ``read_only=True``: it takes no writes."""
 
 
+class LimitExceededError(Error):
+    """A bound of the store was reached (atom ids, a file's size): nothing was written."""
+
+
 class Failure(Exception):
     """Raise it from ``Store.execute``'s or ``Store.guarded``'s callable to choose whether the
     failure may run again: ``raise continuum.Failure("card declined", retryable=False)``
@@ -125,6 +129,7 @@ __all__ = [
     "OutputNotRecordedError",
     "PoisonedError",
     "ReadOnlyError",
+    "LimitExceededError",
     "RunFinishedError",
     "UnknownAtomError",
     "UnknownRunError",

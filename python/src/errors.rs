@@ -31,7 +31,9 @@ fn classify(error: &Error) -> (&'static str, Vec<(&'static str, Fact)>) {
         | Error::BatchTooLarge { .. }
         | Error::EmptyBatch
         | Error::InvalidDelta { .. }
-        | Error::InvalidConfig { .. } => ("InvalidArgumentError", Vec::new()),
+        | Error::InvalidConfig { .. }
+        | Error::InvalidArgument { .. } => ("InvalidArgumentError", Vec::new()),
+        Error::LimitExceeded { .. } => ("LimitExceededError", Vec::new()),
         Error::InvalidParent { parent, .. } => ("InvalidArgumentError", vec![("atom", Int(*parent))]),
         Error::UnknownRun { run } => ("UnknownRunError", vec![("run", Str(run.clone()))]),
         Error::UnknownAtom { atom } => ("UnknownAtomError", vec![("atom", Int(*atom))]),

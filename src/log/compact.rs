@@ -210,8 +210,9 @@ fn compacted_header(meta: &SegmentMeta) -> Result<SegmentHeader> {
         offset: 0,
         kind: crate::error::CorruptionKind::BadSegmentHeader { reason },
     })?;
-    let generation = original.next_generation().ok_or_else(|| Error::InvalidConfig {
-        reason: format!("segment {} was rewritten too many times", meta.path.display()),
+    let generation = original.next_generation().ok_or_else(|| Error::LimitExceeded {
+        what: format!("rewrites of segment {}", meta.path.display()),
+        limit: u64::from(u32::MAX),
     })?;
     Ok(SegmentHeader { end_lsn: meta.next_lsn, generation, ..original })
 }

@@ -191,8 +191,8 @@ fn manifest_bytes_max() -> u64 {
 /// [`Error::Io`] / [`Error::NoSpace`]; the previous manifest is left in place.
 pub(crate) fn write(storage: &dyn Storage, dir: &Path, manifest: &Manifest) -> Result<()> {
     if manifest.segments.len() > limits::MANIFEST_SEGMENTS_MAX {
-        let reason = format!("the log has more than {} segments", limits::MANIFEST_SEGMENTS_MAX);
-        return Err(Error::InvalidConfig { reason });
+        let what = "segments in the log".to_owned();
+        return Err(Error::LimitExceeded { what, limit: limits::MANIFEST_SEGMENTS_MAX as u64 });
     }
     let temp = dir.join(MANIFEST_TEMP_NAME);
     let path = dir.join(MANIFEST_FILE_NAME);

@@ -549,7 +549,7 @@ impl Log {
     /// frame read (or a header stepped over) no longer verifies; `visit`'s errors.
     pub fn visit_lsns(&self, lsns: &[u64], visit: impl FnMut(u64, RecordRef<'_>) -> Result<bool>) -> Result<usize> {
         if lsns.windows(2).any(|pair| pair[0] >= pair[1]) {
-            return Err(Error::InvalidConfig { reason: "visit_lsns takes strictly ascending LSNs".into() });
+            return Err(Error::InvalidArgument { reason: "visit_lsns takes strictly ascending LSNs".into() });
         }
         let segments = self.inner.index.read().segments.clone();
         iter::visit_lsns(segments, lsns, visit)

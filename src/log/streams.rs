@@ -254,7 +254,7 @@ fn index_range(key_of: StreamKey, segments: Vec<SegmentMeta>, range: Range<u64>)
 
 /// The error of a stream query on a log opened without a [`StreamKey`].
 pub(crate) fn no_stream_key() -> Error {
-    Error::InvalidConfig { reason: "the log was opened without a stream key (LogBuilder::stream_key)".into() }
+    Error::InvalidArgument { reason: "the log was opened without a stream key (LogBuilder::stream_key)".into() }
 }
 
 #[cfg(test)]

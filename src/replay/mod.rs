@@ -331,7 +331,8 @@ impl RunScan {
     /// The scan of `slots` from the parts that found its records, in LSN order.
     fn assemble(slots: Slots, found: Vec<Result<ScanPart>>) -> Result<Self> {
         let mut scan = RunScan::new(slots);
-        let too_many = || Error::InvalidConfig { reason: "a rebuild's history has over 4 billion records".into() };
+        let too_many =
+            || Error::LimitExceeded { what: "records in a rebuild's history".into(), limit: u64::from(u32::MAX) };
         let mut numbered = 0u32;
         for part in found {
             let part = part?;
@@ -380,7 +381,8 @@ impl RunScan {
     }
 
     fn set_parents(&mut self, slot: usize, parents: &[u64]) -> Result<()> {
-        let too_many = || Error::InvalidConfig { reason: "a rebuild's history has over 4 billion parent links".into() };
+        let too_many =
+            || Error::LimitExceeded { what: "parent links in a rebuild's history".into(), limit: u64::from(u32::MAX) };
         let start = u32::try_from(self.parents.len()).map_err(|_| too_many())?;
         let len = u32::try_from(parents.len()).map_err(|_| too_many())?;
         self.parents.extend_from_slice(parents);
@@ -487,7 +489,7 @@ impl Store {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.clamp(1, limits::REPLAY_THREADS_MAX))
             .build()
-            .map_err(|_| Error::InvalidConfig { reason: "cannot start replay threads".into() })?;
+            .map_err(|e| Error::io("spawn replay threads", "", std::io::Error::other(e.to_string())))?;
         self.rebuild_context_on(atom, Some(&pool))
     }
 

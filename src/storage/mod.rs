@@ -16,6 +16,8 @@ mod mmap;
 mod read_only;
 mod view;
 
+// Test support (the simulated file system the tests crash, tear and fail), not API.
+#[doc(hidden)]
 pub mod sim;
 
 use std::fmt;

@@ -33,7 +33,8 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::UnknownRun`], [`Error::RunFinished`], [`Error::InvalidParent`],
-    /// [`Error::AtomExists`], [`Error::KeyCollision`], and the log's append errors. A refused
+    /// [`Error::AtomExists`], [`Error::KeyCollision`], [`Error::LimitExceeded`] once the atom ids
+    /// run out, and the log's append errors. A refused
     /// transition leaves the log untouched.
     pub fn begin_atom(
         &self,
@@ -253,7 +254,8 @@ impl Store {
         let agent_id = agent_id.unwrap_or_else(|| index.intern_agent(run32, agent));
         let hash = hash.unwrap_or_else(|| index.identity.atom_key(run32, agent_id, key));
         let atom = AtomId(index.atoms.len() as u64 + 1);
-        let id = u32::try_from(atom.0).map_err(|_| Error::KeyCollision { key: key.to_owned() })?;
+        let id = u32::try_from(atom.0)
+            .map_err(|_| Error::LimitExceeded { what: "atom ids".into(), limit: u64::from(u32::MAX) })?;
         index.atom_keys.insert(hash, id);
         *index.atom_slot(atom) = AtomEntry::new(0, run32, agent_id, EntryState::Starting);
         index.note_run_atom(run32, id);

@@ -50,7 +50,7 @@ impl StoreBuilder {
     }
 
     /// When snapshots are written (default: every 50 completed atoms of an agent or every 10
-    /// minutes, whichever comes first). Runs may override it ([`RunSpec::snapshot_policy`]).
+    /// minutes, whichever comes first). Runs may override it ([`RunSpec::snapshot_policy`](crate::RunSpec::snapshot_policy)).
     pub fn snapshot_policy(mut self, policy: SnapshotPolicy) -> Self {
         self.policies.snapshot = policy;
         self
@@ -141,9 +141,9 @@ impl StoreBuilder {
     /// Opens the log (running its recovery) and rebuilds the index from it.
     ///
     /// # Errors
-    /// Everything [`LogBuilder::open`] returns, plus [`Error::Codec`] and
-    /// [`Error::InconsistentLog`] for records the index cannot take, and
-    /// [`Error::InvalidConfig`] for an invalid policy.
+    /// Everything [`LogBuilder::open`] returns, plus [`Error::Codec`](crate::Error::Codec) and
+    /// [`Error::InconsistentLog`](crate::Error::InconsistentLog) for records the index cannot take, and
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an invalid policy.
     pub fn open(self) -> Result<Store> {
         self.policies.validate()?;
         // The index checkpoint is read and decoded while the log recovers (both take a large

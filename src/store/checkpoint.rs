@@ -71,8 +71,8 @@ pub(crate) fn encode(state: &FoldState, log: &Log) -> Result<Vec<u8>> {
     put_state(&mut body, state);
     let bytes = frame(state.next_lsn, identity::store_id(log)?, &body.0);
     if bytes.len() as u64 > crate::limits::INDEX_CHECKPOINT_BYTES_MAX {
-        let reason = format!("the index checkpoint would take {} bytes, over the limit", bytes.len());
-        return Err(Error::InvalidConfig { reason });
+        let what = format!("bytes of the index checkpoint ({} needed)", bytes.len());
+        return Err(Error::LimitExceeded { what, limit: crate::limits::INDEX_CHECKPOINT_BYTES_MAX });
     }
     Ok(bytes)
 }

@@ -341,7 +341,7 @@ impl Store {
 
     /// What the open found of records lost from the end of the log: evidence (an index
     /// checkpoint or snapshots of this store) that acknowledged records existed past its end.
-    /// Empty after a lossless open; [`RecoveryMode::Strict`] refuses to open instead. The log's
+    /// Empty after a lossless open; [`RecoveryMode::Strict`](crate::RecoveryMode::Strict) refuses to open instead. The log's
     /// own findings (torn tail, skipped ranges) are in the log's
     /// [`recovery_report`](crate::Log::recovery_report).
     pub fn recovery_report(&self) -> &StoreRecoveryReport {
