@@ -801,6 +801,12 @@ impl Writer {
             self.rotate(leader)?;
         }
         let write_start = leader.active.data_end;
+        // A frame claims durability only for bytes before it (recovery's rule 4).
+        assert!(
+            leader.synced_end <= write_start,
+            "synced end {} past the write start {write_start}",
+            leader.synced_end
+        );
         let salt = leader.active.header.salt();
         let synced_through = u32::try_from(leader.synced_end).expect("segments are at most SEGMENT_BYTES_MAX < 4 GiB");
         let mut next_lsn = leader.active.next_lsn;
@@ -822,6 +828,12 @@ impl Writer {
             member.lsns = LsnRange::new(Lsn::new(next_lsn), batch.record_count());
             next_lsn += u64::from(batch.record_count());
         }
+        // A group never runs past its segment: `gather` rotates first when it would.
+        assert!(
+            write_start + leader.buf.len() as u64 <= leader.active.header.segment_bytes,
+            "a group of {} bytes at {write_start} runs past its segment",
+            leader.buf.len()
+        );
         self.write_buffer(leader, write_start, need_sync).map_err(GroupError::poisoning)?;
         leader.last_group_synced = need_sync;
         // After a failed sync below these stay ahead of what is published; the log is poisoned
@@ -922,7 +934,9 @@ impl Writer {
     fn publish(&self, leader: &LeaderState, new_sparse: Vec<SparseEntry>) {
         let mut index = self.index.write();
         let meta = index.segments.last_mut().expect("the index always holds the active segment");
-        debug_assert_eq!(meta.seq, leader.active.header.seq);
+        assert_eq!(meta.seq, leader.active.header.seq, "the index's last segment is the active one");
+        // Readers rely on a published end that only grows, in bytes and in LSNs.
+        assert!(meta.data_end <= leader.active.data_end && meta.next_lsn <= leader.active.next_lsn);
         meta.data_end = leader.active.data_end;
         meta.next_lsn = leader.active.next_lsn;
         if !new_sparse.is_empty() {

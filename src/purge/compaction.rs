@@ -409,6 +409,7 @@ impl Store {
 
     /// Appends the durable record of the atoms a round released (none: nothing is written).
     fn record_released(&self, released: &[u64]) -> Result<()> {
+        assert!(self.shared.purge.is_locked(), "atoms are released under the purge lock");
         let ranges = crate::store::index::id_ranges(released.iter().copied());
         for chunk in ranges.chunks(RELEASED_RANGES_PER_RECORD) {
             let record = StoreRecord::HistoryReleased(proto::HistoryReleased {
@@ -569,6 +570,7 @@ impl Store {
     /// waited for (its parents are known once its start is written); one begun after them is
     /// refused such a parent by `reserve_atom`.
     fn mark_released(&self, plan: &Plan) -> Result<bool> {
+        assert!(self.shared.purge.is_locked(), "atoms are marked released under the purge lock");
         let released: HashSet<u64> = plan.decision.released.iter().copied().collect();
         let in_flight = {
             let mut index = self.shared.index.write();

@@ -51,7 +51,7 @@ impl Store {
             Ok(lsn) => {
                 let entry = index.atom_slot(atom);
                 entry.started_lsn = lsn.get();
-                entry.state = EntryState::Running;
+                entry.state = entry.state.transition(EntryState::Running);
                 Ok(atom)
             }
             Err(error) => {
@@ -187,7 +187,7 @@ impl Store {
                 let entry = index.atom_slot(atom);
                 entry.started_lsn = lsns.first().get();
                 entry.ended_lsn = lsns.first().get() + 1;
-                entry.state = EntryState::Completed;
+                entry.state = entry.state.transition(EntryState::Completed);
                 let agent = entry.agent;
                 let own = index.run(run).and_then(|run| run.snapshot_policy);
                 drop(index);
@@ -256,6 +256,7 @@ impl Store {
         let atom = AtomId(index.atoms.len() as u64 + 1);
         let id = u32::try_from(atom.0)
             .map_err(|_| Error::LimitExceeded { what: "atom ids".into(), limit: u64::from(u32::MAX) })?;
+        assert!(index.atom(atom).is_none(), "a new atom id names no atom yet");
         index.atom_keys.insert(hash, id);
         *index.atom_slot(atom) = AtomEntry::new(0, run32, agent_id, EntryState::Starting);
         index.note_run_atom(run32, id);
@@ -324,7 +325,8 @@ impl Store {
             if !entry.state.can_finish() {
                 return Err(Error::InvalidTransition { atom: atom.0, from: state_name(entry.state), to });
             }
-            std::mem::replace(&mut entry.state, EntryState::Finishing)
+            let finishing = entry.state.transition(EntryState::Finishing);
+            std::mem::replace(&mut entry.state, finishing)
         };
         // IMPORTANT: with the default `Sync`, this record and the atom's start record are
         // durable before return.
@@ -334,13 +336,13 @@ impl Store {
         match appended {
             Ok(lsn) => {
                 entry.ended_lsn = lsn.get();
-                entry.state = state;
+                entry.state = entry.state.transition(state);
                 let (agent, run) = (entry.agent, RunId(u64::from(entry.run)));
                 let own = index.run(run).and_then(|run| run.snapshot_policy);
                 Ok((agent, own.unwrap_or(self.shared.policies.snapshot)))
             }
             Err(error) => {
-                entry.state = previous;
+                entry.state = entry.state.transition(previous);
                 Err(error)
             }
         }
@@ -423,7 +425,8 @@ fn release_reservation(index: &mut StoreIndex, atom: AtomId, run: u32, agent: &s
     let agent_id = index.agent_id(run, agent).unwrap_or(0);
     let hash = index.identity.atom_key(run, agent_id, key);
     index.atom_keys.remove(&hash);
-    index.atom_slot(atom).state = EntryState::Vacant;
+    let entry = index.atom_slot(atom);
+    entry.state = entry.state.transition(EntryState::Vacant);
 }
 
 fn check_parent(index: &StoreIndex, run: u32, parent: AtomId) -> Result<()> {

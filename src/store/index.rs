@@ -41,6 +41,25 @@ impl EntryState {
     pub fn can_finish(self) -> bool {
         matches!(self, EntryState::Running | EntryState::FailedRetryable)
     }
+
+    /// Moves a live atom's entry (under the index write lock) from `self` to `to`, asserting
+    /// that the atom protocol allows the edge: a reservation is written (`Starting → Running`)
+    /// or given back (`Starting → Vacant`), or written with its completion in one batch
+    /// (`Starting → Completed`); an end record is appended (`Running |
+    /// FailedRetryable → Finishing`), then lands (`Finishing → Completed | Failed |
+    /// FailedRetryable`) or is given back (`Finishing → Running | FailedRetryable`). The open's
+    /// fold replays recorded transitions and does not pass here.
+    pub fn transition(self, to: EntryState) -> EntryState {
+        use EntryState::{Completed, Failed, FailedRetryable, Finishing, Running, Starting, Vacant};
+        let allowed = matches!(
+            (self, to),
+            (Starting, Running | Vacant | Completed)
+                | (Running | FailedRetryable, Finishing)
+                | (Finishing, Completed | Failed | FailedRetryable | Running)
+        );
+        assert!(allowed, "atom state {self:?} cannot become {to:?}");
+        to
+    }
 }
 
 /// One atom: 32 bytes. The key, parents and output live in the log at `started_lsn` and
