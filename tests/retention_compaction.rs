@@ -553,6 +553,61 @@ proptest! {
     }
 }
 
+/// A dropped run takes its guard records with it, those of failed effects too: after the round
+/// no record of the log names one of its keys, and a reopen finds the same.
+#[test]
+fn a_dropped_runs_guard_records_go_with_it_failed_ones_included() {
+    let sim = SimStorage::new(16);
+    let retention = RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) };
+    let store = open_with(&sim, every(10), retention);
+    let old = chain(&store, "old", 30, 3);
+    let kept = chain(&store, "kept", 30, 4);
+    for (i, atom) in old.iter().chain(&kept).enumerate() {
+        let outcome = match i % 3 {
+            0 => Ok(b"sent".to_vec()),
+            1 => Err(continuum::AtomFailure { message: "declined".into(), retryable: false }),
+            _ => Err(continuum::AtomFailure { message: "timeout".into(), retryable: true }),
+        };
+        let _ = store.guarded(*atom, "send", |_| outcome);
+    }
+    // Enough after them that the segments holding the guard records are sealed.
+    chain(&store, "filler", 60, 5);
+    let is_guard = |record: &continuum::codec::StoreRecord| -> Option<String> {
+        use continuum::codec::StoreRecord::{GuardCompleted, GuardFailed, GuardStarted};
+        match record {
+            GuardStarted(guard) => Some(guard.key.clone()),
+            GuardCompleted(guard) => Some(guard.key.clone()),
+            GuardFailed(guard) => Some(guard.key.clone()),
+            _ => None,
+        }
+    };
+    let guard_keys = |store: &Store| -> Vec<String> { decoded_log(store).values().filter_map(is_guard).collect() };
+    let before = guard_keys(&store);
+    assert!(before.iter().any(|key| key.starts_with("old#")), "the old run's guards are in the log");
+    let failed_before = decoded_log(&store)
+        .values()
+        .filter(|r| matches!(r, continuum::codec::StoreRecord::GuardFailed(g) if g.key.starts_with("old#")))
+        .count();
+    assert!(failed_before >= 10, "{failed_before} failed guard records of the old run");
+    store.finish_run(store.run_id("old").expect("run"), true, "done").expect("finish");
+    let report = store.compact().expect("compact");
+    assert_eq!(report.runs_dropped, 1, "{report:?}");
+    let check = |store: &Store| {
+        let after = guard_keys(store);
+        let old_left: Vec<&String> = after.iter().filter(|key| key.starts_with("old#")).collect();
+        assert!(old_left.is_empty(), "guard records of the dropped run left: {old_left:?}");
+        let kept_before = before.iter().filter(|key| key.starts_with("kept#")).count();
+        assert_eq!(after.iter().filter(|key| key.starts_with("kept#")).count(), kept_before, "the kept run's stay");
+    };
+    check(&store);
+    drop(store);
+    let store = open_with(&sim, every(10), retention);
+    check(&store);
+    // The kept run's non-retryable failure is still its key's outcome.
+    let failed = store.guarded(kept[1], "send", |_| Ok(b"again".to_vec()));
+    assert!(matches!(failed, Err(Error::GuardFailed { retryable: false, .. })), "{failed:?}");
+}
+
 /// Every record of the log, decoded, by LSN.
 fn decoded_log(store: &Store) -> BTreeMap<u64, continuum::codec::StoreRecord> {
     let mut records = BTreeMap::new();

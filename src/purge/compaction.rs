@@ -173,7 +173,11 @@ impl Plan {
             RecordKind::AtomsAbandoned | RecordKind::AtomPinned if dropped(subject) => Fate::Dead,
             RecordKind::AtomCompleted if dropped(subject) => Fate::Dead,
             RecordKind::AtomCompleted if self.decision.strip.contains(&subject) => Fate::Strip,
-            RecordKind::GuardStarted | RecordKind::GuardCompleted if self.dead_guards.contains(&lsn) => Fate::Dead,
+            RecordKind::GuardStarted | RecordKind::GuardCompleted | RecordKind::GuardFailed
+                if self.dead_guards.contains(&lsn) =>
+            {
+                Fate::Dead
+            }
             _ => Fate::Live,
         }
     }
@@ -457,7 +461,8 @@ impl Store {
         Ok(plan)
     }
 
-    /// Pass 1: every atom's run, agent and parents, and the guard records of dropped runs.
+    /// Pass 1: every atom's run, agent and parents, and the guard records (started, completed,
+    /// failed) of dropped runs.
     fn scan_graph(&self, plan: &mut Plan) -> Result<Graph> {
         let mut graph = Graph::default();
         let mut guard_runs: HashMap<u64, u32> = HashMap::new();
@@ -469,7 +474,13 @@ impl Store {
             }
             let codec_error = |source: CodecError| Error::Codec { lsn, source };
             let (kind, _) = self.shared.codec.peek(&bytes).map_err(codec_error)?;
-            if !matches!(kind, RecordKind::AtomStarted | RecordKind::GuardStarted | RecordKind::GuardCompleted) {
+            if !matches!(
+                kind,
+                RecordKind::AtomStarted
+                    | RecordKind::GuardStarted
+                    | RecordKind::GuardCompleted
+                    | RecordKind::GuardFailed
+            ) {
                 continue;
             }
             match self.shared.codec.decode(&bytes).map_err(codec_error)? {
@@ -485,8 +496,9 @@ impl Store {
                         plan.dead_guards.insert(lsn);
                     }
                 }
-                StoreRecord::GuardCompleted(guard) => {
-                    let run = guard_runs.get(&self.shared.identity.guard(&guard.key));
+                StoreRecord::GuardCompleted(proto::GuardCompleted { key, .. })
+                | StoreRecord::GuardFailed(proto::GuardFailed { key, .. }) => {
+                    let run = guard_runs.get(&self.shared.identity.guard(&key));
                     if run.is_some_and(|run| plan.dropped_runs.contains(run)) {
                         plan.dead_guards.insert(lsn);
                     }
