@@ -553,6 +553,46 @@ proptest! {
     }
 }
 
+/// A rebuild finds an agent's only kept snapshot however many newer snapshots other agents of
+/// its run took since: the purge plan strips the deltas below it, counting on the rebuild to
+/// start there, and the rebuild does.
+#[test]
+fn a_rebuild_finds_its_snapshot_behind_many_newer_ones_of_other_agents() {
+    let sim = SimStorage::new(17);
+    let store = open_with(&sim, every(u32::MAX), keep(30));
+    let run = store.create_run(RunSpec::new("team")).expect("run");
+    let mut transcript = Transcript::new(8);
+    let mut line = |agent: &str, parents: &mut Vec<AtomId>, count: usize, snapshot_each: bool| {
+        for _ in 0..count {
+            let key = format!("{agent}-{}", parents.len());
+            let atom =
+                store.begin_atom(run, agent, &key, &parents[parents.len().saturating_sub(1)..], "").expect("begin");
+            store.complete_atom(atom, &output(transcript.next_delta(500))).expect("complete");
+            if snapshot_each {
+                store.snapshot_now(atom).expect("snapshot");
+            }
+            parents.push(atom);
+        }
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    line("a", &mut a, 10, false);
+    store.snapshot_now(a[9]).expect("snapshot");
+    line("b", &mut b, 20, true);
+    line("a", &mut a, 10, false);
+    let head = *a.last().expect("head");
+    let want = store.rebuild_context(head).expect("rebuild before compaction").context;
+    store.compact().expect("compact");
+    let check = |store: &Store| {
+        let rebuilt = store.rebuild_context(head).expect("the head rebuilds after compaction");
+        assert_eq!(rebuilt.context, want);
+        assert_eq!(rebuilt.snapshot, Some(a[9]), "from the agent's own snapshot");
+        assert!(matches!(store.rebuild_context(a[3]), Err(Error::HistoryReclaimed { .. })), "below it: stripped");
+    };
+    check(&store);
+    drop(store);
+    check(&open_with(&sim, every(u32::MAX), keep(30)));
+}
+
 /// A dropped run takes its guard records with it, those of failed effects too: after the round
 /// no record of the log names one of its keys, and a reopen finds the same.
 #[test]

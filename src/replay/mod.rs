@@ -290,9 +290,6 @@ impl<'s> Reading<'s> {
     }
 }
 
-/// Snapshots tried before a rebuild falls back to the log from the start.
-const SNAPSHOT_CANDIDATES_MAX: usize = 8;
-
 /// A completion (or reclaimed completion) record: its LSN and bytes.
 type Completion<'a> = (u64, &'a [u8]);
 
@@ -512,23 +509,25 @@ impl Store {
         }
     }
 
+    /// Rebuilds from the newest usable snapshot that verifies, else from the log's start. The
+    /// newest candidate is tried with a scan from it (the usual case, reading least); if it is
+    /// not usable or does not verify, one scan from the oldest candidate serves every other
+    /// one, newest first. Every snapshot of the run is a candidate: the purge plan counts on
+    /// the oldest usable kept one being found (`purge/plan.rs`).
     fn rebuild_on_pool(&self, atom: AtomId, pool: Option<&rayon::ThreadPool>) -> Result<Rebuilt> {
         let mut fallbacks = Vec::new();
-        for candidate in self.snapshot_candidates(atom) {
-            let scan = self.scan_run(atom, Some(candidate), pool)?;
-            let Some(pending) = scan.after_snapshot(atom.0, candidate) else { continue };
-            match self.load_snapshot(candidate)? {
-                Ok(mut context) => {
-                    let atoms_applied = apply_deltas(self, &scan, &mut context, &pending, pool)?;
-                    return Ok(Rebuilt { context, snapshot: Some(AtomId(candidate)), fallbacks, atoms_applied });
-                }
-                Err(reason) => {
-                    tracing::warn!(
-                        atom = candidate,
-                        reason,
-                        "snapshot failed verification; falling back to an older one"
-                    );
-                    fallbacks.push(SnapshotFallback { atom: AtomId(candidate), reason });
+        let candidates = self.snapshot_candidates(atom);
+        if let Some(&newest) = candidates.first() {
+            let scan = self.scan_run(atom, Some(newest), pool)?;
+            if let Some(rebuilt) = self.rebuild_from(atom, &scan, newest, &mut fallbacks, pool)? {
+                return Ok(rebuilt);
+            }
+        }
+        if let [_, older @ .., oldest] = &candidates[..] {
+            let scan = self.scan_run(atom, Some(*oldest), pool)?;
+            for &candidate in older.iter().chain(std::iter::once(oldest)) {
+                if let Some(rebuilt) = self.rebuild_from(atom, &scan, candidate, &mut fallbacks, pool)? {
+                    return Ok(rebuilt);
                 }
             }
         }
@@ -539,7 +538,34 @@ impl Store {
         Ok(Rebuilt { context, snapshot: None, fallbacks, atoms_applied })
     }
 
-    /// Snapshots that may start `atom`'s rebuild, newest first: of the same run, not after it.
+    /// `atom`'s rebuild from `snapshot`, with `scan` (which starts at or before it), if the
+    /// snapshot is usable for it and verifies; a snapshot that does not verify is added to
+    /// `fallbacks`.
+    fn rebuild_from(
+        &self,
+        atom: AtomId,
+        scan: &RunScan,
+        snapshot: u64,
+        fallbacks: &mut Vec<SnapshotFallback>,
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Result<Option<Rebuilt>> {
+        let Some(pending) = scan.after_snapshot(atom.0, snapshot) else { return Ok(None) };
+        match self.load_snapshot(snapshot)? {
+            Ok(mut context) => {
+                let atoms_applied = apply_deltas(self, scan, &mut context, &pending, pool)?;
+                let fallbacks = std::mem::take(fallbacks);
+                Ok(Some(Rebuilt { context, snapshot: Some(AtomId(snapshot)), fallbacks, atoms_applied }))
+            }
+            Err(reason) => {
+                tracing::warn!(atom = snapshot, reason, "snapshot failed verification; falling back to an older one");
+                fallbacks.push(SnapshotFallback { atom: AtomId(snapshot), reason });
+                Ok(None)
+            }
+        }
+    }
+
+    /// Snapshots that may start `atom`'s rebuild, newest first: every one of the same run, not
+    /// after it.
     fn snapshot_candidates(&self, atom: AtomId) -> Vec<u64> {
         let index = self.shared.index.read();
         let Some(run) = index.atom(atom).map(|entry| entry.run) else { return Vec::new() };
@@ -548,7 +574,6 @@ impl Store {
             .range(..=atom.0)
             .rev()
             .filter(|id| index.atom(AtomId(**id)).is_some_and(|entry| entry.run == run))
-            .take(SNAPSHOT_CANDIDATES_MAX)
             .copied()
             .collect()
     }
