@@ -234,3 +234,35 @@ fn a_forked_branch_runs_its_own_step_under_a_key_the_old_branch_used() {
     assert!(old_again.replayed && old_again.atom == old);
     assert_eq!(ran.get(), 3);
 }
+
+/// A step whose start could not be written (the disk is full) gives its key back to the atom
+/// that held it before, on another branch: that branch still finds its completed step, so
+/// `execute` there returns it instead of running it again.
+#[test]
+fn a_failed_start_on_a_fork_gives_the_key_back_to_the_other_branch() {
+    use continuum::storage::sim::SimStorage;
+    let sim = SimStorage::new(21);
+    let store = Store::builder(std::path::Path::new("/store"))
+        .storage(std::sync::Arc::new(sim.clone()))
+        .segment_bytes(16 * 1024)
+        .background(false)
+        .open()
+        .expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let x1 = store.record_atom(run, "agent", "k1", &[], "", &output(1)).expect("x1");
+    let x2 = store.record_atom(run, "agent", "k2", &[x1], "", &output(2)).expect("x2");
+    let fork = store.fork(run, "agent", x1, "fork").expect("fork");
+    // Fill the disk: another agent's steps until one is refused.
+    sim.set_capacity(Some(sim.used_bytes()));
+    let mut filler = 0;
+    while store.record_atom(run, "filler", &format!("f{filler}"), &[], "", &output(100 + filler)).is_ok() {
+        filler += 1;
+        assert!(filler < 10_000, "the disk never filled up");
+    }
+    // On the fork, step k2 is a new atom; its start is refused.
+    let refused = store.begin_atom(run, "agent", "k2", &[fork], "");
+    assert!(matches!(refused, Err(Error::NoSpace { .. })), "{refused:?}");
+    assert_eq!(store.atom_by_key_on(run, "agent", "k2", &[x1]).expect("lookup"), Some(x2), "the original branch's k2");
+    let again = store.execute(run, "agent", "k2", &[x1], |_| panic!("a completed step ran again")).expect("execute");
+    assert!(again.replayed && again.atom == x2);
+}

@@ -44,7 +44,8 @@ impl Store {
         parents: &[AtomId],
         idempotency_key: &str,
     ) -> Result<AtomId> {
-        let (atom, run32, record, _) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
+        let (reservation, record, _) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
+        let atom = reservation.atom;
         let appended = self.shared.log.append_with(&record, Durability::None);
         let mut index = self.shared.index.write();
         match appended {
@@ -55,7 +56,7 @@ impl Store {
                 Ok(atom)
             }
             Err(error) => {
-                release_reservation(&mut index, atom, run32, agent, key);
+                release_reservation(&mut index, &reservation);
                 Err(error)
             }
         }
@@ -166,7 +167,8 @@ impl Store {
         completion_bytes: usize,
         completion: impl FnOnce(&Codec, &mut Vec<u8>, u64, u64),
     ) -> Result<AtomId> {
-        let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
+        let reservation = self.reserve_atom(run, agent, key, parents)?;
+        let atom = reservation.atom;
         let now = now_us();
         let start =
             StartParts { atom: atom.0, run: run.0, agent, key, parents, idempotency_key, started_at_unix_us: now };
@@ -195,14 +197,14 @@ impl Store {
                 Ok(atom)
             }
             Err(error) => {
-                release_reservation(&mut index, atom, run32, agent, key);
+                release_reservation(&mut index, &reservation);
                 Err(error)
             }
         }
     }
 
     /// Reserves a new atom ([`Store::reserve_atom`]) and encodes its start record, stamped now:
-    /// the atom, its run's 32-bit id, the record and the time (Unix microseconds).
+    /// the reservation, the record and the time (Unix microseconds).
     fn reserve_and_encode_start(
         &self,
         run: RunId,
@@ -210,8 +212,9 @@ impl Store {
         key: &str,
         parents: &[AtomId],
         idempotency_key: &str,
-    ) -> Result<(AtomId, u32, Vec<u8>, u64)> {
-        let (atom, run32) = self.reserve_atom(run, agent, key, parents)?;
+    ) -> Result<(Reservation, Vec<u8>, u64)> {
+        let reservation = self.reserve_atom(run, agent, key, parents)?;
+        let atom = reservation.atom;
         let started_at_unix_us = now_us();
         let record = self.shared.codec.encode_start(&StartParts {
             atom: atom.0,
@@ -222,11 +225,11 @@ impl Store {
             idempotency_key,
             started_at_unix_us,
         });
-        Ok((atom, run32, record, started_at_unix_us))
+        Ok((reservation, record, started_at_unix_us))
     }
 
     /// Validates a new atom and reserves its id and key, so that no other thread can take them.
-    fn reserve_atom(&self, run: RunId, agent: &str, key: &str, parents: &[AtomId]) -> Result<(AtomId, u32)> {
+    fn reserve_atom(&self, run: RunId, agent: &str, key: &str, parents: &[AtomId]) -> Result<Reservation> {
         let mut index = self.shared.index.write();
         let run_entry = index.run(run).ok_or_else(|| unknown_run(run))?;
         if run_entry.status != RunStatus::Running {
@@ -257,10 +260,10 @@ impl Store {
         let id = u32::try_from(atom.0)
             .map_err(|_| Error::LimitExceeded { what: "atom ids".into(), limit: u64::from(u32::MAX) })?;
         assert!(index.atom(atom).is_none(), "a new atom id names no atom yet");
-        index.atom_keys.insert(hash, id);
+        let previous_holder = index.atom_keys.insert(hash, id);
         *index.atom_slot(atom) = AtomEntry::new(0, run32, agent_id, EntryState::Starting);
         index.note_run_atom(run32, id);
-        Ok((atom, run32))
+        Ok(Reservation { atom, key_hash: hash, previous_holder })
     }
 
     /// Records that `atom` completed with `output`; returns once that is durable (or as
@@ -420,12 +423,27 @@ impl Store {
     }
 }
 
-/// Frees the id and key [`Store::reserve_atom`] took for an atom whose start was not written.
-fn release_reservation(index: &mut StoreIndex, atom: AtomId, run: u32, agent: &str, key: &str) {
-    let agent_id = index.agent_id(run, agent).unwrap_or(0);
-    let hash = index.identity.atom_key(run, agent_id, key);
-    index.atom_keys.remove(&hash);
-    let entry = index.atom_slot(atom);
+/// A new atom's id and key, taken by [`Store::reserve_atom`] until its start is written.
+struct Reservation {
+    atom: AtomId,
+    /// The hash under which the index maps the key to its newest atom.
+    key_hash: u64,
+    /// The atom the key mapped to before (on another branch, or abandoned).
+    previous_holder: Option<u32>,
+}
+
+/// Frees the id and key [`Store::reserve_atom`] took for an atom whose start was not written:
+/// the key maps again to the atom it mapped to before, so that its branch still finds it
+/// (unless another atom took the key since).
+fn release_reservation(index: &mut StoreIndex, reservation: &Reservation) {
+    let ours = u32::try_from(reservation.atom.0).ok();
+    if index.atom_keys.get(&reservation.key_hash).copied() == ours {
+        match reservation.previous_holder {
+            Some(holder) => index.atom_keys.insert(reservation.key_hash, holder),
+            None => index.atom_keys.remove(&reservation.key_hash),
+        };
+    }
+    let entry = index.atom_slot(reservation.atom);
     entry.state = entry.state.transition(EntryState::Vacant);
 }
 
