@@ -266,3 +266,39 @@ fn a_failed_start_on_a_fork_gives_the_key_back_to_the_other_branch() {
     let again = store.execute(run, "agent", "k2", &[x1], |_| panic!("a completed step ran again")).expect("execute");
     assert!(again.replayed && again.atom == x2);
 }
+
+/// After a rollback, a step whose key the abandoned branch used is recorded without reading
+/// the branch's history: the lookup reads the atoms that took the key, not every ancestor
+/// (counted as storage calls, not timed).
+#[test]
+fn a_step_after_a_rollback_reads_the_keys_holders_not_the_history() {
+    use continuum::storage::sim::SimStorage;
+    let sim = SimStorage::new(22);
+    let store = Store::builder(std::path::Path::new("/store"))
+        .storage(std::sync::Arc::new(sim.clone()))
+        .background(false)
+        .open()
+        .expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let mut ids = Vec::new();
+    for step in 0..2_000u64 {
+        let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
+        ids.push(store.record_atom(run, "agent", &format!("step-{step}"), &parents, "", &output(step)).expect("record"));
+    }
+    store.rollback(run, "agent", ids[1_899], "try again").expect("rollback");
+    let before = sim.op_count();
+    let mut parent = ids[1_899];
+    for step in 1_900..1_910u64 {
+        let key = format!("step-{step}");
+        let atom = store.record_atom(run, "agent", &key, &[parent], "", &output(step + 10_000)).expect("record");
+        assert!(atom > *ids.last().expect("ids"), "a new atom, not the abandoned one");
+        parent = atom;
+    }
+    let calls = sim.op_count() - before;
+    // Each record: its appends and syncs, and one read of the abandoned holder's start. The
+    // old lookup read every ancestor: about 1,900 per record.
+    assert!(calls < 200, "{calls} storage calls for 10 records after a rollback");
+    // The same keys on the branch found again, and the abandoned atoms not.
+    let again = store.execute(run, "agent", "step-1900", &[ids[1_899]], |_| panic!("ran again")).expect("execute");
+    assert!(again.replayed && again.atom != ids[1_900]);
+}

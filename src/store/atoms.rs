@@ -260,7 +260,7 @@ impl Store {
         let id = u32::try_from(atom.0)
             .map_err(|_| Error::LimitExceeded { what: "atom ids".into(), limit: u64::from(u32::MAX) })?;
         assert!(index.atom(atom).is_none(), "a new atom id names no atom yet");
-        let previous_holder = index.atom_keys.insert(hash, id);
+        let previous_holder = index.take_key(hash, id);
         *index.atom_slot(atom) = AtomEntry::new(0, run32, agent_id, EntryState::Starting);
         index.note_run_atom(run32, id);
         Ok(Reservation { atom, key_hash: hash, previous_holder })
@@ -436,13 +436,8 @@ struct Reservation {
 /// the key maps again to the atom it mapped to before, so that its branch still finds it
 /// (unless another atom took the key since).
 fn release_reservation(index: &mut StoreIndex, reservation: &Reservation) {
-    let ours = u32::try_from(reservation.atom.0).ok();
-    if index.atom_keys.get(&reservation.key_hash).copied() == ours {
-        match reservation.previous_holder {
-            Some(holder) => index.atom_keys.insert(reservation.key_hash, holder),
-            None => index.atom_keys.remove(&reservation.key_hash),
-        };
-    }
+    let id = u32::try_from(reservation.atom.0).expect("a reserved id fits in 32 bits");
+    index.give_key_back(reservation.key_hash, id, reservation.previous_holder);
     let entry = index.atom_slot(reservation.atom);
     entry.state = entry.state.transition(EntryState::Vacant);
 }

@@ -33,8 +33,9 @@ pub(crate) const FILE_NAME: &str = "index.ckpt";
 /// Its temporary name while it is written (the log's recovery deletes leftover `.tmp` files).
 const TEMP_NAME: &str = "index.ckpt.tmp";
 const MAGIC: [u8; 8] = *b"CONTIDX1";
-/// Version 2 binds the file to its store (version 1 files are ignored and rebuilt).
-const VERSION: u32 = 2;
+/// Version 2 binds the file to its store; version 3 adds the keys' older holders (files of
+/// earlier versions are ignored and rebuilt).
+const VERSION: u32 = 3;
 /// magic, version, reserved, covered LSN, store id, body length, body CRC, header CRC.
 const HEADER_BYTES: usize = 48;
 const COVERED_AT: usize = 16;
@@ -446,6 +447,14 @@ fn put_state(out: &mut Writer, state: &FoldState) {
         out.fixed64(*hash);
         out.varint(u64::from(*id));
     }
+    out.varint(index.older_key_holders.len() as u64);
+    for (hash, older) in &index.older_key_holders {
+        out.fixed64(*hash);
+        out.varint(older.len() as u64);
+        for id in older {
+            out.varint(u64::from(*id));
+        }
+    }
     out.varint(index.guards.len() as u64);
     for (hash, guard) in &index.guards {
         out.fixed64(*hash);
@@ -508,6 +517,14 @@ fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
     for _ in 0..keys {
         let hash = input.fixed64()?;
         index.atom_keys.insert(hash, input.u32()?);
+    }
+    for _ in 0..input.count()? {
+        let hash = input.fixed64()?;
+        let older = (0..input.count()?).map(|_| input.u32()).collect::<Option<Vec<u32>>>()?;
+        if older.is_empty() {
+            return None;
+        }
+        index.older_key_holders.insert(hash, older);
     }
     for _ in 0..input.count()? {
         let hash = input.fixed64()?;

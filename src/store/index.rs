@@ -144,6 +144,10 @@ pub(crate) struct StoreIndex {
     pub atoms: AtomTable,
     /// Hash of (run, agent, key) → atom id; a hit is confirmed against the log.
     pub atom_keys: HashMap<u64, u32, PreHashed>,
+    /// Hash of (run, agent, key) → the atoms that held it before the one in `atom_keys`, oldest
+    /// first; only for keys more than one atom took (a step run again on another branch or
+    /// after a rollback), so that finding a key's atom on a branch reads those atoms only.
+    pub older_key_holders: HashMap<u64, Vec<u32>, PreHashed>,
     /// Run `n` is at `runs[n - 1]`.
     pub runs: Vec<RunEntry>,
     pub run_names: HashMap<String, u32, Fast>,
@@ -435,6 +439,35 @@ impl StoreIndex {
         }
     }
 
+    /// Maps the key `hash` to its newest atom `id`, keeping the atom it replaces in
+    /// `older_key_holders`; returns that atom.
+    pub fn take_key(&mut self, hash: u64, id: u32) -> Option<u32> {
+        let previous = self.atom_keys.insert(hash, id);
+        if let Some(previous) = previous.filter(|previous| *previous != id) {
+            self.older_key_holders.entry(hash).or_default().push(previous);
+        }
+        previous
+    }
+
+    /// Gives the key `hash` back from `id`, whose start was not written, to `previous`, the
+    /// atom [`StoreIndex::take_key`] returned (unless another atom took the key since).
+    pub fn give_key_back(&mut self, hash: u64, id: u32, previous: Option<u32>) {
+        if self.atom_keys.get(&hash) != Some(&id) {
+            return;
+        }
+        let Some(previous) = previous else {
+            self.atom_keys.remove(&hash);
+            return;
+        };
+        self.atom_keys.insert(hash, previous);
+        if let Some(older) = self.older_key_holders.get_mut(&hash) {
+            assert_eq!(older.pop(), Some(previous), "the holder given back is the last one kept");
+            if older.is_empty() {
+                self.older_key_holders.remove(&hash);
+            }
+        }
+    }
+
     /// Forgets the atom keys whose atoms are vacant (those of dropped runs): they could only
     /// ever lead to a vacant entry, which every lookup treats as no atom. One pass over the
     /// keys; called after a round drops runs and after an open that folded a drop.
@@ -447,6 +480,11 @@ impl StoreIndex {
         if self.atom_keys.len() < self.atom_keys.capacity() / 2 {
             self.atom_keys.shrink_to_fit();
         }
+        // A key's atoms are all of one run: they go together.
+        self.older_key_holders.retain(|_, older| {
+            older.retain(|id| live(*id));
+            !older.is_empty()
+        });
     }
 
     /// Forgets the guards whose start (or, for one resolved without a start record, whose
@@ -462,11 +500,12 @@ impl StoreIndex {
     pub fn heap_bytes(&self) -> usize {
         let atoms = self.atoms.heap_bytes();
         let keys = self.atom_keys.capacity() * (std::mem::size_of::<(u64, u32)>() + 1);
+        let older_keys: usize = self.older_key_holders.values().map(|older| older.capacity() * 4 + 40).sum();
         let guards = self.guards.capacity() * (std::mem::size_of::<(u64, GuardEntry)>() + 1);
         let runs = self.runs.capacity() * std::mem::size_of::<RunEntry>()
             + self.runs.iter().map(|r| r.name.len()).sum::<usize>();
         let agents = self.agents.iter().map(|(_, name)| 2 * (name.len() + 24)).sum::<usize>();
-        atoms + keys + guards + runs + agents
+        atoms + keys + older_keys + guards + runs + agents
     }
 }
 

@@ -30,10 +30,10 @@ impl Store {
     /// re-running a step gets an atom of its own, and each branch finds its own
     /// (`docs/ARCHITECTURE.md`, "Keys and branches").
     ///
-    /// The index maps a key's hash to its newest atom. Only when that one is abandoned or on
-    /// another branch are older ones looked for: among the agent's atoms newer than every
-    /// parent (a child's id is above its parents'), then among the parents' ancestors, each
-    /// read from its start record.
+    /// The index maps a key's hash to its newest atom, and keeps the atoms that held it before
+    /// (`older_key_holders`). Only when the newest is abandoned or on another branch are the
+    /// older ones read, newest first, each from its start record: the lookup reads the atoms
+    /// that took the key, never the branch's whole history.
     ///
     /// # Errors
     /// [`Error::KeyCollision`] when the hash's newest atom has another key; read errors.
@@ -59,22 +59,22 @@ impl Store {
                 KeyMatch::OtherBranch => {}
             }
         }
-        let newer_than = parents.map_or(0, |parents| parents.iter().map(|parent| parent.0).max().unwrap_or(0));
-        let candidates: Vec<(AtomId, AtomEntry)> = index
-            .run_atoms(RunId(u64::from(run)))
-            .filter(|(atom, entry)| atom.0 > newer_than && *atom != holder && entry.agent == agent_id)
-            .filter(|(_, entry)| !entry.abandoned)
-            .map(|(atom, entry)| (atom, *entry))
-            .collect();
-        for (atom, entry) in candidates.into_iter().rev() {
-            if self.key_match(&entry, agent, key, parents)? == KeyMatch::Same {
-                return Ok(Some(atom));
+        let older = index.older_key_holders.get(&hash).map_or(&[][..], Vec::as_slice);
+        for &id in older.iter().rev() {
+            let atom = AtomId(u64::from(id));
+            let Some(entry) = index.atom(atom) else { continue };
+            if entry.abandoned || entry.agent != agent_id || entry.state.status().is_none() {
+                continue;
+            }
+            match self.key_match(entry, agent, key, parents)? {
+                KeyMatch::Same => return Ok(Some(atom)),
+                KeyMatch::OtherBranch if self.is_ancestor(index, atom, parents.unwrap_or_default())? => {
+                    return Ok(Some(atom));
+                }
+                KeyMatch::OtherBranch | KeyMatch::OtherKey => {}
             }
         }
-        match parents {
-            Some(parents) => self.ancestor_with_key(index, agent, key, parents),
-            None => Ok(None),
-        }
+        Ok(None)
     }
 
     /// Whether `ancestor` is an ancestor of one of `of`: a walk up from them through the
@@ -84,26 +84,6 @@ impl Store {
         self.walk_ancestors(index, of, ancestor.0, |atom, _| {
             found |= atom == ancestor;
             found
-        })?;
-        Ok(found)
-    }
-
-    /// The newest ancestor of `parents` (they included) that `agent` calls `key` and no rollback
-    /// abandoned.
-    fn ancestor_with_key(
-        &self,
-        index: &StoreIndex,
-        agent: &str,
-        key: &str,
-        parents: &[AtomId],
-    ) -> Result<Option<AtomId>> {
-        let mut found: Option<AtomId> = None;
-        self.walk_ancestors(index, parents, 0, |atom, started| {
-            let entry_ok = index.atom(atom).is_some_and(|entry| !entry.abandoned);
-            if entry_ok && started.key == key && started.agent == agent && found.is_none_or(|f| atom > f) {
-                found = Some(atom);
-            }
-            false
         })?;
         Ok(found)
     }

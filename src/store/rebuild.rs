@@ -415,7 +415,7 @@ fn start_atom(index: &mut StoreIndex, lsn: u64, atom: u64, run: u64, agent: &str
         .filter(|id| u64::from(*id) <= crate::limits::ATOM_ID_MAX)
         .ok_or(Error::InconsistentLog { lsn, reason: "atom out of range" })?;
     let hash = index.identity.atom_key(run32, agent, key);
-    index.atom_keys.insert(hash, id);
+    index.take_key(hash, id);
     *index.atom_slot(AtomId(atom)) = index::AtomEntry::new(lsn, run32, agent, EntryState::Running);
     index.note_run_atom(run32, id);
     Ok(())
