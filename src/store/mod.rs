@@ -103,6 +103,13 @@ impl StoreBuilder {
         self
     }
 
+    /// Labels every metrics series of this store `store="<name>"`; see
+    /// [`LogBuilder::metrics_label`].
+    pub fn metrics_label(mut self, name: impl Into<String>) -> Self {
+        self.log = self.log.metrics_label(name);
+        self
+    }
+
     /// When snapshots are written (default: every 50 completed atoms of an agent or every 10
     /// minutes, whichever comes first). Runs may override it ([`RunSpec::snapshot_policy`]).
     pub fn snapshot_policy(mut self, policy: SnapshotPolicy) -> Self {
@@ -233,7 +240,8 @@ impl Shared {
         read_only: bool,
         checkpoint: Option<checkpoint::Read>,
     ) -> Result<Self> {
-        let codec = Codec::compressing_from(policies.compress_records_from);
+        let codec =
+            Codec::compressing_from(policies.compress_records_from).counting_into(log.metrics_handle().encoded_bytes());
         let index_checkpoint = IndexCheckpoint::default();
         let checkpoint = checkpoint.unwrap_or_else(|| checkpoint::read(log.storage().as_ref(), log.dir()));
         let store_id = identity::store_id(&log)?;
