@@ -10,7 +10,8 @@
 //!
 //! Every series carries the label `store="<name>"` when the store or log was opened with
 //! `.metrics_label("<name>")` (two stores in one process then keep their series apart), and
-//! no `store` label otherwise.
+//! no `store` label otherwise. Logs opened with the same label, or both with none, share their
+//! series in the recorder: their counts add up.
 //!
 //! | series | kind | labels | what |
 //! | --- | --- | --- | --- |
