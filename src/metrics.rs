@@ -1,20 +1,71 @@
-//! [`Metrics`]: counters and latency histograms owned by the [`Log`](crate::Log), observed,
-//! never consulted. `log.metrics()` and `store.metrics()` return a [`MetricsSnapshot`].
+//! [`Metrics`]: what the log and the store count, emitted through the [`metrics`] crate facade
+//! and kept for [`MetricsSnapshot`]; observed, never consulted.
 //!
-//! Cheap enough to be always on (`docs/BENCHMARKS.md` §9): counters are relaxed atomics;
-//! histograms are fixed arrays of atomic buckets, four per power of two (so a percentile read
-//! from them is at most 25% above the true value, and never above the exact maximum). The
-//! group-commit leader, which holds the leader lock, updates its own counters with plain
-//! loads and stores rather than read-modify-write instructions. Appends that do not sync are
-//! timed one in [`UNSYNCED_SAMPLE_EVERY`], since reading the clock twice would cost several
-//! percent of a one-microsecond append; their counts are exact.
+//! Every series goes to the recorder the application installs (`metrics-exporter-prometheus`,
+//! StatsD, OpenTelemetry: any [`metrics::Recorder`]); with none installed, each emission is a
+//! branch on an empty handle. A log registers its series when it opens, with the recorder
+//! installed then: install the recorder before opening a store. `log.metrics()` and
+//! `store.metrics()` return the same counts as plain data, with each distribution reduced to
+//! its count, sum and maximum (the recorder computes quantiles).
 //!
-//! No global registry: each log has its own. To export them, poll `metrics()` and print or
-//! serve [`MetricsSnapshot::to_prometheus`] (see `examples/metrics.rs`).
+//! Every series carries the label `store="<name>"` when the store or log was opened with
+//! `.metrics_label("<name>")` (two stores in one process then keep their series apart), and
+//! no `store` label otherwise. Logs opened with the same label, or both with none, share their
+//! series in the recorder: their counts add up.
+//!
+//! | series | kind | labels | what |
+//! | --- | --- | --- | --- |
+//! | `continuum_records_total` | counter | | records appended |
+//! | `continuum_record_bytes_total` | counter | | bytes of frames appended (headers and padding included) |
+//! | `continuum_batches_total` | counter | | batches appended (an `append` is a batch of one) |
+//! | `continuum_commit_groups_total` | counter | | commit groups written (one write, at most one `fdatasync`) |
+//! | `continuum_commit_group_batches` | histogram | | batches per commit group |
+//! | `continuum_fdatasyncs_total` | counter | | `fdatasync` calls on segments |
+//! | `continuum_fdatasync_seconds` | histogram | | their latency |
+//! | `continuum_segment_rotations_total` | counter | | segments sealed and replaced |
+//! | `continuum_append_seconds` | histogram | `durability` | append latency, call to acknowledgement (`sync` all, `buffered` and `none` one in [`UNSYNCED_SAMPLE_EVERY`]) |
+//! | `continuum_commit_waits_total` | counter | | appends that waited for another thread's commit group |
+//! | `continuum_commit_wait_sleeps_total` | counter | | those that slept instead of spinning |
+//! | `continuum_commit_spin_hold_offs_total` | counter | | times spinning was held off on a busy CPU |
+//! | `continuum_commit_spin_slow_yields_total` | counter | | spins stopped by a yield that came back late |
+//! | `continuum_encoded_raw_bytes_total` | counter | | store record bytes before compression |
+//! | `continuum_encoded_stored_bytes_total` | counter | | store record bytes as written |
+//! | `continuum_snapshot_writes_total` | counter | | snapshot files written |
+//! | `continuum_snapshot_bytes_total` | counter | | their bytes |
+//! | `continuum_snapshot_write_seconds` | histogram | | time to encode and publish one |
+//! | `continuum_snapshot_fallbacks_total` | counter | | snapshots a rebuild skipped (failed verification) |
+//! | `continuum_policy_snapshot_failures_total` | counter | | policy snapshots that failed (no caller sees the error) |
+//! | `continuum_maintenance_failures_total` | counter | | compaction rounds, index checkpoints, dictionaries that failed (no caller sees the error) |
+//! | `continuum_rebuild_targeted_scans_total` | counter | | rebuild scans that read only their run's records |
+//! | `continuum_rebuild_scan_fallbacks_total` | counter | | targeted scans that fell back to the whole range |
+//! | `continuum_rebuild_shared_scans_total` | counter | | rebuilds that shared one pass over the log |
+//! | `continuum_snapshot_lull_wait_seconds` | histogram | | policy snapshots' wait for a lull in the appends |
+//! | `continuum_snapshot_lull_timeouts_total` | counter | | such waits that reached their limit |
+//! | `continuum_index_rebuilds_total` | counter | | store indexes rebuilt from the log (once per open) |
+//! | `continuum_index_rebuild_atoms_total` | counter | | atoms those rebuilds indexed |
+//! | `continuum_time_to_resume_seconds` | gauge | | recovery and index rebuild time of the last open |
+//! | `continuum_context_rebuilds_total` | counter | | contexts rebuilt |
+//! | `continuum_context_rebuild_atoms_total` | counter | | deltas those rebuilds applied |
+//! | `continuum_context_rebuild_seconds` | histogram | | their latency |
+//! | `continuum_atoms_skipped_total` | counter | | completed atoms `execute` did not run again |
+//! | `continuum_compactions_total` | counter | | compaction runs |
+//! | `continuum_compaction_read_bytes_total` | counter | | bytes compaction read |
+//! | `continuum_compaction_written_bytes_total` | counter | | bytes compaction wrote |
+//! | `continuum_compaction_reclaimed_bytes_total` | counter | | bytes compaction gave back to the file system |
+//! | `continuum_recovery_torn_tails_total` | counter | | torn tails recovery found on open |
+//! | `continuum_recovery_skipped_ranges_total` | counter | | invalid ranges recovery skipped on open |
+//! | `continuum_errors_total` | counter | `kind` | errors returned to callers, by kind ([`ERROR_KINDS`]) |
+//!
+//! Cheap enough to be always on (`docs/BENCHMARKS.md` §9): the kept counts are relaxed atomics;
+//! the group-commit leader, which holds the leader lock, updates its own with plain loads and
+//! stores. Appends that do not sync are timed one in [`UNSYNCED_SAMPLE_EVERY`], since reading
+//! the clock twice would cost several percent of a one-microsecond append; their counts are
+//! exact.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+
+use metrics::{Label, Unit};
 
 use crate::config::Durability;
 use crate::error::Error;
@@ -22,163 +73,357 @@ use crate::error::Error;
 /// Appends that do not sync are timed once in this many (by batch count).
 pub const UNSYNCED_SAMPLE_EVERY: u64 = 64;
 
-/// Buckets of one histogram: values 0..4 exactly, then four per power of two up to 2^64.
-const BUCKETS: usize = 4 + 62 * 4;
-
-/// Kinds of errors counted by [`Metrics`]; the order of [`MetricsSnapshot::errors`].
+/// Values of the `kind` label of `continuum_errors_total`; the order of
+/// [`MetricsSnapshot::errors`].
 pub const ERROR_KINDS: [&str; 7] = ["io", "no_space", "corruption", "poisoned", "codec", "closed", "other"];
 
-/// A histogram of `u64` values in fixed logarithmic buckets.
-pub(crate) struct Histogram {
-    buckets: [AtomicU64; BUCKETS],
-    count: AtomicU64,
-    sum: AtomicU64,
-    max: AtomicU64,
-}
+/// Values of the `durability` label of `continuum_append_seconds`, by [`durability_index`].
+const DURABILITIES: [&str; 3] = ["sync", "buffered", "none"];
 
-impl Default for Histogram {
-    fn default() -> Self {
-        Self {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            count: AtomicU64::new(0),
-            sum: AtomicU64::new(0),
-            max: AtomicU64::new(0),
-        }
-    }
-}
-
-/// The bucket of `value`.
-fn bucket_of(value: u64) -> usize {
-    if value < 4 {
-        return value as usize;
-    }
-    let exponent = 63 - value.leading_zeros() as usize;
-    let sub = ((value >> (exponent - 2)) & 3) as usize;
-    4 + (exponent - 2) * 4 + sub
-}
-
-/// The largest value that falls in `bucket`.
-fn bucket_high(bucket: usize) -> u64 {
-    if bucket < 4 {
-        return bucket as u64;
-    }
-    let exponent = (bucket - 4) / 4 + 2;
-    let sub = ((bucket - 4) % 4) as u64;
-    let next_low = (5 + sub).checked_shl(exponent as u32 - 2).filter(|v| v >> (exponent - 2) == 5 + sub);
-    next_low.map_or(u64::MAX, |low| low - 1)
-}
-
-impl Histogram {
-    /// Records one value (any thread).
-    pub fn record(&self, value: u64) {
-        self.buckets[bucket_of(value)].fetch_add(1, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum.fetch_add(value, Ordering::Relaxed);
-        self.max.fetch_max(value, Ordering::Relaxed);
-    }
-
-    /// Records one value with plain loads and stores: only for a histogram that a single thread
-    /// at a time updates (under a lock the caller holds).
-    pub fn record_exclusive(&self, value: u64) {
-        bump(&self.buckets[bucket_of(value)], 1);
-        bump(&self.count, 1);
-        bump(&self.sum, value);
-        if value > self.max.load(Ordering::Relaxed) {
-            self.max.store(value, Ordering::Relaxed);
-        }
-    }
-
-    fn snapshot(&self) -> HistogramSnapshot {
-        let buckets: Vec<u64> = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
-        let count: u64 = buckets.iter().sum();
-        let max = self.max.load(Ordering::Relaxed);
-        let quantile = |q: f64| {
-            if count == 0 {
-                return 0;
-            }
-            let rank = ((q * count as f64).ceil() as u64).clamp(1, count);
-            let mut seen = 0;
-            for (bucket, n) in buckets.iter().enumerate() {
-                seen += n;
-                if seen >= rank {
-                    return bucket_high(bucket).min(max);
-                }
-            }
-            max
-        };
-        HistogramSnapshot {
-            count: self.count.load(Ordering::Relaxed),
-            sum: self.sum.load(Ordering::Relaxed),
-            p50: quantile(0.50),
-            p99: quantile(0.99),
-            max,
-        }
-    }
-}
-
-/// Adds `n` with a plain load and store (single writer; see [`Histogram::record_exclusive`]).
-fn bump(counter: &AtomicU64, n: u64) {
-    counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-}
-
-fn add(counter: &AtomicU64, n: u64) {
-    counter.fetch_add(n, Ordering::Relaxed);
-}
-
-fn load(counter: &AtomicU64) -> u64 {
-    counter.load(Ordering::Relaxed)
-}
+/// Nanoseconds to the seconds the series are in.
+const SECONDS_PER_NANO: f64 = 1e-9;
 
 /// A duration in whole nanoseconds, saturating at `u64::MAX` (584 years).
 pub(crate) fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The live counters of one log (and the store on it).
+/// A counter kept in an atomic (for the snapshot) and emitted to the recorder's series.
+#[derive(Debug)]
+pub(crate) struct Count {
+    value: AtomicU64,
+    series: metrics::Counter,
+}
+
+impl Count {
+    fn new(series: metrics::Counter) -> Self {
+        Self { value: AtomicU64::new(0), series }
+    }
+
+    /// Adds `n` (any thread).
+    fn add(&self, n: u64) {
+        self.value.fetch_add(n, Ordering::Relaxed);
+        self.series.increment(n);
+    }
+
+    /// Adds `n` with a plain load and store: only for a counter that one thread at a time
+    /// updates (under a lock the caller holds).
+    fn add_exclusive(&self, n: u64) {
+        self.value.store(self.value.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        self.series.increment(n);
+    }
+
+    fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// A distribution: its count, sum and maximum kept in atomics, every value emitted to the
+/// recorder's histogram (scaled to the series' unit), which keeps the quantiles.
+#[derive(Debug)]
+struct Spread {
+    count: AtomicU64,
+    sum: AtomicU64,
+    max: AtomicU64,
+    series: metrics::Histogram,
+    /// Series units per kept unit (seconds per nanosecond, or 1).
+    scale: f64,
+}
+
+impl Spread {
+    fn new(series: metrics::Histogram, scale: f64) -> Self {
+        Self { count: AtomicU64::new(0), sum: AtomicU64::new(0), max: AtomicU64::new(0), series, scale }
+    }
+
+    /// Records one value (any thread).
+    fn record(&self, value: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
+        self.max.fetch_max(value, Ordering::Relaxed);
+        self.series.record(value as f64 * self.scale);
+    }
+
+    /// Records one value with plain loads and stores (single writer, as
+    /// [`Count::add_exclusive`]).
+    fn record_exclusive(&self, value: u64) {
+        let bump = |counter: &AtomicU64, n: u64| {
+            counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        };
+        bump(&self.count, 1);
+        bump(&self.sum, value);
+        if value > self.max.load(Ordering::Relaxed) {
+            self.max.store(value, Ordering::Relaxed);
+        }
+        self.series.record(value as f64 * self.scale);
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            count: self.count.load(Ordering::Relaxed),
+            sum: self.sum.load(Ordering::Relaxed),
+            max: self.max.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Registers a log's series with the recorder installed now, each with the log's labels, and
+/// describes them (help text and unit) to it.
+#[derive(Clone, Debug, Default)]
+struct Registrar {
+    labels: Vec<Label>,
+}
+
+impl Registrar {
+    /// `store="<label>"` on every series, or no label.
+    fn new(label: Option<&str>) -> Self {
+        Self { labels: label.map(|name| vec![Label::new("store", name.to_owned())]).unwrap_or_default() }
+    }
+
+    /// The log's labels and `extra`.
+    fn labels_and(&self, extra: Option<(&'static str, &'static str)>) -> Vec<Label> {
+        let mut labels = self.labels.clone();
+        labels.extend(extra.map(|(key, value)| Label::from_static_parts(key, value)));
+        labels
+    }
+
+    fn count(&self, name: &'static str, unit: Unit, help: &'static str) -> Count {
+        self.count_of(name, unit, help, None)
+    }
+
+    fn count_of(
+        &self,
+        name: &'static str,
+        unit: Unit,
+        help: &'static str,
+        label: Option<(&'static str, &'static str)>,
+    ) -> Count {
+        metrics::describe_counter!(name, unit, help);
+        Count::new(metrics::counter!(name, self.labels_and(label)))
+    }
+
+    fn seconds(&self, name: &'static str, help: &'static str) -> Spread {
+        self.spread(name, help, None)
+    }
+
+    fn spread(&self, name: &'static str, help: &'static str, label: Option<(&'static str, &'static str)>) -> Spread {
+        let (unit, scale) =
+            if name.ends_with("_seconds") { (Unit::Seconds, SECONDS_PER_NANO) } else { (Unit::Count, 1.0) };
+        metrics::describe_histogram!(name, unit, help);
+        Spread::new(metrics::histogram!(name, self.labels_and(label)), scale)
+    }
+
+    fn gauge_seconds(&self, name: &'static str, help: &'static str) -> metrics::Gauge {
+        metrics::describe_gauge!(name, Unit::Seconds, help);
+        metrics::gauge!(name, self.labels.clone())
+    }
+}
+
+/// The store's encoded-record byte counters, held by its codec: bytes of protobuf bodies and
+/// of the envelopes they became. Unregistered (the snapshot only) by default.
+#[derive(Debug)]
+pub(crate) struct EncodedBytes {
+    raw: Count,
+    stored: Count,
+}
+
+impl Default for EncodedBytes {
+    fn default() -> Self {
+        Self { raw: Count::new(metrics::Counter::noop()), stored: Count::new(metrics::Counter::noop()) }
+    }
+}
+
+impl EncodedBytes {
+    /// One body of `raw` bytes encoded into an envelope of `stored` bytes.
+    pub(crate) fn record(&self, raw: u64, stored: u64) {
+        self.raw.add(raw);
+        self.stored.add(stored);
+    }
+
+    /// Bytes of bodies encoded so far, and of their envelopes.
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (self.raw.get(), self.stored.get())
+    }
+}
+
+/// How a log's metrics are set up (by its builder).
+#[derive(Clone, Debug)]
+pub(crate) struct MetricsOptions {
+    /// Whether appends are counted and timed (default yes; off only to measure the cost).
+    pub enabled: bool,
+    /// The value of the `store` label on every series, if any.
+    pub label: Option<String>,
+}
+
+impl Default for MetricsOptions {
+    fn default() -> Self {
+        Self { enabled: true, label: None }
+    }
+}
+
+/// The write path's counts: the group-commit leader's, the appenders', recovery's.
+#[derive(Debug)]
+struct WritePath {
+    // Written by the group-commit leader only (plain stores).
+    records: Count,
+    record_bytes: Count,
+    batches: Count,
+    groups: Count,
+    group_batches: Spread,
+    fdatasyncs: Count,
+    fdatasync_ns: Spread,
+    rotations: Count,
+    // Written by appending threads.
+    append_ns: [Spread; 3],
+    commit_waits: Count,
+    commit_wait_sleeps: Count,
+    commit_spin_hold_offs: Count,
+    commit_spin_slow_yields: Count,
+    recovery_torn_tails: Count,
+    recovery_skipped_ranges: Count,
+}
+
+impl WritePath {
+    fn register(r: &Registrar) -> Self {
+        Self {
+            records: r.count("continuum_records_total", Unit::Count, "Records appended."),
+            record_bytes: r.count("continuum_record_bytes_total", Unit::Bytes, "Bytes of frames appended."),
+            batches: r.count("continuum_batches_total", Unit::Count, "Batches appended."),
+            groups: r.count("continuum_commit_groups_total", Unit::Count, "Commit groups written."),
+            group_batches: r.spread("continuum_commit_group_batches", "Batches per commit group.", None),
+            fdatasyncs: r.count("continuum_fdatasyncs_total", Unit::Count, "fdatasync calls on segments."),
+            fdatasync_ns: r.seconds("continuum_fdatasync_seconds", "Latency of fdatasync on segments."),
+            rotations: r.count("continuum_segment_rotations_total", Unit::Count, "Segments sealed and replaced."),
+            append_ns: DURABILITIES.map(|durability| {
+                r.spread("continuum_append_seconds", "Append latency by durability.", Some(("durability", durability)))
+            }),
+            commit_waits: r.count(
+                "continuum_commit_waits_total",
+                Unit::Count,
+                "Appends that waited for another thread's commit group.",
+            ),
+            commit_wait_sleeps: r.count(
+                "continuum_commit_wait_sleeps_total",
+                Unit::Count,
+                "Commit waits that slept instead of spinning.",
+            ),
+            commit_spin_hold_offs: r.count(
+                "continuum_commit_spin_hold_offs_total",
+                Unit::Count,
+                "Times commit waits stopped spinning on a busy CPU.",
+            ),
+            commit_spin_slow_yields: r.count(
+                "continuum_commit_spin_slow_yields_total",
+                Unit::Count,
+                "Commit spins stopped by a yield that came back late.",
+            ),
+            recovery_torn_tails: r.count(
+                "continuum_recovery_torn_tails_total",
+                Unit::Count,
+                "Torn tails recovery found on open.",
+            ),
+            recovery_skipped_ranges: r.count(
+                "continuum_recovery_skipped_ranges_total",
+                Unit::Count,
+                "Invalid ranges recovery skipped on open.",
+            ),
+        }
+    }
+}
+
+/// The store's counts: snapshots, rebuilds, compaction, failures no caller sees.
+#[derive(Debug)]
+struct StoreCounts {
+    snapshot_writes: Count,
+    snapshot_bytes: Count,
+    snapshot_write_ns: Spread,
+    snapshot_fallbacks: Count,
+    policy_snapshot_failures: Count,
+    maintenance_failures: Count,
+    rebuild_targeted_scans: Count,
+    rebuild_scan_fallbacks: Count,
+    rebuild_shared_scans: Count,
+    snapshot_lull_wait_ns: Spread,
+    snapshot_lull_timeouts: Count,
+    index_rebuilds: Count,
+    index_rebuild_atoms: Count,
+    context_rebuilds: Count,
+    context_rebuild_atoms: Count,
+    context_rebuild_ns: Spread,
+    atoms_skipped: Count,
+    compactions: Count,
+    compaction_bytes_read: Count,
+    compaction_bytes_written: Count,
+    compaction_bytes_reclaimed: Count,
+}
+
+impl StoreCounts {
+    fn register(r: &Registrar) -> Self {
+        let count = |name, help| r.count(name, Unit::Count, help);
+        let bytes = |name, help| r.count(name, Unit::Bytes, help);
+        Self {
+            snapshot_writes: count("continuum_snapshot_writes_total", "Snapshot files written."),
+            snapshot_bytes: bytes("continuum_snapshot_bytes_total", "Bytes of snapshot files written."),
+            snapshot_write_ns: r.seconds("continuum_snapshot_write_seconds", "Latency of snapshot writes."),
+            snapshot_fallbacks: count("continuum_snapshot_fallbacks_total", "Snapshots skipped by rebuilds."),
+            policy_snapshot_failures: count(
+                "continuum_policy_snapshot_failures_total",
+                "Policy snapshots that failed; no caller saw the error.",
+            ),
+            maintenance_failures: count(
+                "continuum_maintenance_failures_total",
+                "Compaction rounds, index checkpoints and dictionaries that failed; no caller saw the error.",
+            ),
+            rebuild_targeted_scans: count(
+                "continuum_rebuild_targeted_scans_total",
+                "Rebuild scans that read only their run's records.",
+            ),
+            rebuild_scan_fallbacks: count(
+                "continuum_rebuild_scan_fallbacks_total",
+                "Targeted rebuild scans that fell back to the whole range.",
+            ),
+            rebuild_shared_scans: count(
+                "continuum_rebuild_shared_scans_total",
+                "Rebuilds that shared one pass over the log with others.",
+            ),
+            snapshot_lull_wait_ns: r.seconds(
+                "continuum_snapshot_lull_wait_seconds",
+                "Time policy snapshots waited for a lull in the appends.",
+            ),
+            snapshot_lull_timeouts: count(
+                "continuum_snapshot_lull_timeouts_total",
+                "Policy snapshot waits for a lull that reached their limit.",
+            ),
+            index_rebuilds: count("continuum_index_rebuilds_total", "Store index rebuilds."),
+            index_rebuild_atoms: count("continuum_index_rebuild_atoms_total", "Atoms indexed by index rebuilds."),
+            context_rebuilds: count("continuum_context_rebuilds_total", "Context rebuilds."),
+            context_rebuild_atoms: count(
+                "continuum_context_rebuild_atoms_total",
+                "Deltas applied by context rebuilds.",
+            ),
+            context_rebuild_ns: r.seconds("continuum_context_rebuild_seconds", "Latency of context rebuilds."),
+            atoms_skipped: count("continuum_atoms_skipped_total", "Completed atoms not executed again."),
+            compactions: count("continuum_compactions_total", "Compaction runs."),
+            compaction_bytes_read: bytes("continuum_compaction_read_bytes_total", "Bytes read by compaction."),
+            compaction_bytes_written: bytes("continuum_compaction_written_bytes_total", "Bytes written by compaction."),
+            compaction_bytes_reclaimed: bytes(
+                "continuum_compaction_reclaimed_bytes_total",
+                "Bytes compaction gave back to the file system.",
+            ),
+        }
+    }
+}
+
+/// The live counts of one log (and the store on it), emitted to the installed recorder.
 pub struct Metrics {
     /// Whether appends are counted and timed (a hidden switch for measuring the cost).
     enabled: AtomicBool,
-    // Written by the group-commit leader only (plain stores).
-    records: AtomicU64,
-    record_bytes: AtomicU64,
-    batches: AtomicU64,
-    groups: AtomicU64,
-    group_batches: Histogram,
-    fdatasyncs: AtomicU64,
-    fdatasync_ns: Histogram,
-    rotations: AtomicU64,
-    // Written by appending threads.
-    append_ns: [Histogram; 3],
-    commit_waits: AtomicU64,
-    commit_wait_sleeps: AtomicU64,
-    commit_spin_hold_offs: AtomicU64,
-    commit_spin_slow_yields: AtomicU64,
-    // Store-level, written by any thread.
-    snapshot_writes: AtomicU64,
-    snapshot_bytes: AtomicU64,
-    snapshot_write_ns: Histogram,
-    snapshot_fallbacks: AtomicU64,
-    policy_snapshot_failures: AtomicU64,
-    maintenance_failures: AtomicU64,
-    rebuild_targeted_scans: AtomicU64,
-    rebuild_scan_fallbacks: AtomicU64,
-    rebuild_shared_scans: AtomicU64,
-    snapshot_lull_wait_ns: Histogram,
-    snapshot_lull_timeouts: AtomicU64,
-    index_rebuilds: AtomicU64,
-    index_rebuild_atoms: AtomicU64,
+    write: WritePath,
+    store: StoreCounts,
     time_to_resume_ns: AtomicU64,
-    context_rebuilds: AtomicU64,
-    context_rebuild_atoms: AtomicU64,
-    context_rebuild_ns: Histogram,
-    atoms_skipped: AtomicU64,
-    compactions: AtomicU64,
-    compaction_bytes_read: AtomicU64,
-    compaction_bytes_written: AtomicU64,
-    compaction_bytes_reclaimed: AtomicU64,
-    recovery_torn_tails: AtomicU64,
-    recovery_skipped_ranges: AtomicU64,
-    errors: [AtomicU64; ERROR_KINDS.len()],
+    time_to_resume: metrics::Gauge,
+    errors: [Count; ERROR_KINDS.len()],
+    /// Registers the series created after open (the codec's).
+    registrar: Registrar,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -188,48 +433,35 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// Counters that count.
-    pub(crate) fn new(enabled: bool) -> Self {
+    /// Counts that count (`enabled`), registered with the installed recorder, each series
+    /// labelled `store="<label>"` when a label is given.
+    pub(crate) fn new(enabled: bool, label: Option<&str>) -> Self {
+        let registrar = Registrar::new(label);
         Self {
             enabled: AtomicBool::new(enabled),
-            records: AtomicU64::new(0),
-            record_bytes: AtomicU64::new(0),
-            batches: AtomicU64::new(0),
-            groups: AtomicU64::new(0),
-            group_batches: Histogram::default(),
-            fdatasyncs: AtomicU64::new(0),
-            fdatasync_ns: Histogram::default(),
-            rotations: AtomicU64::new(0),
-            append_ns: std::array::from_fn(|_| Histogram::default()),
-            commit_waits: AtomicU64::new(0),
-            commit_wait_sleeps: AtomicU64::new(0),
-            commit_spin_hold_offs: AtomicU64::new(0),
-            commit_spin_slow_yields: AtomicU64::new(0),
-            snapshot_writes: AtomicU64::new(0),
-            snapshot_bytes: AtomicU64::new(0),
-            snapshot_write_ns: Histogram::default(),
-            snapshot_fallbacks: AtomicU64::new(0),
-            policy_snapshot_failures: AtomicU64::new(0),
-            maintenance_failures: AtomicU64::new(0),
-            rebuild_targeted_scans: AtomicU64::new(0),
-            rebuild_scan_fallbacks: AtomicU64::new(0),
-            rebuild_shared_scans: AtomicU64::new(0),
-            snapshot_lull_wait_ns: Histogram::default(),
-            snapshot_lull_timeouts: AtomicU64::new(0),
-            index_rebuilds: AtomicU64::new(0),
-            index_rebuild_atoms: AtomicU64::new(0),
+            write: WritePath::register(&registrar),
+            store: StoreCounts::register(&registrar),
             time_to_resume_ns: AtomicU64::new(0),
-            context_rebuilds: AtomicU64::new(0),
-            context_rebuild_atoms: AtomicU64::new(0),
-            context_rebuild_ns: Histogram::default(),
-            atoms_skipped: AtomicU64::new(0),
-            compactions: AtomicU64::new(0),
-            compaction_bytes_read: AtomicU64::new(0),
-            compaction_bytes_written: AtomicU64::new(0),
-            compaction_bytes_reclaimed: AtomicU64::new(0),
-            recovery_torn_tails: AtomicU64::new(0),
-            recovery_skipped_ranges: AtomicU64::new(0),
-            errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            time_to_resume: registrar
+                .gauge_seconds("continuum_time_to_resume_seconds", "Recovery and index rebuild time of the last open."),
+            errors: ERROR_KINDS.map(|kind| {
+                registrar.count_of(
+                    "continuum_errors_total",
+                    Unit::Count,
+                    "Errors returned, by kind.",
+                    Some(("kind", kind)),
+                )
+            }),
+            registrar,
+        }
+    }
+
+    /// The store codec's byte counters, registered with this log's labels.
+    pub(crate) fn encoded_bytes(&self) -> EncodedBytes {
+        let r = &self.registrar;
+        EncodedBytes {
+            raw: r.count("continuum_encoded_raw_bytes_total", Unit::Bytes, "Store record bytes before compression."),
+            stored: r.count("continuum_encoded_stored_bytes_total", Unit::Bytes, "Store record bytes as written."),
         }
     }
 
@@ -246,12 +478,13 @@ impl Metrics {
     /// [`UNSYNCED_SAMPLE_EVERY`]; every `Sync` append is).
     #[inline]
     pub(crate) fn times_append(&self, durability: Durability) -> bool {
-        self.enabled() && (durability == Durability::Sync || load(&self.batches).is_multiple_of(UNSYNCED_SAMPLE_EVERY))
+        self.enabled()
+            && (durability == Durability::Sync || self.write.batches.get().is_multiple_of(UNSYNCED_SAMPLE_EVERY))
     }
 
     /// One append's latency, from its call to its acknowledgement.
     pub(crate) fn record_append(&self, durability: Durability, latency: Duration) {
-        self.append_ns[durability_index(durability)].record(nanos(latency));
+        self.write.append_ns[durability_index(durability)].record(nanos(latency));
     }
 
     /// One committed group (leader only, under the leader lock).
@@ -259,25 +492,26 @@ impl Metrics {
         if !self.enabled() {
             return;
         }
-        bump(&self.groups, 1);
-        bump(&self.batches, batches);
-        bump(&self.records, records);
-        bump(&self.record_bytes, bytes);
-        self.group_batches.record_exclusive(batches);
+        let write = &self.write;
+        write.groups.add_exclusive(1);
+        write.batches.add_exclusive(batches);
+        write.records.add_exclusive(records);
+        write.record_bytes.add_exclusive(bytes);
+        write.group_batches.record_exclusive(batches);
     }
 
     /// One `fdatasync` of a segment (leader only).
     pub(crate) fn record_fdatasync(&self, latency: Duration) {
         if self.enabled() {
-            bump(&self.fdatasyncs, 1);
-            self.fdatasync_ns.record_exclusive(nanos(latency));
+            self.write.fdatasyncs.add_exclusive(1);
+            self.write.fdatasync_ns.record_exclusive(nanos(latency));
         }
     }
 
     /// One segment rotation (leader only).
     pub(crate) fn record_rotation(&self) {
         if self.enabled() {
-            bump(&self.rotations, 1);
+            self.write.rotations.add_exclusive(1);
         }
     }
 
@@ -285,155 +519,156 @@ impl Metrics {
     /// (its spin ran out, or spinning was off) instead of seeing the answer while spinning.
     pub(crate) fn record_commit_wait(&self, slept: bool) {
         if self.enabled() {
-            add(&self.commit_waits, 1);
+            self.write.commit_waits.add(1);
             if slept {
-                add(&self.commit_wait_sleeps, 1);
+                self.write.commit_wait_sleeps.add(1);
             }
         }
     }
 
     /// A spin stopped because a yield came back late; `held_off`: it also held spinning off.
     pub(crate) fn record_slow_yield(&self, held_off: bool) {
-        add(&self.commit_spin_slow_yields, 1);
+        self.write.commit_spin_slow_yields.add(1);
         if held_off {
-            add(&self.commit_spin_hold_offs, 1);
+            self.write.commit_spin_hold_offs.add(1);
         }
     }
 
     /// What recovery found on open.
     pub(crate) fn record_recovery(&self, torn_tails: u64, skipped_ranges: u64) {
-        add(&self.recovery_torn_tails, torn_tails);
-        add(&self.recovery_skipped_ranges, skipped_ranges);
+        self.write.recovery_torn_tails.add(torn_tails);
+        self.write.recovery_skipped_ranges.add(skipped_ranges);
     }
 
     /// One snapshot file written.
     pub(crate) fn record_snapshot_write(&self, bytes: u64, latency: Duration) {
-        add(&self.snapshot_writes, 1);
-        add(&self.snapshot_bytes, bytes);
-        self.snapshot_write_ns.record(nanos(latency));
+        self.store.snapshot_writes.add(1);
+        self.store.snapshot_bytes.add(bytes);
+        self.store.snapshot_write_ns.record(nanos(latency));
     }
 
     /// Snapshots a context rebuild could not use.
     pub(crate) fn record_snapshot_fallbacks(&self, count: u64) {
-        add(&self.snapshot_fallbacks, count);
+        self.store.snapshot_fallbacks.add(count);
     }
 
     /// A policy snapshot failed; its error reached no caller.
     pub(crate) fn record_policy_snapshot_failure(&self) {
-        add(&self.policy_snapshot_failures, 1);
+        self.store.policy_snapshot_failures.add(1);
     }
 
     /// A compaction round of the background thread, an index checkpoint written by the store
     /// on its own, or a trained dictionary's record failed; its error reached no caller.
     pub(crate) fn record_maintenance_failure(&self) {
-        add(&self.maintenance_failures, 1);
+        self.store.maintenance_failures.add(1);
     }
 
     /// A rebuild read its run's records at the LSNs its index holds for them; `fell_back`: the
     /// log did not hold them all there, and it scanned the whole range instead.
     pub(crate) fn record_targeted_scan(&self, fell_back: bool) {
-        add(&self.rebuild_targeted_scans, 1);
+        self.store.rebuild_targeted_scans.add(1);
         if fell_back {
-            add(&self.rebuild_scan_fallbacks, 1);
+            self.store.rebuild_scan_fallbacks.add(1);
         }
     }
 
     /// `rebuilds` rebuilds (a round of policy snapshots, or `rebuild_contexts`) read the log
     /// in one shared pass.
     pub(crate) fn record_shared_scan(&self, rebuilds: u64) {
-        add(&self.rebuild_shared_scans, rebuilds);
+        self.store.rebuild_shared_scans.add(rebuilds);
     }
 
     /// The background thread waited `waited` for a lull in the appends before writing policy
     /// snapshots; `timed_out`: it gave up at its limit and wrote them anyway.
     pub(crate) fn record_snapshot_lull_wait(&self, waited: Duration, timed_out: bool) {
-        self.snapshot_lull_wait_ns.record(nanos(waited));
+        self.store.snapshot_lull_wait_ns.record(nanos(waited));
         if timed_out {
-            add(&self.snapshot_lull_timeouts, 1);
+            self.store.snapshot_lull_timeouts.add(1);
         }
     }
 
     /// The store index rebuilt on open: atoms indexed, and the time from the start of the
     /// log's recovery to a usable store.
     pub(crate) fn record_index_rebuild(&self, atoms: u64, time_to_resume: Duration) {
-        add(&self.index_rebuilds, 1);
-        add(&self.index_rebuild_atoms, atoms);
+        self.store.index_rebuilds.add(1);
+        self.store.index_rebuild_atoms.add(atoms);
         self.time_to_resume_ns.store(nanos(time_to_resume), Ordering::Relaxed);
+        self.time_to_resume.set(time_to_resume.as_secs_f64());
     }
 
     /// One context rebuild: deltas applied, and how long it took.
     pub(crate) fn record_context_rebuild(&self, atoms_applied: u64, latency: Duration) {
-        add(&self.context_rebuilds, 1);
-        add(&self.context_rebuild_atoms, atoms_applied);
-        self.context_rebuild_ns.record(nanos(latency));
+        self.store.context_rebuilds.add(1);
+        self.store.context_rebuild_atoms.add(atoms_applied);
+        self.store.context_rebuild_ns.record(nanos(latency));
     }
 
     /// An `execute` that returned a recorded output instead of running a completed atom again.
     pub(crate) fn record_atom_skipped(&self) {
-        add(&self.atoms_skipped, 1);
+        self.store.atoms_skipped.add(1);
     }
 
     /// One compaction run: bytes it read, wrote, and gave back to the file system.
     pub(crate) fn record_compaction(&self, bytes_read: u64, bytes_written: u64, bytes_reclaimed: u64) {
-        add(&self.compactions, 1);
-        add(&self.compaction_bytes_read, bytes_read);
-        add(&self.compaction_bytes_written, bytes_written);
-        add(&self.compaction_bytes_reclaimed, bytes_reclaimed);
+        self.store.compactions.add(1);
+        self.store.compaction_bytes_read.add(bytes_read);
+        self.store.compaction_bytes_written.add(bytes_written);
+        self.store.compaction_bytes_reclaimed.add(bytes_reclaimed);
     }
 
     /// An error returned to a caller, counted by kind.
     pub(crate) fn record_error(&self, error: &Error) {
-        add(&self.errors[error_kind_index(error)], 1);
+        self.errors[error_kind_index(error)].add(1);
     }
 
-    /// A consistent-enough copy of every counter (each one is read atomically; the set is not
+    /// A consistent-enough copy of every count (each one is read atomically; the set is not
     /// one atomic snapshot).
     pub fn snapshot(&self) -> MetricsSnapshot {
-        let append = |d: Durability| self.append_ns[durability_index(d)].snapshot();
+        let (write, store) = (&self.write, &self.store);
         MetricsSnapshot {
             enabled: self.enabled(),
-            records: load(&self.records),
-            record_bytes: load(&self.record_bytes),
-            batches: load(&self.batches),
-            groups: load(&self.groups),
-            group_batches: self.group_batches.snapshot(),
-            fdatasyncs: load(&self.fdatasyncs),
-            fdatasync_ns: self.fdatasync_ns.snapshot(),
-            rotations: load(&self.rotations),
-            commit_waits: load(&self.commit_waits),
-            commit_wait_sleeps: load(&self.commit_wait_sleeps),
-            commit_spin_hold_offs: load(&self.commit_spin_hold_offs),
-            commit_spin_slow_yields: load(&self.commit_spin_slow_yields),
-            append_sync_ns: append(Durability::Sync),
-            append_buffered_ns: append(Durability::Buffered),
-            append_none_ns: append(Durability::None),
+            records: write.records.get(),
+            record_bytes: write.record_bytes.get(),
+            batches: write.batches.get(),
+            groups: write.groups.get(),
+            group_batches: write.group_batches.snapshot(),
+            fdatasyncs: write.fdatasyncs.get(),
+            fdatasync_ns: write.fdatasync_ns.snapshot(),
+            rotations: write.rotations.get(),
+            commit_waits: write.commit_waits.get(),
+            commit_wait_sleeps: write.commit_wait_sleeps.get(),
+            commit_spin_hold_offs: write.commit_spin_hold_offs.get(),
+            commit_spin_slow_yields: write.commit_spin_slow_yields.get(),
+            append_sync_ns: write.append_ns[durability_index(Durability::Sync)].snapshot(),
+            append_buffered_ns: write.append_ns[durability_index(Durability::Buffered)].snapshot(),
+            append_none_ns: write.append_ns[durability_index(Durability::None)].snapshot(),
             encoded_raw_bytes: 0,
             encoded_stored_bytes: 0,
-            snapshot_writes: load(&self.snapshot_writes),
-            snapshot_bytes: load(&self.snapshot_bytes),
-            snapshot_write_ns: self.snapshot_write_ns.snapshot(),
-            snapshot_fallbacks: load(&self.snapshot_fallbacks),
-            policy_snapshot_failures: load(&self.policy_snapshot_failures),
-            maintenance_failures: load(&self.maintenance_failures),
-            rebuild_targeted_scans: load(&self.rebuild_targeted_scans),
-            rebuild_scan_fallbacks: load(&self.rebuild_scan_fallbacks),
-            rebuild_shared_scans: load(&self.rebuild_shared_scans),
-            snapshot_lull_wait_ns: self.snapshot_lull_wait_ns.snapshot(),
-            snapshot_lull_timeouts: load(&self.snapshot_lull_timeouts),
-            index_rebuilds: load(&self.index_rebuilds),
-            index_rebuild_atoms: load(&self.index_rebuild_atoms),
-            time_to_resume_ns: load(&self.time_to_resume_ns),
-            context_rebuilds: load(&self.context_rebuilds),
-            context_rebuild_atoms: load(&self.context_rebuild_atoms),
-            context_rebuild_ns: self.context_rebuild_ns.snapshot(),
-            atoms_skipped: load(&self.atoms_skipped),
-            compactions: load(&self.compactions),
-            compaction_bytes_read: load(&self.compaction_bytes_read),
-            compaction_bytes_written: load(&self.compaction_bytes_written),
-            compaction_bytes_reclaimed: load(&self.compaction_bytes_reclaimed),
-            recovery_torn_tails: load(&self.recovery_torn_tails),
-            recovery_skipped_ranges: load(&self.recovery_skipped_ranges),
-            errors: std::array::from_fn(|i| load(&self.errors[i])),
+            snapshot_writes: store.snapshot_writes.get(),
+            snapshot_bytes: store.snapshot_bytes.get(),
+            snapshot_write_ns: store.snapshot_write_ns.snapshot(),
+            snapshot_fallbacks: store.snapshot_fallbacks.get(),
+            policy_snapshot_failures: store.policy_snapshot_failures.get(),
+            maintenance_failures: store.maintenance_failures.get(),
+            rebuild_targeted_scans: store.rebuild_targeted_scans.get(),
+            rebuild_scan_fallbacks: store.rebuild_scan_fallbacks.get(),
+            rebuild_shared_scans: store.rebuild_shared_scans.get(),
+            snapshot_lull_wait_ns: store.snapshot_lull_wait_ns.snapshot(),
+            snapshot_lull_timeouts: store.snapshot_lull_timeouts.get(),
+            index_rebuilds: store.index_rebuilds.get(),
+            index_rebuild_atoms: store.index_rebuild_atoms.get(),
+            time_to_resume_ns: self.time_to_resume_ns.load(Ordering::Relaxed),
+            context_rebuilds: store.context_rebuilds.get(),
+            context_rebuild_atoms: store.context_rebuild_atoms.get(),
+            context_rebuild_ns: store.context_rebuild_ns.snapshot(),
+            atoms_skipped: store.atoms_skipped.get(),
+            compactions: store.compactions.get(),
+            compaction_bytes_read: store.compaction_bytes_read.get(),
+            compaction_bytes_written: store.compaction_bytes_written.get(),
+            compaction_bytes_reclaimed: store.compaction_bytes_reclaimed.get(),
+            recovery_torn_tails: write.recovery_torn_tails.get(),
+            recovery_skipped_ranges: write.recovery_skipped_ranges.get(),
+            errors: std::array::from_fn(|i| self.errors[i].get()),
         }
     }
 }
@@ -444,7 +679,7 @@ impl Metrics {
 #[doc(hidden)]
 pub fn append_path_cost(iterations: u64) -> (Duration, Duration) {
     let run = |enabled: bool| {
-        let metrics = Metrics::new(enabled);
+        let metrics = Metrics::new(enabled, None);
         let started = std::time::Instant::now();
         for i in 0..iterations {
             let metrics = std::hint::black_box(&metrics);
@@ -478,21 +713,17 @@ fn error_kind_index(error: &Error) -> usize {
     }
 }
 
-/// Count, sum and percentiles of one histogram. Values are in the unit its field names.
+/// Count, sum and maximum of one distribution, in the unit its field names; its quantiles are
+/// the recorder's (the matching `continuum_*` histogram series).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HistogramSnapshot {
     /// Values recorded.
     pub count: u64,
     /// Their sum.
     pub sum: u64,
-    /// Median, as the upper bound of its bucket (at most 25% high), capped at `max`.
-    pub p50: u64,
-    /// 99th percentile, as the upper bound of its bucket, capped at `max`.
-    pub p99: u64,
-    /// The exact largest value.
+    /// The largest value.
     pub max: u64,
 }
-
 impl HistogramSnapshot {
     /// The mean, or 0 with no values.
     pub fn mean(&self) -> u64 {
@@ -617,123 +848,6 @@ impl MetricsSnapshot {
     pub fn compression_ratio(&self) -> Option<f64> {
         (self.encoded_raw_bytes > 0).then(|| self.encoded_stored_bytes as f64 / self.encoded_raw_bytes as f64)
     }
-
-    /// The metrics in the Prometheus text exposition format (version 0.0.4): counters as
-    /// `continuum_*_total`, histograms as summaries in seconds with 0.5 and 0.99 quantiles.
-    pub fn to_prometheus(&self) -> String {
-        let mut out = String::new();
-        let counters: [(&str, &str, u64); 30] = [
-            ("records", "Records appended", self.records),
-            ("record_bytes", "Bytes of frames appended (headers and padding included)", self.record_bytes),
-            ("batches", "Batches appended", self.batches),
-            ("groups", "Commit groups written", self.groups),
-            ("fdatasyncs", "fdatasync calls on segments", self.fdatasyncs),
-            ("rotations", "Segment rotations", self.rotations),
-            ("commit_waits", "Appends that waited for another thread's commit group", self.commit_waits),
-            ("commit_wait_sleeps", "Commit waits that slept instead of spinning", self.commit_wait_sleeps),
-            ("commit_spin_hold_offs", "Times commit waits stopped spinning on a busy CPU", self.commit_spin_hold_offs),
-            (
-                "commit_spin_slow_yields",
-                "Commit spins stopped by a yield that came back late",
-                self.commit_spin_slow_yields,
-            ),
-            ("encoded_raw_bytes", "Store record bytes before compression", self.encoded_raw_bytes),
-            ("encoded_stored_bytes", "Store record bytes as written", self.encoded_stored_bytes),
-            ("snapshot_writes", "Snapshot files written", self.snapshot_writes),
-            ("snapshot_bytes", "Bytes of snapshot files written", self.snapshot_bytes),
-            ("snapshot_fallbacks", "Snapshots skipped by rebuilds", self.snapshot_fallbacks),
-            ("policy_snapshot_failures", "Policy snapshots that failed", self.policy_snapshot_failures),
-            (
-                "maintenance_failures",
-                "Background compaction rounds, index checkpoints and dictionaries that failed",
-                self.maintenance_failures,
-            ),
-            ("rebuild_targeted_scans", "Rebuild scans that read only their run's records", self.rebuild_targeted_scans),
-            (
-                "rebuild_scan_fallbacks",
-                "Targeted rebuild scans that fell back to the whole range",
-                self.rebuild_scan_fallbacks,
-            ),
-            (
-                "rebuild_shared_scans",
-                "Rebuilds that shared one pass over the log with others",
-                self.rebuild_shared_scans,
-            ),
-            (
-                "snapshot_lull_timeouts",
-                "Policy snapshot waits for a lull that reached their limit",
-                self.snapshot_lull_timeouts,
-            ),
-            ("index_rebuilds", "Store index rebuilds", self.index_rebuilds),
-            ("index_rebuild_atoms", "Atoms indexed by rebuilds", self.index_rebuild_atoms),
-            ("context_rebuilds", "Context rebuilds", self.context_rebuilds),
-            ("context_rebuild_atoms", "Deltas applied by context rebuilds", self.context_rebuild_atoms),
-            ("atoms_skipped", "Completed atoms not executed again", self.atoms_skipped),
-            ("compactions", "Compaction runs", self.compactions),
-            ("compaction_bytes_read", "Bytes read by compaction", self.compaction_bytes_read),
-            ("compaction_bytes_written", "Bytes written by compaction", self.compaction_bytes_written),
-            ("compaction_bytes_reclaimed", "Bytes reclaimed by compaction", self.compaction_bytes_reclaimed),
-        ];
-        for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP continuum_{name}_total {help}.\n# TYPE continuum_{name}_total counter");
-            let _ = writeln!(out, "continuum_{name}_total {value}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP continuum_errors_total Errors returned, by kind.\n# TYPE continuum_errors_total counter"
-        );
-        for (kind, value) in ERROR_KINDS.iter().zip(self.errors) {
-            let _ = writeln!(out, "continuum_errors_total{{kind=\"{kind}\"}} {value}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP continuum_time_to_resume_seconds Recovery and index rebuild time of the last open.\n\
-             # TYPE continuum_time_to_resume_seconds gauge\ncontinuum_time_to_resume_seconds {}",
-            seconds(self.time_to_resume_ns)
-        );
-        let summaries = [
-            ("fdatasync_seconds", "Latency of fdatasync on segments", &self.fdatasync_ns, true),
-            ("append_seconds{durability=\"sync\"}", "Append latency by durability", &self.append_sync_ns, true),
-            ("append_seconds{durability=\"buffered\"}", "", &self.append_buffered_ns, true),
-            ("append_seconds{durability=\"none\"}", "", &self.append_none_ns, true),
-            ("snapshot_write_seconds", "Latency of snapshot writes", &self.snapshot_write_ns, true),
-            (
-                "snapshot_lull_wait_seconds",
-                "Time policy snapshots waited for a lull in the appends",
-                &self.snapshot_lull_wait_ns,
-                true,
-            ),
-            ("context_rebuild_seconds", "Latency of context rebuilds", &self.context_rebuild_ns, true),
-            ("group_batches", "Batches per commit group", &self.group_batches, false),
-        ];
-        for (name, help, histogram, in_seconds) in summaries {
-            write_summary(&mut out, name, help, histogram, in_seconds);
-        }
-        out
-    }
-}
-
-fn seconds(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
-
-/// One histogram as a Prometheus summary; `name` may carry labels (`base{label="v"}`).
-fn write_summary(out: &mut String, name: &str, help: &str, histogram: &HistogramSnapshot, in_seconds: bool) {
-    let (base, labels) = match name.split_once('{') {
-        Some((base, rest)) => (base, rest.trim_end_matches('}')),
-        None => (name, ""),
-    };
-    if !help.is_empty() {
-        let _ = writeln!(out, "# HELP continuum_{base} {help}.\n# TYPE continuum_{base} summary");
-    }
-    let value = |v: u64| if in_seconds { seconds(v) } else { v as f64 };
-    let sep = if labels.is_empty() { "" } else { "," };
-    for (quantile, v) in [("0.5", histogram.p50), ("0.99", histogram.p99), ("1", histogram.max)] {
-        let _ = writeln!(out, "continuum_{base}{{{labels}{sep}quantile=\"{quantile}\"}} {}", value(v));
-    }
-    let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-    let _ = writeln!(out, "continuum_{base}_sum{braces} {}", value(histogram.sum));
-    let _ = writeln!(out, "continuum_{base}_count{braces} {}", histogram.count);
 }
 
 #[cfg(test)]
@@ -741,39 +855,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_cover_every_value_in_order() {
-        let mut previous = 0;
-        for value in (0..10_000u64).chain([u64::MAX / 3, u64::MAX - 1, u64::MAX]) {
-            let bucket = bucket_of(value);
-            assert!(bucket < BUCKETS, "value {value} → bucket {bucket}");
-            assert!(bucket >= previous || value > 10_000);
-            assert!(bucket_high(bucket) >= value, "value {value} above its bucket's high {}", bucket_high(bucket));
-            if bucket > 0 {
-                assert!(bucket_high(bucket - 1) < value, "value {value} belongs to an earlier bucket");
-            }
-            previous = bucket;
-        }
-        assert_eq!(bucket_high(BUCKETS - 1), u64::MAX);
-    }
-
-    #[test]
-    fn percentiles_are_within_a_bucket_and_never_above_the_max() {
-        let histogram = Histogram::default();
+    fn spreads_keep_count_sum_and_max() {
+        let metrics = Metrics::new(true, None);
         for value in 1..=1000u64 {
-            histogram.record(value * 1000);
+            metrics.record_context_rebuild(1, Duration::from_nanos(value * 1000));
         }
-        let snapshot = histogram.snapshot();
+        let snapshot = metrics.snapshot().context_rebuild_ns;
         assert_eq!(snapshot.count, 1000);
         assert_eq!(snapshot.max, 1_000_000);
-        assert!(snapshot.p50 >= 500_000 && snapshot.p50 <= 625_000, "p50 {}", snapshot.p50);
-        assert!(snapshot.p99 >= 990_000 && snapshot.p99 <= 1_000_000, "p99 {}", snapshot.p99);
         assert_eq!(snapshot.mean(), 500_500);
-        assert_eq!(Histogram::default().snapshot(), HistogramSnapshot::default());
+        assert_eq!(Metrics::new(true, None).snapshot().context_rebuild_ns, HistogramSnapshot::default());
     }
 
     #[test]
     fn compaction_hook_and_errors_are_counted() {
-        let metrics = Metrics::new(true);
+        let metrics = Metrics::new(true, None);
         metrics.record_compaction(100, 40, 60);
         metrics.record_error(&Error::Closed);
         metrics.record_error(&Error::Corruption {
@@ -789,15 +885,11 @@ mod tests {
         assert_eq!(snapshot.compaction_bytes_reclaimed, 60);
         assert_eq!(snapshot.errors[2], 1);
         assert_eq!(snapshot.errors[5], 1);
-        let text = snapshot.to_prometheus();
-        assert!(text.contains("continuum_compaction_bytes_reclaimed_total 60\n"), "{text}");
-        assert!(text.contains("continuum_errors_total{kind=\"corruption\"} 1\n"), "{text}");
-        assert!(text.contains("continuum_append_seconds{durability=\"sync\",quantile=\"0.5\"} 0\n"), "{text}");
     }
 
     #[test]
     fn disabled_metrics_count_no_appends() {
-        let metrics = Metrics::new(false);
+        let metrics = Metrics::new(false, None);
         assert!(!metrics.times_append(Durability::Sync));
         metrics.record_group(1, 1, 10);
         metrics.record_fdatasync(Duration::from_micros(5));

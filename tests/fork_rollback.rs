@@ -283,7 +283,9 @@ fn a_step_after_a_rollback_reads_the_keys_holders_not_the_history() {
     let mut ids = Vec::new();
     for step in 0..2_000u64 {
         let parents: Vec<AtomId> = ids.last().copied().into_iter().collect();
-        ids.push(store.record_atom(run, "agent", &format!("step-{step}"), &parents, "", &output(step)).expect("record"));
+        ids.push(
+            store.record_atom(run, "agent", &format!("step-{step}"), &parents, "", &output(step)).expect("record"),
+        );
     }
     store.rollback(run, "agent", ids[1_899], "try again").expect("rollback");
     let before = sim.op_count();

@@ -138,15 +138,13 @@ fn store_metrics_count_what_happened() {
     assert!(metrics.record_bytes > 0);
     assert_eq!(metrics.append_sync_ns.count, 11, "the run and the completions are Sync");
     assert!(metrics.fdatasyncs >= 11 && metrics.fdatasync_ns.count == metrics.fdatasyncs);
-    assert!(metrics.fdatasync_ns.max > 0 && metrics.fdatasync_ns.p50 <= metrics.fdatasync_ns.max);
+    assert!(metrics.fdatasync_ns.max > 0 && metrics.fdatasync_ns.max <= metrics.fdatasync_ns.sum);
     assert_eq!(metrics.atoms_skipped, 1);
     assert_eq!(metrics.snapshot_writes, 1);
     assert!(metrics.snapshot_bytes > 0);
     assert_eq!(metrics.context_rebuilds, 2, "snapshot_now rebuilds the context it writes");
     assert_eq!(metrics.index_rebuilds, 1);
     assert!(metrics.compression_ratio().is_some_and(|ratio| ratio < 1.0), "{:?}", metrics.compression_ratio());
-    let text = metrics.to_prometheus();
-    assert!(text.contains("continuum_records_total 21\n"), "{text}");
     assert_eq!(metrics.compactions, 0);
     let round = store.compact().expect("a compaction round");
     let metrics = store.metrics();

@@ -838,9 +838,6 @@ fn policy_snapshots_wait_until_a_burst_of_atoms_ends() {
     assert_eq!(metrics.snapshot_lull_wait_ns.count, 1, "{metrics:?}");
     assert!(metrics.snapshot_lull_wait_ns.max >= 150_000_000, "waited {} ns", metrics.snapshot_lull_wait_ns.max);
     assert_eq!(metrics.snapshot_lull_timeouts, 0, "a lull came before the limit");
-    let text = metrics.to_prometheus();
-    assert!(text.contains("continuum_snapshot_lull_timeouts_total 0\n"), "{text}");
-    assert!(text.contains("continuum_snapshot_lull_wait_seconds"), "{text}");
 }
 
 /// The background thread's cold compression waits for a lull in the appends: while another

@@ -292,14 +292,12 @@ fn histogram_to_py<'py>(py: Python<'py>, histogram: &HistogramSnapshot) -> PyRes
     let dict = PyDict::new(py);
     dict.set_item("count", histogram.count)?;
     dict.set_item("sum", histogram.sum)?;
-    dict.set_item("p50", histogram.p50)?;
-    dict.set_item("p99", histogram.p99)?;
     dict.set_item("max", histogram.max)?;
     Ok(dict)
 }
 
-/// The store's metrics as a dict: counters as ints, histograms as dicts (`count`, `sum`,
-/// `p50`, `p99`, `max`), `errors` by kind, and `prometheus`, the text exposition.
+/// The store's metrics as a dict: counters as ints, distributions as dicts (`count`, `sum`,
+/// `max`), and `errors` by kind. Quantiles come from a `metrics` recorder (docs/ARCHITECTURE.md).
 pub(crate) fn metrics_to_py<'py>(py: Python<'py>, metrics: &MetricsSnapshot) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     macro_rules! counters {
@@ -359,6 +357,5 @@ pub(crate) fn metrics_to_py<'py>(py: Python<'py>, metrics: &MetricsSnapshot) -> 
         errors.set_item(kind, count)?;
     }
     dict.set_item("errors", errors)?;
-    dict.set_item("prometheus", metrics.to_prometheus())?;
     Ok(dict)
 }

@@ -571,8 +571,8 @@ impl PyStore {
         self.call(py, Store::sync)
     }
 
-    /// The store's counters and latency histograms as a dict (``prometheus`` holds the text
-    /// exposition). Example: ``store.metrics()["fdatasync_ns"]["p99"]``
+    /// The store's counters and latency distributions (``count``, ``sum``, ``max``) as a dict.
+    /// Example: ``store.metrics()["fdatasync_ns"]["max"]``
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let metrics = self.handle(py)?.metrics();
         convert::metrics_to_py(py, &metrics)

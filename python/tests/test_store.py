@@ -215,9 +215,9 @@ def test_metrics_is_a_dict_of_counters_and_histograms(store: continuum.Store) ->
     metrics = store.metrics()
     assert metrics["records"] >= 2
     assert metrics["fdatasyncs"] >= 1
-    assert set(metrics["fdatasync_ns"]) == {"count", "sum", "p50", "p99", "max"}
+    assert set(metrics["fdatasync_ns"]) == {"count", "sum", "max"}
+    assert metrics["fdatasync_ns"]["count"] >= 1
     assert metrics["errors"]["io"] == 0
-    assert "continuum_" in metrics["prometheus"]
 
 
 def test_options_are_applied_and_checked(store_dir: pathlib.Path) -> None:

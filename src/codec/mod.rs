@@ -16,12 +16,12 @@ pub(crate) mod wire;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 use prost::Message;
 
 use crate::limits;
+use crate::metrics::EncodedBytes;
 use envelope::Compression;
 
 /// Messages generated from `src/codec/continuum.proto` by prost.
@@ -333,8 +333,7 @@ pub(crate) struct Codec {
     /// The smallest body compressed when encoded.
     compress_from: CompressFrom,
     /// Bytes of protobuf bodies encoded, and of the envelopes written for them (metrics).
-    encoded_raw_bytes: AtomicU64,
-    encoded_stored_bytes: AtomicU64,
+    encoded: EncodedBytes,
 }
 
 impl std::fmt::Debug for Codec {
@@ -358,6 +357,11 @@ impl Codec {
     /// smaller ones are stored plain. Decoding is the same for every codec.
     pub fn compressing_from(bytes: usize) -> Self {
         Self { compress_from: CompressFrom(bytes), ..Self::default() }
+    }
+
+    /// The codec, counting what it encodes into `encoded` (the store's metrics series).
+    pub fn counting_into(self, encoded: EncodedBytes) -> Self {
+        Self { encoded, ..self }
     }
 
     /// Adds a dictionary (read back from the log, or just trained) and makes it current.
@@ -519,7 +523,7 @@ impl Codec {
 
     /// Bytes of protobuf bodies encoded so far, and of the envelopes they became.
     pub fn encoded_bytes(&self) -> (u64, u64) {
-        (self.encoded_raw_bytes.load(Ordering::Relaxed), self.encoded_stored_bytes.load(Ordering::Relaxed))
+        self.encoded.get()
     }
 
     /// Puts `body` in an envelope, compressed when allowed and worthwhile.
@@ -531,8 +535,7 @@ impl Codec {
 
     /// Counts an encoded body and the envelope it became ([`Codec::encoded_bytes`]).
     fn count_encoded(&self, body_len: usize, stored_len: usize) {
-        self.encoded_raw_bytes.fetch_add(body_len as u64, Ordering::Relaxed);
-        self.encoded_stored_bytes.fetch_add(stored_len as u64, Ordering::Relaxed);
+        self.encoded.record(body_len as u64, stored_len as u64);
     }
 
     fn wrap_uncounted(&self, kind: u8, subject: u64, body: &[u8], compressible: bool) -> Vec<u8> {

@@ -26,7 +26,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::config::{Config, Durability, RecoveryMode};
 use crate::error::{Error, Result};
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::metrics::{Metrics, MetricsOptions, MetricsSnapshot};
 use crate::storage::{DirLock, FileStorage, Storage};
 
 use index::SegmentIndex;
@@ -148,7 +148,7 @@ pub struct LogBuilder {
     dir: PathBuf,
     config: Config,
     storage: Arc<dyn Storage>,
-    metrics_enabled: bool,
+    metrics: MetricsOptions,
     stream_key: Option<StreamKey>,
 }
 
@@ -239,7 +239,7 @@ impl LogBuilder {
     /// [`Error::Corruption`] when recovery finds damage its mode does not tolerate, and
     /// [`Error::Io`] / [`Error::NoSpace`] from the file system.
     pub fn open(self) -> Result<Log> {
-        Log::open_with(self.storage, self.dir, self.config, self.metrics_enabled, self.stream_key)
+        Log::open_with(self.storage, self.dir, self.config, self.metrics, self.stream_key)
     }
 
     /// The directory and storage the log will open (for reading the store's other files while
@@ -262,13 +262,22 @@ impl LogBuilder {
     /// [`Error::InvalidConfig`], [`Error::Corruption`] for damage the mode does not tolerate,
     /// and [`Error::Io`] (`NotFound` when `dir` holds no segment).
     pub fn open_read_only(self) -> Result<Log> {
-        recovery::read_only::open(self.storage, self.dir, self.config, self.metrics_enabled, self.stream_key)
+        recovery::read_only::open(self.storage, self.dir, self.config, self.metrics, self.stream_key)
     }
 
     /// Turns the metrics off (for measuring their cost; they are on by default).
     #[doc(hidden)]
     pub fn metrics_enabled(mut self, enabled: bool) -> Self {
-        self.metrics_enabled = enabled;
+        self.metrics.enabled = enabled;
+        self
+    }
+
+    /// Labels every metrics series of this log `store="<name>"`, so that two logs (or stores)
+    /// in one process keep their series apart; without it the series carry no `store` label.
+    /// The series are registered at open with the `metrics` recorder installed then (see
+    /// [`crate::metrics`]).
+    pub fn metrics_label(mut self, name: impl Into<String>) -> Self {
+        self.metrics.label = Some(name.into());
         self
     }
 }
@@ -319,7 +328,7 @@ impl Log {
             dir: dir.as_ref().to_path_buf(),
             config: Config::default(),
             storage: Arc::new(FileStorage::new()),
-            metrics_enabled: true,
+            metrics: MetricsOptions::default(),
             stream_key: None,
         }
     }
@@ -337,7 +346,7 @@ impl Log {
         storage: Arc<dyn Storage>,
         dir: PathBuf,
         config: Config,
-        metrics_enabled: bool,
+        metrics: MetricsOptions,
         stream_key: Option<StreamKey>,
     ) -> Result<Self> {
         let _span = tracing::info_span!("continuum.open", dir = %dir.display()).entered();
@@ -353,7 +362,7 @@ impl Log {
         // Once recovery has settled what the log holds, the manifest lists exactly that.
         manifest::write(storage.as_ref(), &dir, &Manifest::of_index(&recovered.index, store_id, tail))?;
         let manifest = ManifestWriter::new(Arc::clone(&storage), dir.clone(), store_id, tail);
-        let metrics = Metrics::new(metrics_enabled);
+        let metrics = Metrics::new(metrics.enabled, metrics.label.as_deref());
         Ok(Self::from_recovered(storage, dir, config, recovered, manifest, lock, metrics, false))
     }
 

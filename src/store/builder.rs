@@ -49,6 +49,13 @@ impl StoreBuilder {
         self
     }
 
+    /// Labels every metrics series of this store `store="<name>"`; see
+    /// [`LogBuilder::metrics_label`].
+    pub fn metrics_label(mut self, name: impl Into<String>) -> Self {
+        self.log = self.log.metrics_label(name);
+        self
+    }
+
     /// When snapshots are written (default: every 50 completed atoms of an agent or every 10
     /// minutes, whichever comes first). Runs may override it ([`RunSpec::snapshot_policy`](crate::RunSpec::snapshot_policy)).
     pub fn snapshot_policy(mut self, policy: SnapshotPolicy) -> Self {

@@ -23,7 +23,8 @@ impl Shared {
         read_only: bool,
         checkpoint: Option<checkpoint::Read>,
     ) -> Result<Self> {
-        let codec = Codec::compressing_from(policies.compress_records_from);
+        let codec =
+            Codec::compressing_from(policies.compress_records_from).counting_into(log.metrics_handle().encoded_bytes());
         let index_checkpoint = IndexCheckpoint::default();
         let checkpoint = checkpoint.unwrap_or_else(|| checkpoint::read(log.storage().as_ref(), log.dir()));
         let store_id = identity::store_id(&log)?;

@@ -29,7 +29,7 @@ use crate::log::manifest::{self, FoundSegment, ManifestWriter, TailRecord};
 use crate::log::problem::Problem;
 use crate::log::segment::{self, SegmentHeader};
 use crate::log::{Log, StreamKey};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, MetricsOptions};
 use crate::storage::{DirLock, OpenMode, ReadOnlyStorage, Storage, StorageFile};
 
 /// Scans of the last segment before what it holds is taken as found.
@@ -44,7 +44,7 @@ pub(crate) fn open(
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     config: Config,
-    metrics_enabled: bool,
+    metrics: MetricsOptions,
     stream_key: Option<StreamKey>,
 ) -> Result<Log> {
     let _span = tracing::info_span!("continuum.open_read_only", dir = %dir.display()).entered();
@@ -61,7 +61,7 @@ pub(crate) fn open(
     // Never written: a read-only log creates, rewrites and deletes no segment.
     let manifest =
         ManifestWriter::new(Arc::clone(&storage), dir.clone(), recovered.active.header.store_id, TailRecord::default());
-    let metrics = Metrics::new(metrics_enabled);
+    let metrics = Metrics::new(metrics.enabled, metrics.label.as_deref());
     Ok(Log::from_recovered(storage, dir, config, recovered, manifest, no_lock, metrics, true))
 }
 
