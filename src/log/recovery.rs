@@ -200,6 +200,22 @@ struct SegmentScan {
     streams: Option<StreamPart>,
 }
 
+impl SegmentScan {
+    /// The scan of a segment with `header` before its first frame.
+    fn empty(header: &SegmentHeader, stream_key: Option<StreamKey>) -> Self {
+        SegmentScan {
+            next_lsn: header.first_lsn,
+            data_end: SEGMENT_HEADER_BYTES as u64,
+            records: 0,
+            sparse: Vec::new(),
+            skips: Vec::new(),
+            lost_lsns: Vec::new(),
+            tail: Tail::Clean,
+            streams: stream_key.map(|_| StreamPart::default()),
+        }
+    }
+}
+
 /// Recovers the log in `dir`, creating an empty log if there is none.
 pub(crate) fn recover(
     storage: &dyn Storage,
@@ -560,16 +576,7 @@ fn scan_segment_indexed(
     is_last: bool,
     stream_key: Option<StreamKey>,
 ) -> Result<SegmentScan> {
-    let mut scan = SegmentScan {
-        next_lsn: header.first_lsn,
-        data_end: SEGMENT_HEADER_BYTES as u64,
-        records: 0,
-        sparse: Vec::new(),
-        skips: Vec::new(),
-        lost_lsns: Vec::new(),
-        tail: Tail::Clean,
-        streams: stream_key.map(|_| StreamPart::default()),
-    };
+    let mut scan = SegmentScan::empty(header, stream_key);
     let salt = header.salt();
     let mut at = SEGMENT_HEADER_BYTES;
     let mut last_indexed: Option<usize> = None;

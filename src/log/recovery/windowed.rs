@@ -15,10 +15,10 @@ use crate::limits;
 use crate::log::index::SparseEntry;
 use crate::log::record::{self, FRAME_HEADER_BYTES};
 use crate::log::segment::{SEGMENT_HEADER_BYTES, SegmentHeader};
-use crate::log::streams::{self, StreamKey, StreamPart};
+use crate::log::streams::{self, StreamKey};
 use crate::storage::StorageFile;
 
-use super::{SegmentScan, Tail, follows};
+use super::{SegmentScan, follows};
 
 /// Bytes read per positioned read: small enough to stay in a core's cache while its frames'
 /// checksums are computed, large enough that the system call is a small share of the cost.
@@ -49,16 +49,7 @@ fn scan_with(
     end: u64,
     stream_key: Option<StreamKey>,
 ) -> Result<Option<SegmentScan>> {
-    let mut scan = SegmentScan {
-        next_lsn: header.first_lsn,
-        data_end: SEGMENT_HEADER_BYTES as u64,
-        records: 0,
-        sparse: Vec::new(),
-        skips: Vec::new(),
-        lost_lsns: Vec::new(),
-        tail: Tail::Clean,
-        streams: stream_key.map(|_| StreamPart::default()),
-    };
+    let mut scan = SegmentScan::empty(header, stream_key);
     let salt = header.salt();
     let mut reader = Window { bytes: window, start: 0, file, path, end };
     reader.bytes.clear();
@@ -153,6 +144,7 @@ mod tests {
 
     use super::*;
     use crate::config::RecoveryMode;
+    use crate::log::recovery::Tail;
     use crate::log::segment;
     use crate::storage::sim::SimStorage;
     use crate::storage::{OpenMode, Storage};
