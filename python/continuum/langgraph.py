@@ -1,6 +1,7 @@
 """A LangGraph checkpointer on a continuum store: ``ContinuumSaver``.
 
-Each LangGraph thread is a continuum run (``langgraph:<thread_id>``), each checkpoint
+Each LangGraph thread is a continuum run (``langgraph:<thread_id>``, or the run the run
+``langgraph-threads`` maps the thread to once it is rewritten), each checkpoint
 namespace an agent of it (``ns:<checkpoint_ns>``), and each checkpoint one atom of that
 agent, recorded durably in one batch by ``put``, whose parent is the atom of the checkpoint's
 parent. The atom's result holds the checkpoint (without its channel values) and its
@@ -9,7 +10,9 @@ version's value. A channel's value is thus stored once per version, and the cont
 rebuilds at a checkpoint's atom (the fold of the deltas along its ancestry) holds the value of
 every channel as of that checkpoint. Pending writes are atoms of the agent
 ``writes:<checkpoint_ns>``, keyed ``<checkpoint_id>/<n>``. Values go through the saver's
-``serde``: the store sees only opaque ``(type, bytes)`` pairs.
+``serde``: the store sees only opaque ``(type, bytes)`` pairs. ``prune`` and
+``delete_for_runs`` copy what a thread keeps into a fresh run and switch the thread to it
+with one durable atom of ``langgraph-threads``.
 
 Example::
 
@@ -25,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from collections.abc import AsyncIterator, Iterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from os import PathLike
@@ -48,6 +52,8 @@ from langgraph.checkpoint.base import (
 import continuum
 
 _RUN_PREFIX = "langgraph:"
+_GENERATION_PREFIX = "langgraph-gen"
+_THREADS_RUN = "langgraph-threads"
 _NS_PREFIX = "ns:"
 _WRITES_PREFIX = "writes:"
 _CHANNEL_PREFIX = "channel:"
@@ -76,6 +82,36 @@ def _configurable(config: RunnableConfig) -> dict[str, Any]:
     return configurable
 
 
+def _generation_name(thread_id: str, generation: int) -> str:
+    return f"{_GENERATION_PREFIX}{generation}:{thread_id}"
+
+
+def _finish(store: continuum.Store, run: int, reason: str) -> None:
+    """Finishes ``run`` unless it is finished already."""
+    try:
+        store.finish_run(run, False, reason)
+    except continuum.RunFinishedError:
+        pass
+
+
+def _thread_of(run_name: str) -> Optional[str]:
+    """The thread id a run's name holds, or None for a run that is no thread's."""
+    if run_name.startswith(_RUN_PREFIX):
+        return run_name[len(_RUN_PREFIX) :]
+    if run_name.startswith(_GENERATION_PREFIX) and ":" in run_name:
+        return run_name.split(":", 1)[1]
+    return None
+
+
+def _namespaced_key(atom: continuum.Atom) -> Optional[tuple[str, str]]:
+    """(namespace, checkpoint id) of a checkpoint's atom or of a write's; None for others."""
+    if atom.agent.startswith(_NS_PREFIX):
+        return atom.agent[len(_NS_PREFIX) :], atom.key
+    if atom.agent.startswith(_WRITES_PREFIX):
+        return atom.agent[len(_WRITES_PREFIX) :], atom.key.rsplit("/", 1)[0]
+    return None
+
+
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
 
@@ -98,6 +134,8 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def __init__(self, store: continuum.Store, *, serde: Optional[SerializerProtocol] = None) -> None:
         super().__init__(serde=serde)
         self.store = store
+        self._threads_run_id: Optional[int] = None
+        self._generation_lock = threading.Lock()
 
     @classmethod
     @contextmanager
@@ -109,21 +147,78 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         with continuum.Store(path, **options) as store:
             yield cls(store)
 
-    # Store layout.
+    # Store layout: which run holds a thread.
 
     def _run(self, thread_id: str, create: bool) -> Optional[int]:
-        """The run of ``thread_id``: the newest of its generations not deleted."""
-        generation, found = 0, None
-        while (run := self.store.run_id(self._run_name(thread_id, generation))) is not None:
-            found = run if self.store.run_status(run)["status"] == "running" else None
-            generation += 1
-        if found is None and create:
-            found = self.store.create_run(self._run_name(thread_id, generation))
-        return found
+        """The run holding ``thread_id`` (started if ``create`` and there is none)."""
+        run = self._current_run(thread_id)
+        if run is None and create:
+            with self._generation_lock:
+                run = self._current_run(thread_id)
+                if run is None:
+                    run = self._start_run(thread_id)
+        return run
 
-    @staticmethod
-    def _run_name(thread_id: str, generation: int) -> str:
-        return f"{_RUN_PREFIX}{thread_id}" if generation == 0 else f"{_RUN_PREFIX}{thread_id}#{generation}"
+    def _current_run(self, thread_id: str) -> Optional[int]:
+        """The run the threads run maps ``thread_id`` to, else the run ``langgraph:<thread_id>``;
+        None if there is none or it is finished (the thread was deleted)."""
+        mapped = self._mapped_run(thread_id)
+        run = mapped[1] if mapped else self.store.run_id(_RUN_PREFIX + thread_id)
+        if run is None or self.store.run_status(run)["status"] != "running":
+            return None
+        return run
+
+    def _mapped_run(self, thread_id: str) -> Optional[tuple[int, int]]:
+        """The thread's latest entry in the threads run: (generation, run)."""
+        threads = self._threads_run(create=False)
+        entry = self.store.last_agent_atom(threads, thread_id) if threads is not None else None
+        if entry is None:
+            return None
+        atom = self.store.atom(entry)
+        return int(atom.key), int(atom.result or b"0")
+
+    def _threads_run(self, create: bool) -> Optional[int]:
+        if self._threads_run_id is None:
+            self._threads_run_id = self.store.create_run(_THREADS_RUN) if create else self.store.run_id(_THREADS_RUN)
+        return self._threads_run_id
+
+    def _start_run(self, thread_id: str) -> int:
+        """Starts a thread's run: ``langgraph:<thread_id>`` for a thread never seen, else a new
+        generation mapped by the threads run. Call with the generation lock held."""
+        if self._mapped_run(thread_id) is None and self.store.run_id(_RUN_PREFIX + thread_id) is None:
+            return self.store.create_run(_RUN_PREFIX + thread_id)
+        generation, run = self._new_generation(thread_id)
+        self._switch(thread_id, generation, run)
+        return run
+
+    def _new_generation(self, thread_id: str) -> tuple[int, int]:
+        """A fresh run for the thread's next generation. A run of a generation past the mapped
+        one is a rewrite that a crash interrupted: it is finished and skipped, never reused."""
+        mapped = self._mapped_run(thread_id)
+        generation = (mapped[0] if mapped else 0) + 1
+        while (orphan := self.store.run_id(_generation_name(thread_id, generation))) is not None:
+            _finish(self.store, orphan, "interrupted rewrite")
+            generation += 1
+        return generation, self.store.create_run(_generation_name(thread_id, generation))
+
+    def _switch(self, thread_id: str, generation: int, run: int) -> None:
+        """Maps the thread to ``run``: one atom of the threads run, durable on return. Every
+        run the thread lived in before is finished after it, so retention reclaims them."""
+        earlier = [run for _, run in self._thread_runs(thread_id)]
+        # IMPORTANT: this one record is the switch; before it the old run is the thread, after it the new one.
+        self.store.record_atom(self._threads_run(create=True), thread_id, str(generation), [], str(run).encode())
+        for old in earlier:
+            _finish(self.store, old, "replaced by a rewrite of the thread")
+
+    def _thread_runs(self, thread_id: str) -> list[tuple[int, int]]:
+        """Every run the thread was mapped to, and its first run: (generation, run)."""
+        runs = []
+        if (first := self.store.run_id(_RUN_PREFIX + thread_id)) is not None:
+            runs.append((0, first))
+        threads = self._threads_run(create=False)
+        if threads is not None:
+            runs += [(int(atom.key), int(atom.result or b"0")) for atom in self.store.agent_history(threads, thread_id)]
+        return runs
 
     def _dump(self, value: Any) -> tuple[bytes, bytes]:
         kind, data = self.serde.dumps_typed(value)
@@ -257,11 +352,13 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
             thread_id = _configurable(config)["thread_id"]
             run = self._run(thread_id, create=False)
             return [] if run is None else [(run, thread_id)]
-        threads: dict[str, int] = {}
+        threads = []
         for info in self.store.runs():
-            if info["name"].startswith(_RUN_PREFIX) and info["status"]["status"] == "running":
-                threads[info["name"][len(_RUN_PREFIX) :].rsplit("#", 1)[0]] = info["id"]
-        return [(run, thread_id) for thread_id, run in threads.items()]
+            thread_id = _thread_of(info["name"])
+            if thread_id is not None and info["status"]["status"] == "running":
+                if self._current_run(thread_id) == info["id"]:
+                    threads.append((info["id"], thread_id))
+        return threads
 
     def _namespaces(self, run: int, config: Optional[RunnableConfig]) -> list[str]:
         if config and "checkpoint_ns" in config["configurable"]:
@@ -331,9 +428,75 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def delete_thread(self, thread_id: str) -> None:
         """Deletes the thread's checkpoints and writes: its run is finished, and a later
         ``put`` starts a new one. Retention (``finished_run_age``) reclaims the space."""
-        run = self._run(thread_id, create=False)
-        if run is not None:
-            self.store.finish_run(run, False, "deleted by delete_thread")
+        with self._generation_lock:
+            run = self._current_run(thread_id)
+            if run is not None:
+                _finish(self.store, run, "deleted by delete_thread")
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Deletes every checkpoint whose metadata's ``run_id`` is one of ``run_ids``, with its
+        writes, in every thread: each thread holding one is rewritten without them."""
+        doomed = set(run_ids)
+        if not doomed:
+            return
+        for run, thread_id in self._threads(None):
+            if any(self._checkpoint_run_id(atom) in doomed for atom in self._checkpoints(run)):
+                self._rewrite(thread_id, lambda atom: self._checkpoint_run_id(atom) not in doomed)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prunes the threads: ``"keep_latest"`` keeps each namespace's latest checkpoint (with
+        its channel values and writes), ``"delete"`` deletes the threads."""
+        if strategy not in ("keep_latest", "delete"):
+            raise continuum.InvalidArgumentError(f"unknown prune strategy {strategy!r}: keep_latest or delete")
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            run = self._current_run(thread_id)
+            if run is not None:
+                latest = {self.store.last_agent_atom(run, agent) for agent in self._agents(run, _NS_PREFIX)}
+                self._rewrite(thread_id, lambda atom: atom.id in latest)
+
+    def _checkpoints(self, run: int) -> Iterator[continuum.Atom]:
+        for agent in self._agents(run, _NS_PREFIX):
+            yield from self.store.agent_history(run, agent)
+
+    def _checkpoint_run_id(self, atom: continuum.Atom) -> Any:
+        parts = _unpack(atom.result or b"")
+        return self._load(parts[2], parts[3]).get("run_id") if len(parts) == 5 else None
+
+    def _agents(self, run: int, prefix: str) -> list[str]:
+        return [entry["agent"] for entry in self.store.resume(run)["agents"] if entry["agent"].startswith(prefix)]
+
+    def _rewrite(self, thread_id: str, keep: Callable[[continuum.Atom], bool]) -> None:
+        """Moves the thread to a new run holding only the checkpoints ``keep`` accepts and their
+        writes; the switch is one durable record (``_switch``), so a crash leaves the old run
+        or the new one as the thread, whole. A kept checkpoint whose parent is not kept starts
+        from its whole context: its delta becomes the fold of its ancestry."""
+        with self._generation_lock:
+            old = self._current_run(thread_id)
+            if old is None:
+                return
+            history = [atom for atom in self.store.run_history(old) if atom.status == "completed" and not atom.abandoned]
+            kept = {
+                (atom.agent[len(_NS_PREFIX) :], atom.key)
+                for atom in history
+                if atom.agent.startswith(_NS_PREFIX) and keep(atom)
+            }
+            generation, new = self._new_generation(thread_id)
+            copied: dict[int, int] = {}
+            for atom in history:
+                if _namespaced_key(atom) not in kept:
+                    continue
+                parents = [copied[parent] for parent in atom.parents if parent in copied]
+                delta = atom.delta
+                if len(parents) < len(atom.parents):
+                    delta = {"state": self.store.rebuild_context(atom.id)["state"]}
+                copied[atom.id] = self.store.record_atom(
+                    new, atom.agent, atom.key, parents, atom.result or b"", delta,
+                    idempotency_key=atom.idempotency_key,
+                )
+            self._switch(thread_id, generation, new)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copies every checkpoint and write of one thread to another: each atom of the
@@ -403,6 +566,14 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """``copy_thread`` off the event loop."""
         await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """``delete_for_runs`` off the event loop."""
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``prune`` off the event loop."""
+        await asyncio.to_thread(partial(self.prune, thread_ids, strategy=strategy))
 
 
 __all__ = ["ContinuumSaver"]

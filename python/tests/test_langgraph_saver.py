@@ -4,62 +4,30 @@ the channels a step changed are stored again, and bad input raises without writi
 
 from __future__ import annotations
 
-import operator
 import pathlib
-from typing import Annotated, TypedDict
 
 import pytest
 
 pytest.importorskip("langgraph")
 
 from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
-from langgraph.graph import END, START, StateGraph  # noqa: E402
-from langgraph.types import Command, interrupt  # noqa: E402
+from langgraph.types import Command  # noqa: E402
 
 import continuum  # noqa: E402
 from continuum.langgraph import ContinuumSaver  # noqa: E402
-
-
-class State(TypedDict):
-    messages: Annotated[list[str], operator.add]
-    approved: bool
-
-
-def build(side_effects: list[str]):  # type: ignore[no-untyped-def]
-    def plan(state: State) -> dict:
-        side_effects.append("plan")
-        return {"messages": ["plan: book flight"]}
-
-    def approve(state: State) -> dict:
-        decision = interrupt({"question": "book it?"})
-        side_effects.append(f"approve:{decision}")
-        return {"approved": decision == "yes", "messages": [f"human said {decision}"]}
-
-    def book(state: State) -> dict:
-        side_effects.append("book")
-        return {"messages": ["booked" if state["approved"] else "cancelled"]}
-
-    graph = StateGraph(State)
-    graph.add_node("plan", plan)
-    graph.add_node("approve", approve)
-    graph.add_node("book", book)
-    graph.add_edge(START, "plan")
-    graph.add_edge("plan", "approve")
-    graph.add_edge("approve", "book")
-    graph.add_edge("book", END)
-    return graph
+from graphs import build_approval  # noqa: E402
 
 
 def test_graph_interrupts_and_resumes_after_reopen(store_dir: pathlib.Path) -> None:
     config = {"configurable": {"thread_id": "trip-42"}}
     effects: list[str] = []
     with ContinuumSaver.from_path(store_dir) as saver:
-        graph = build(effects).compile(checkpointer=saver)
+        graph = build_approval(effects).compile(checkpointer=saver)
         first = graph.invoke({"messages": ["hi"], "approved": False}, config)
         assert "__interrupt__" in first
         assert effects == ["plan"]
     with ContinuumSaver.from_path(store_dir) as saver:
-        graph = build(effects).compile(checkpointer=saver)
+        graph = build_approval(effects).compile(checkpointer=saver)
         waiting = graph.get_state(config)
         assert waiting.next == ("approve",)
         final = graph.invoke(Command(resume="yes"), config)
@@ -73,7 +41,7 @@ def test_graph_interrupts_and_resumes_after_reopen(store_dir: pathlib.Path) -> N
 
 
 async def _async_run(saver: ContinuumSaver, effects: list[str]) -> dict:
-    graph = build(effects).compile(checkpointer=saver)
+    graph = build_approval(effects).compile(checkpointer=saver)
     config = {"configurable": {"thread_id": "async"}}
     await graph.ainvoke({"messages": [], "approved": False}, config)
     return await graph.ainvoke(Command(resume="no"), config)
