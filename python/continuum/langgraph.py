@@ -76,10 +76,19 @@ def _unpack(data: bytes) -> list[bytes]:
 
 
 def _configurable(config: RunnableConfig) -> dict[str, Any]:
-    configurable = config.get("configurable")
-    if not configurable or "thread_id" not in configurable:
+    configurable = config.get("configurable") if isinstance(config, dict) else None
+    if not isinstance(configurable, dict) or configurable.get("thread_id") in (None, ""):
         raise continuum.InvalidArgumentError("a checkpointer config needs configurable.thread_id")
+    if not isinstance(configurable.get("checkpoint_ns", ""), str):
+        raise continuum.InvalidArgumentError("configurable.checkpoint_ns must be a str")
     return configurable
+
+
+def _location(config: RunnableConfig) -> tuple[str, str]:
+    """(thread id, checkpoint namespace) of a config; a thread id that is not a str (an int,
+    a UUID) is its str, as LangGraph's SQL savers store it."""
+    configurable = _configurable(config)
+    return str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
 
 
 def _generation_name(thread_id: str, generation: int) -> str:
@@ -238,9 +247,8 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     ) -> RunnableConfig:
         """Stores ``checkpoint`` with its metadata and the channel values named in
         ``new_versions``; durable on return. Returns the checkpoint's config."""
-        configurable = _configurable(config)
-        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
-        parent_id = configurable.get("checkpoint_id")
+        thread_id, checkpoint_ns = _location(config)
+        parent_id = _configurable(config).get("checkpoint_id")
         stored = dict(checkpoint)
         values = stored.pop("channel_values", {})
         state: dict[str, bytes] = {}
@@ -249,9 +257,16 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
             state[_CHANNEL_PREFIX + channel] = _pack(json.dumps(version).encode(), kind, data)
         result = _pack(*self._dump(stored), *self._dump(get_checkpoint_metadata(config, metadata)),
                        (parent_id or "").encode())
-        run = self._run(thread_id, create=True)
         agent = _NS_PREFIX + checkpoint_ns
-        parent = self.store.atom_by_key(run, agent, parent_id) if parent_id else None
+        parent = None
+        if parent_id:
+            existing = self._run(thread_id, create=False)
+            parent = self.store.atom_by_key(existing, agent, parent_id) if existing is not None else None
+            if parent is None:
+                raise continuum.InvalidArgumentError(
+                    f"parent checkpoint {parent_id} is not in thread {thread_id!r}, namespace {checkpoint_ns!r}"
+                )
+        run = self._run(thread_id, create=True)
         try:
             self.store.record_atom(run, agent, checkpoint["id"], [parent] if parent else [], result,
                                    {"state": state}, idempotency_key=checkpoint["id"])
@@ -269,9 +284,10 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         """Stores a task's writes for the checkpoint in ``config``; durable on return. A
         write's index is its position, or ``WRITES_IDX_MAP``'s for a special channel: an
         ordinary write is kept only if its (task_id, index) is new, a special one replaces."""
-        configurable = _configurable(config)
-        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
-        checkpoint_id = configurable["checkpoint_id"]
+        thread_id, checkpoint_ns = _location(config)
+        checkpoint_id = _configurable(config).get("checkpoint_id")
+        if not checkpoint_id:
+            raise continuum.InvalidArgumentError("put_writes needs configurable.checkpoint_id")
         entries = [
             _pack(str(WRITES_IDX_MAP.get(channel, idx)).encode(), channel.encode(), *self._dump(value))
             for idx, (channel, value) in enumerate(writes)
@@ -295,8 +311,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def get_tuple(self, config: RunnableConfig) -> Optional[CheckpointTuple]:
         """The checkpoint ``config`` names (``checkpoint_id``), or the thread's latest in its
         namespace; None if there is none."""
-        configurable = _configurable(config)
-        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        thread_id, checkpoint_ns = _location(config)
         run = self._run(thread_id, create=False)
         if run is None:
             return None
@@ -349,7 +364,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
 
     def _threads(self, config: Optional[RunnableConfig]) -> list[tuple[int, str]]:
         if config:
-            thread_id = _configurable(config)["thread_id"]
+            thread_id = _location(config)[0]
             run = self._run(thread_id, create=False)
             return [] if run is None else [(run, thread_id)]
         threads = []
@@ -429,7 +444,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         """Deletes the thread's checkpoints and writes: its run is finished, and a later
         ``put`` starts a new one. Retention (``finished_run_age``) reclaims the space."""
         with self._generation_lock:
-            run = self._current_run(thread_id)
+            run = self._current_run(str(thread_id))
             if run is not None:
                 _finish(self.store, run, "deleted by delete_thread")
 
@@ -448,7 +463,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         its channel values and writes), ``"delete"`` deletes the threads."""
         if strategy not in ("keep_latest", "delete"):
             raise continuum.InvalidArgumentError(f"unknown prune strategy {strategy!r}: keep_latest or delete")
-        for thread_id in thread_ids:
+        for thread_id in map(str, thread_ids):
             if strategy == "delete":
                 self.delete_thread(thread_id)
                 continue
@@ -503,10 +518,10 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         source's run is recorded again in the target's, in the same order, with its parents
         mapped, so the copy's checkpoints keep their ids, order, values and writes. A
         checkpoint the target already holds is kept as it is."""
-        source = self._run(source_thread_id, create=False)
+        source = self._run(str(source_thread_id), create=False)
         if source is None:
             return
-        target = self._run(target_thread_id, create=True)
+        target = self._run(str(target_thread_id), create=True)
         copied: dict[int, int] = {}
         for atom in self.store.run_history(source):
             if atom.status != "completed" or atom.abandoned:
