@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import struct
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -534,6 +535,21 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
                 )
             except continuum.ConflictError as existing:
                 copied[atom.id] = existing.atom
+
+    # Versions.
+
+    def get_next_version(self, current: Optional[Union[int, str]], channel: None = None) -> Union[int, str]:
+        """The version after ``current``: 1 for a new channel, then ``current + 1``. A thread
+        whose versions are strings (``"<n>.<fraction>"``, as ``InMemorySaver`` writes them,
+        copied in) goes on in that form, so versions keep comparing in order.
+
+        Example: ``saver.get_next_version(None, None) == 1``, ``saver.get_next_version(1, None) == 2``
+        """
+        if current is None:
+            return 1
+        if isinstance(current, str):
+            return f"{int(current.split('.')[0]) + 1:032}.{random.random():016}"
+        return current + 1
 
     # Async twins: the same calls on a worker thread.
 
