@@ -26,9 +26,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import struct
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -51,29 +49,17 @@ from langgraph.checkpoint.base import (
 )
 
 import continuum
+from continuum._thread_history import CHANNEL_PREFIX as _CHANNEL_PREFIX
+from continuum._thread_history import NS_PREFIX as _NS_PREFIX
+from continuum._thread_history import WRITES_PREFIX as _WRITES_PREFIX
+from continuum._thread_history import ThreadHistory, version_key
+from continuum._thread_history import pack as _pack
+from continuum._thread_history import unpack as _unpack
 
 _RUN_PREFIX = "langgraph:"
 _GENERATION_PREFIX = "langgraph-gen"
 _THREADS_RUN = "langgraph-threads"
-_NS_PREFIX = "ns:"
-_WRITES_PREFIX = "writes:"
-_CHANNEL_PREFIX = "channel:"
 _EMPTY = "empty"
-
-
-def _pack(*parts: bytes) -> bytes:
-    """Length-prefixed concatenation (u32 little-endian lengths)."""
-    return b"".join(struct.pack("<I", len(part)) + part for part in parts)
-
-
-def _unpack(data: bytes) -> list[bytes]:
-    parts, at = [], 0
-    while at < len(data):
-        (length,) = struct.unpack_from("<I", data, at)
-        at += 4
-        parts.append(data[at : at + length])
-        at += length
-    return parts
 
 
 def _configurable(config: RunnableConfig) -> dict[str, Any]:
@@ -255,7 +241,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         state: dict[str, bytes] = {}
         for channel, version in new_versions.items():
             kind, data = self._dump(values[channel]) if channel in values else (_EMPTY.encode(), b"")
-            state[_CHANNEL_PREFIX + channel] = _pack(json.dumps(version).encode(), kind, data)
+            state[_CHANNEL_PREFIX + channel] = _pack(version_key(version), kind, data)
         result = _pack(*self._dump(stored), *self._dump(get_checkpoint_metadata(config, metadata)),
                        (parent_id or "").encode())
         agent = _NS_PREFIX + checkpoint_ns
@@ -341,27 +327,38 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     ) -> Iterator[CheckpointTuple]:
         """Checkpoints newest first: of the thread in ``config`` (and of its namespace, if it
         names one), or of every thread; those whose metadata holds every ``filter`` item, older
-        than ``before``, at most ``limit``."""
+        than ``before``, at most ``limit``. Each thread is read in one pass over its atoms
+        (``run_history``), with no further store call per checkpoint."""
         before_id = get_checkpoint_id(before) if before else None
+        wanted = get_checkpoint_id(config) if config else None
         remaining = limit
         for run, thread_id in self._threads(config):
-            for checkpoint_ns in self._namespaces(run, config):
-                for atom in self.store.agent_history(run, _NS_PREFIX + checkpoint_ns, newest_first=True):
+            history = ThreadHistory(self.store.run_history(run))
+            for checkpoint_ns in self._namespaces(history, config):
+                for atom in reversed(history.checkpoints.get(checkpoint_ns, [])):
                     if remaining is not None and remaining <= 0:
                         return
-                    if atom.status != "completed" or atom.result is None:
+                    if (wanted and atom.key != wanted) or (before_id and atom.key >= before_id):
                         continue
-                    if config and (wanted := get_checkpoint_id(config)) and atom.key != wanted:
-                        continue
-                    if before_id and atom.key >= before_id:
-                        continue
-                    parts = _unpack(atom.result)
+                    parts = _unpack(atom.result or b"")
                     metadata = self._load(parts[2], parts[3])
                     if filter and not all(metadata.get(key) == value for key, value in filter.items()):
                         continue
                     if remaining is not None:
                         remaining -= 1
-                    yield self._tuple(run, thread_id, checkpoint_ns, atom)
+                    yield self._listed_tuple(run, thread_id, checkpoint_ns, atom, history)
+
+    def _listed_tuple(
+        self, run: int, thread_id: str, checkpoint_ns: str, atom: continuum.Atom, history: ThreadHistory
+    ) -> CheckpointTuple:
+        state = history.state(atom.id)
+        if state is None:
+            return self._tuple(run, thread_id, checkpoint_ns, atom)
+
+        def values(checkpoint: Checkpoint) -> dict[str, Any]:
+            return self._values(state, checkpoint, lambda channel, version: history.version(checkpoint_ns, channel, version))
+
+        return self._build_tuple(thread_id, checkpoint_ns, atom, values, history.writes(checkpoint_ns, atom.key))
 
     def _threads(self, config: Optional[RunnableConfig]) -> list[tuple[int, str]]:
         if config:
@@ -376,59 +373,86 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
                     threads.append((info["id"], thread_id))
         return threads
 
-    def _namespaces(self, run: int, config: Optional[RunnableConfig]) -> list[str]:
+    @staticmethod
+    def _namespaces(history: ThreadHistory, config: Optional[RunnableConfig]) -> list[str]:
         if config and "checkpoint_ns" in config["configurable"]:
             return [config["configurable"]["checkpoint_ns"]]
-        agents = [entry["agent"] for entry in self.store.resume(run)["agents"]]
-        return [agent[len(_NS_PREFIX) :] for agent in agents if agent.startswith(_NS_PREFIX)]
+        return list(history.checkpoints)
 
     def _tuple(self, run: int, thread_id: str, checkpoint_ns: str, atom: continuum.Atom) -> CheckpointTuple:
-        assert atom.result is not None
-        checkpoint_kind, checkpoint_data, metadata_kind, metadata_data, parent_id = _unpack(atom.result)
+        """A checkpoint's tuple read with store calls: its context rebuilt, its writes looked up."""
+
+        def values(checkpoint: Checkpoint) -> dict[str, Any]:
+            if not checkpoint.get("channel_versions"):
+                return {}
+            state = self.store.rebuild_context(atom.id)["state"]
+            return self._values(state, checkpoint, partial(self._channel_version, run, checkpoint_ns))
+
+        return self._build_tuple(thread_id, checkpoint_ns, atom, values, self._write_results(run, checkpoint_ns, atom.key))
+
+    def _build_tuple(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        atom: continuum.Atom,
+        values: Callable[[Checkpoint], dict[str, Any]],
+        writes: list[bytes],
+    ) -> CheckpointTuple:
+        checkpoint_kind, checkpoint_data, metadata_kind, metadata_data, parent_id = _unpack(atom.result or b"")
         checkpoint = self._load(checkpoint_kind, checkpoint_data)
-        checkpoint["channel_values"] = self._channel_values(run, checkpoint_ns, atom.id, checkpoint)
+        checkpoint["channel_values"] = values(checkpoint)
         parent = parent_id.decode()
         return CheckpointTuple(
             config=_config(thread_id, checkpoint_ns, atom.key),
             checkpoint=checkpoint,
             metadata=self._load(metadata_kind, metadata_data),
             parent_config=_config(thread_id, checkpoint_ns, parent) if parent else None,
-            pending_writes=self._pending_writes(run, checkpoint_ns, atom.key),
+            pending_writes=self._pending_writes(writes),
         )
 
-    def _channel_values(self, run: int, checkpoint_ns: str, atom: int, checkpoint: Checkpoint) -> dict[str, Any]:
-        versions = checkpoint.get("channel_versions", {})
-        if not versions:
-            return {}
-        state = self.store.rebuild_context(atom)["state"]
+    def _values(
+        self,
+        state: dict[str, bytes],
+        checkpoint: Checkpoint,
+        find_version: Callable[[str, Any], Optional[bytes]],
+    ) -> dict[str, Any]:
+        """The checkpoint's channel values: each channel's version from ``state`` (the fold of
+        its ancestry), else from ``find_version`` (a version stored off the ancestry: a
+        checkpoint put without its parent, or versions shared across branches)."""
         values: dict[str, Any] = {}
-        for channel, version in versions.items():
+        for channel, version in checkpoint.get("channel_versions", {}).items():
             stored = state.get(_CHANNEL_PREFIX + channel)
-            parts = _unpack(stored) if stored is not None else None
-            if parts is None or json.loads(parts[0]) != version:
-                parts = self._channel_version(run, checkpoint_ns, channel, version)
-            if parts is not None and parts[1].decode() != _EMPTY:
-                values[channel] = self._load(parts[1], parts[2])
+            if stored is None or _unpack(stored)[0] != version_key(version):
+                stored = find_version(channel, version)
+            if stored is not None:
+                _, kind, data = _unpack(stored)
+                if kind.decode() != _EMPTY:
+                    values[channel] = self._load(kind, data)
         return values
 
-    def _channel_version(self, run: int, checkpoint_ns: str, channel: str, version: Any) -> Optional[list[bytes]]:
-        """A channel value stored by a checkpoint off this one's ancestry (rare: a config that
-        names no parent, or versions shared across branches)."""
+    def _channel_version(self, run: int, checkpoint_ns: str, channel: str, version: Any) -> Optional[bytes]:
         for atom in self.store.agent_history(run, _NS_PREFIX + checkpoint_ns, newest_first=True):
             stored = (atom.delta or {}).get("state", {}).get(_CHANNEL_PREFIX + channel)
-            if stored is not None and json.loads((parts := _unpack(stored))[0]) == version:
-                return parts
+            if stored is not None and _unpack(stored)[0] == version_key(version):
+                return stored
         return None
 
-    def _pending_writes(self, run: int, checkpoint_ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
-        agent, sequence = _WRITES_PREFIX + checkpoint_ns, 0
-        kept: dict[tuple[str, int], tuple[str, str, str, bytes, bytes]] = {}
+    def _write_results(self, run: int, checkpoint_ns: str, checkpoint_id: str) -> list[bytes]:
+        agent, sequence, results = _WRITES_PREFIX + checkpoint_ns, 0, []
         while (atom := self.store.atom_by_key(run, agent, f"{checkpoint_id}/{sequence}")) is not None:
             sequence += 1
             found = self.store.atom(atom)
-            if found.result is None:
-                continue
-            parts = _unpack(found.result)
+            if found.result is not None:
+                results.append(found.result)
+        return results
+
+    def _pending_writes(self, results: list[bytes]) -> list[tuple[str, str, Any]]:
+        """A checkpoint's writes from its write atoms' results: an ordinary write keeps the
+        first value of its (task id, index), a special channel's the last; in
+        ``writes_sort_key`` order."""
+        kept: dict[tuple[str, int], tuple[str, str, str, bytes, bytes]] = {}
+        for result in results:
+            parts = _unpack(result)
             task_id, task_path = parts[0].decode(), parts[1].decode()
             for entry in parts[2:]:
                 idx, channel, kind, data = _unpack(entry)
