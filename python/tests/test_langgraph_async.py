@@ -17,7 +17,7 @@ from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
 import continuum  # noqa: E402
 from continuum.langgraph import ContinuumSaver  # noqa: E402
 
-DELAY = 0.02
+DELAY = 0.03
 
 
 class SlowStore:
@@ -86,7 +86,7 @@ def test_every_async_method_leaves_the_event_loop_free(store: continuum.Store) -
         return {name: await _ticks_during(call) for name, call in calls.items()}
 
     ticks = asyncio.run(scenario())
-    assert all(count >= 5 for count in ticks.values()), ticks
+    assert all(count >= 3 for count in ticks.values()), ticks  # a blocked loop ticks once at most
     assert len(list(saver.list(config))) == 1
     assert list(saver.list({"configurable": {"thread_id": "copy"}})) == []
 
