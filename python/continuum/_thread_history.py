@@ -31,6 +31,12 @@ def unpack(data: bytes) -> list[bytes]:
     return parts
 
 
+def first_part(data: bytes) -> bytes:
+    """The first part ``pack`` joined, without copying the others."""
+    (length,) = struct.unpack_from("<I", data, 0)
+    return data[4 : 4 + length]
+
+
 def version_key(version: Any) -> bytes:
     """A channel version as stored: its JSON."""
     return json.dumps(version).encode()
@@ -71,7 +77,7 @@ class ThreadHistory:
                 state.pop(key, None)
             else:
                 state[key] = value
-                self._versions[(checkpoint_ns, key, unpack(value)[0])] = value
+                self._versions[(checkpoint_ns, key, first_part(value))] = value
         self._states[atom.id] = state
 
     def state(self, atom: int) -> Optional[dict[str, bytes]]:

@@ -52,7 +52,7 @@ import continuum
 from continuum._thread_history import CHANNEL_PREFIX as _CHANNEL_PREFIX
 from continuum._thread_history import NS_PREFIX as _NS_PREFIX
 from continuum._thread_history import WRITES_PREFIX as _WRITES_PREFIX
-from continuum._thread_history import ThreadHistory, version_key
+from continuum._thread_history import ThreadHistory, first_part, version_key
 from continuum._thread_history import pack as _pack
 from continuum._thread_history import unpack as _unpack
 
@@ -422,7 +422,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         values: dict[str, Any] = {}
         for channel, version in checkpoint.get("channel_versions", {}).items():
             stored = state.get(_CHANNEL_PREFIX + channel)
-            if stored is None or _unpack(stored)[0] != version_key(version):
+            if stored is None or first_part(stored) != version_key(version):
                 stored = find_version(channel, version)
             if stored is not None:
                 _, kind, data = _unpack(stored)
@@ -433,7 +433,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def _channel_version(self, run: int, checkpoint_ns: str, channel: str, version: Any) -> Optional[bytes]:
         for atom in self.store.agent_history(run, _NS_PREFIX + checkpoint_ns, newest_first=True):
             stored = (atom.delta or {}).get("state", {}).get(_CHANNEL_PREFIX + channel)
-            if stored is not None and _unpack(stored)[0] == version_key(version):
+            if stored is not None and first_part(stored) == version_key(version):
                 return stored
         return None
 
