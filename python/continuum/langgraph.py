@@ -245,15 +245,15 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         result = _pack(*self._dump(stored), *self._dump(get_checkpoint_metadata(config, metadata)),
                        (parent_id or "").encode())
         agent = _NS_PREFIX + checkpoint_ns
-        parent = None
+        run, parent = self._run(thread_id, create=False), None
         if parent_id:
-            existing = self._run(thread_id, create=False)
-            parent = self.store.atom_by_key(existing, agent, parent_id) if existing is not None else None
+            parent = self.store.atom_by_key(run, agent, parent_id) if run is not None else None
             if parent is None:
                 raise continuum.InvalidArgumentError(
                     f"parent checkpoint {parent_id} is not in thread {thread_id!r}, namespace {checkpoint_ns!r}"
                 )
-        run = self._run(thread_id, create=True)
+        if run is None:
+            run = self._run(thread_id, create=True)
         try:
             self.store.record_atom(run, agent, checkpoint["id"], [parent] if parent else [], result,
                                    {"state": state}, idempotency_key=checkpoint["id"])
