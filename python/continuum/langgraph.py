@@ -1,6 +1,7 @@
 """A LangGraph checkpointer on a continuum store: ``ContinuumSaver``.
 
-Each LangGraph thread is a continuum run (``langgraph:<thread_id>``), each checkpoint
+Each LangGraph thread is a continuum run (``langgraph:<thread_id>``, or the run the run
+``langgraph-threads`` maps the thread to once it is rewritten), each checkpoint
 namespace an agent of it (``ns:<checkpoint_ns>``), and each checkpoint one atom of that
 agent, recorded durably in one batch by ``put``, whose parent is the atom of the checkpoint's
 parent. The atom's result holds the checkpoint (without its channel values) and its
@@ -9,7 +10,9 @@ version's value. A channel's value is thus stored once per version, and the cont
 rebuilds at a checkpoint's atom (the fold of the deltas along its ancestry) holds the value of
 every channel as of that checkpoint. Pending writes are atoms of the agent
 ``writes:<checkpoint_ns>``, keyed ``<checkpoint_id>/<n>``. Values go through the saver's
-``serde``: the store sees only opaque ``(type, bytes)`` pairs.
+``serde``: the store sees only opaque ``(type, bytes)`` pairs. ``prune`` and
+``delete_for_runs`` copy what a thread keeps into a fresh run and switch the thread to it
+with one durable atom of ``langgraph-threads``.
 
 Example::
 
@@ -23,9 +26,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import json
-import struct
-from collections.abc import AsyncIterator, Iterator, Sequence
+import random
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from os import PathLike
@@ -46,34 +49,63 @@ from langgraph.checkpoint.base import (
 )
 
 import continuum
+from continuum._thread_history import CHANNEL_PREFIX as _CHANNEL_PREFIX
+from continuum._thread_history import NS_PREFIX as _NS_PREFIX
+from continuum._thread_history import WRITES_PREFIX as _WRITES_PREFIX
+from continuum._thread_history import ThreadHistory, first_part, version_key
+from continuum._thread_history import pack as _pack
+from continuum._thread_history import unpack as _unpack
 
 _RUN_PREFIX = "langgraph:"
-_NS_PREFIX = "ns:"
-_WRITES_PREFIX = "writes:"
-_CHANNEL_PREFIX = "channel:"
+_GENERATION_PREFIX = "langgraph-gen"
+_THREADS_RUN = "langgraph-threads"
 _EMPTY = "empty"
 
 
-def _pack(*parts: bytes) -> bytes:
-    """Length-prefixed concatenation (u32 little-endian lengths)."""
-    return b"".join(struct.pack("<I", len(part)) + part for part in parts)
-
-
-def _unpack(data: bytes) -> list[bytes]:
-    parts, at = [], 0
-    while at < len(data):
-        (length,) = struct.unpack_from("<I", data, at)
-        at += 4
-        parts.append(data[at : at + length])
-        at += length
-    return parts
-
-
 def _configurable(config: RunnableConfig) -> dict[str, Any]:
-    configurable = config.get("configurable")
-    if not configurable or "thread_id" not in configurable:
+    configurable = config.get("configurable") if isinstance(config, dict) else None
+    if not isinstance(configurable, dict) or configurable.get("thread_id") in (None, ""):
         raise continuum.InvalidArgumentError("a checkpointer config needs configurable.thread_id")
+    if not isinstance(configurable.get("checkpoint_ns", ""), str):
+        raise continuum.InvalidArgumentError("configurable.checkpoint_ns must be a str")
     return configurable
+
+
+def _location(config: RunnableConfig) -> tuple[str, str]:
+    """(thread id, checkpoint namespace) of a config; a thread id that is not a str (an int,
+    a UUID) is its str, as LangGraph's SQL savers store it."""
+    configurable = _configurable(config)
+    return str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+
+
+def _generation_name(thread_id: str, generation: int) -> str:
+    return f"{_GENERATION_PREFIX}{generation}:{thread_id}"
+
+
+def _finish(store: continuum.Store, run: int, reason: str) -> None:
+    """Finishes ``run`` unless it is finished already."""
+    try:
+        store.finish_run(run, False, reason)
+    except continuum.RunFinishedError:
+        pass
+
+
+def _thread_of(run_name: str) -> Optional[str]:
+    """The thread id a run's name holds, or None for a run that is no thread's."""
+    if run_name.startswith(_RUN_PREFIX):
+        return run_name[len(_RUN_PREFIX) :]
+    if run_name.startswith(_GENERATION_PREFIX) and ":" in run_name:
+        return run_name.split(":", 1)[1]
+    return None
+
+
+def _namespaced_key(atom: continuum.Atom) -> Optional[tuple[str, str]]:
+    """(namespace, checkpoint id) of a checkpoint's atom or of a write's; None for others."""
+    if atom.agent.startswith(_NS_PREFIX):
+        return atom.agent[len(_NS_PREFIX) :], atom.key
+    if atom.agent.startswith(_WRITES_PREFIX):
+        return atom.agent[len(_WRITES_PREFIX) :], atom.key.rsplit("/", 1)[0]
+    return None
 
 
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
@@ -98,6 +130,8 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def __init__(self, store: continuum.Store, *, serde: Optional[SerializerProtocol] = None) -> None:
         super().__init__(serde=serde)
         self.store = store
+        self._threads_run_id: Optional[int] = None
+        self._generation_lock = threading.Lock()
 
     @classmethod
     @contextmanager
@@ -109,21 +143,78 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         with continuum.Store(path, **options) as store:
             yield cls(store)
 
-    # Store layout.
+    # Store layout: which run holds a thread.
 
     def _run(self, thread_id: str, create: bool) -> Optional[int]:
-        """The run of ``thread_id``: the newest of its generations not deleted."""
-        generation, found = 0, None
-        while (run := self.store.run_id(self._run_name(thread_id, generation))) is not None:
-            found = run if self.store.run_status(run)["status"] == "running" else None
-            generation += 1
-        if found is None and create:
-            found = self.store.create_run(self._run_name(thread_id, generation))
-        return found
+        """The run holding ``thread_id`` (started if ``create`` and there is none)."""
+        run = self._current_run(thread_id)
+        if run is None and create:
+            with self._generation_lock:
+                run = self._current_run(thread_id)
+                if run is None:
+                    run = self._start_run(thread_id)
+        return run
 
-    @staticmethod
-    def _run_name(thread_id: str, generation: int) -> str:
-        return f"{_RUN_PREFIX}{thread_id}" if generation == 0 else f"{_RUN_PREFIX}{thread_id}#{generation}"
+    def _current_run(self, thread_id: str) -> Optional[int]:
+        """The run the threads run maps ``thread_id`` to, else the run ``langgraph:<thread_id>``;
+        None if there is none or it is finished (the thread was deleted)."""
+        mapped = self._mapped_run(thread_id)
+        run = mapped[1] if mapped else self.store.run_id(_RUN_PREFIX + thread_id)
+        if run is None or self.store.run_status(run)["status"] != "running":
+            return None
+        return run
+
+    def _mapped_run(self, thread_id: str) -> Optional[tuple[int, int]]:
+        """The thread's latest entry in the threads run: (generation, run)."""
+        threads = self._threads_run(create=False)
+        entry = self.store.last_agent_atom(threads, thread_id) if threads is not None else None
+        if entry is None:
+            return None
+        atom = self.store.atom(entry)
+        return int(atom.key), int(atom.result or b"0")
+
+    def _threads_run(self, create: bool) -> Optional[int]:
+        if self._threads_run_id is None:
+            self._threads_run_id = self.store.create_run(_THREADS_RUN) if create else self.store.run_id(_THREADS_RUN)
+        return self._threads_run_id
+
+    def _start_run(self, thread_id: str) -> int:
+        """Starts a thread's run: ``langgraph:<thread_id>`` for a thread never seen, else a new
+        generation mapped by the threads run. Call with the generation lock held."""
+        if self._mapped_run(thread_id) is None and self.store.run_id(_RUN_PREFIX + thread_id) is None:
+            return self.store.create_run(_RUN_PREFIX + thread_id)
+        generation, run = self._new_generation(thread_id)
+        self._switch(thread_id, generation, run)
+        return run
+
+    def _new_generation(self, thread_id: str) -> tuple[int, int]:
+        """A fresh run for the thread's next generation. A run of a generation past the mapped
+        one is a rewrite that a crash interrupted: it is finished and skipped, never reused."""
+        mapped = self._mapped_run(thread_id)
+        generation = (mapped[0] if mapped else 0) + 1
+        while (orphan := self.store.run_id(_generation_name(thread_id, generation))) is not None:
+            _finish(self.store, orphan, "interrupted rewrite")
+            generation += 1
+        return generation, self.store.create_run(_generation_name(thread_id, generation))
+
+    def _switch(self, thread_id: str, generation: int, run: int) -> None:
+        """Maps the thread to ``run``: one atom of the threads run, durable on return. Every
+        run the thread lived in before is finished after it, so retention reclaims them."""
+        earlier = [run for _, run in self._thread_runs(thread_id)]
+        # IMPORTANT: this one record is the switch; before it the old run is the thread, after it the new one.
+        self.store.record_atom(self._threads_run(create=True), thread_id, str(generation), [], str(run).encode())
+        for old in earlier:
+            _finish(self.store, old, "replaced by a rewrite of the thread")
+
+    def _thread_runs(self, thread_id: str) -> list[tuple[int, int]]:
+        """Every run the thread was mapped to, and its first run: (generation, run)."""
+        runs = []
+        if (first := self.store.run_id(_RUN_PREFIX + thread_id)) is not None:
+            runs.append((0, first))
+        threads = self._threads_run(create=False)
+        if threads is not None:
+            runs += [(int(atom.key), int(atom.result or b"0")) for atom in self.store.agent_history(threads, thread_id)]
+        return runs
 
     def _dump(self, value: Any) -> tuple[bytes, bytes]:
         kind, data = self.serde.dumps_typed(value)
@@ -143,20 +234,26 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     ) -> RunnableConfig:
         """Stores ``checkpoint`` with its metadata and the channel values named in
         ``new_versions``; durable on return. Returns the checkpoint's config."""
-        configurable = _configurable(config)
-        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
-        parent_id = configurable.get("checkpoint_id")
+        thread_id, checkpoint_ns = _location(config)
+        parent_id = _configurable(config).get("checkpoint_id")
         stored = dict(checkpoint)
         values = stored.pop("channel_values", {})
         state: dict[str, bytes] = {}
         for channel, version in new_versions.items():
             kind, data = self._dump(values[channel]) if channel in values else (_EMPTY.encode(), b"")
-            state[_CHANNEL_PREFIX + channel] = _pack(json.dumps(version).encode(), kind, data)
+            state[_CHANNEL_PREFIX + channel] = _pack(version_key(version), kind, data)
         result = _pack(*self._dump(stored), *self._dump(get_checkpoint_metadata(config, metadata)),
                        (parent_id or "").encode())
-        run = self._run(thread_id, create=True)
         agent = _NS_PREFIX + checkpoint_ns
-        parent = self.store.atom_by_key(run, agent, parent_id) if parent_id else None
+        run, parent = self._run(thread_id, create=False), None
+        if parent_id:
+            parent = self.store.atom_by_key(run, agent, parent_id) if run is not None else None
+            if parent is None:
+                raise continuum.InvalidArgumentError(
+                    f"parent checkpoint {parent_id} is not in thread {thread_id!r}, namespace {checkpoint_ns!r}"
+                )
+        if run is None:
+            run = self._run(thread_id, create=True)
         try:
             self.store.record_atom(run, agent, checkpoint["id"], [parent] if parent else [], result,
                                    {"state": state}, idempotency_key=checkpoint["id"])
@@ -174,9 +271,10 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         """Stores a task's writes for the checkpoint in ``config``; durable on return. A
         write's index is its position, or ``WRITES_IDX_MAP``'s for a special channel: an
         ordinary write is kept only if its (task_id, index) is new, a special one replaces."""
-        configurable = _configurable(config)
-        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
-        checkpoint_id = configurable["checkpoint_id"]
+        thread_id, checkpoint_ns = _location(config)
+        checkpoint_id = _configurable(config).get("checkpoint_id")
+        if not checkpoint_id:
+            raise continuum.InvalidArgumentError("put_writes needs configurable.checkpoint_id")
         entries = [
             _pack(str(WRITES_IDX_MAP.get(channel, idx)).encode(), channel.encode(), *self._dump(value))
             for idx, (channel, value) in enumerate(writes)
@@ -200,8 +298,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def get_tuple(self, config: RunnableConfig) -> Optional[CheckpointTuple]:
         """The checkpoint ``config`` names (``checkpoint_id``), or the thread's latest in its
         namespace; None if there is none."""
-        configurable = _configurable(config)
-        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        thread_id, checkpoint_ns = _location(config)
         run = self._run(thread_id, create=False)
         if run is None:
             return None
@@ -230,92 +327,132 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     ) -> Iterator[CheckpointTuple]:
         """Checkpoints newest first: of the thread in ``config`` (and of its namespace, if it
         names one), or of every thread; those whose metadata holds every ``filter`` item, older
-        than ``before``, at most ``limit``."""
+        than ``before``, at most ``limit``. Each thread is read in one pass over its atoms
+        (``run_history``), with no further store call per checkpoint."""
         before_id = get_checkpoint_id(before) if before else None
+        wanted = get_checkpoint_id(config) if config else None
         remaining = limit
         for run, thread_id in self._threads(config):
-            for checkpoint_ns in self._namespaces(run, config):
-                for atom in self.store.agent_history(run, _NS_PREFIX + checkpoint_ns, newest_first=True):
+            history = ThreadHistory(self.store.run_history(run))
+            for checkpoint_ns in self._namespaces(history, config):
+                for atom in reversed(history.checkpoints.get(checkpoint_ns, [])):
                     if remaining is not None and remaining <= 0:
                         return
-                    if atom.status != "completed" or atom.result is None:
+                    if (wanted and atom.key != wanted) or (before_id and atom.key >= before_id):
                         continue
-                    if config and (wanted := get_checkpoint_id(config)) and atom.key != wanted:
-                        continue
-                    if before_id and atom.key >= before_id:
-                        continue
-                    parts = _unpack(atom.result)
+                    parts = _unpack(atom.result or b"")
                     metadata = self._load(parts[2], parts[3])
                     if filter and not all(metadata.get(key) == value for key, value in filter.items()):
                         continue
                     if remaining is not None:
                         remaining -= 1
-                    yield self._tuple(run, thread_id, checkpoint_ns, atom)
+                    yield self._listed_tuple(run, thread_id, checkpoint_ns, atom, history)
+
+    def _listed_tuple(
+        self, run: int, thread_id: str, checkpoint_ns: str, atom: continuum.Atom, history: ThreadHistory
+    ) -> CheckpointTuple:
+        state = history.state(atom.id)
+        if state is None:
+            return self._tuple(run, thread_id, checkpoint_ns, atom)
+
+        def values(checkpoint: Checkpoint) -> dict[str, Any]:
+            return self._values(state, checkpoint, lambda channel, version: history.version(checkpoint_ns, channel, version))
+
+        return self._build_tuple(thread_id, checkpoint_ns, atom, values, history.writes(checkpoint_ns, atom.key))
 
     def _threads(self, config: Optional[RunnableConfig]) -> list[tuple[int, str]]:
         if config:
-            thread_id = _configurable(config)["thread_id"]
+            thread_id = _location(config)[0]
             run = self._run(thread_id, create=False)
             return [] if run is None else [(run, thread_id)]
-        threads: dict[str, int] = {}
+        threads = []
         for info in self.store.runs():
-            if info["name"].startswith(_RUN_PREFIX) and info["status"]["status"] == "running":
-                threads[info["name"][len(_RUN_PREFIX) :].rsplit("#", 1)[0]] = info["id"]
-        return [(run, thread_id) for thread_id, run in threads.items()]
+            thread_id = _thread_of(info["name"])
+            if thread_id is not None and info["status"]["status"] == "running":
+                if self._current_run(thread_id) == info["id"]:
+                    threads.append((info["id"], thread_id))
+        return threads
 
-    def _namespaces(self, run: int, config: Optional[RunnableConfig]) -> list[str]:
+    @staticmethod
+    def _namespaces(history: ThreadHistory, config: Optional[RunnableConfig]) -> list[str]:
         if config and "checkpoint_ns" in config["configurable"]:
             return [config["configurable"]["checkpoint_ns"]]
-        agents = [entry["agent"] for entry in self.store.resume(run)["agents"]]
-        return [agent[len(_NS_PREFIX) :] for agent in agents if agent.startswith(_NS_PREFIX)]
+        return list(history.checkpoints)
 
     def _tuple(self, run: int, thread_id: str, checkpoint_ns: str, atom: continuum.Atom) -> CheckpointTuple:
-        assert atom.result is not None
-        checkpoint_kind, checkpoint_data, metadata_kind, metadata_data, parent_id = _unpack(atom.result)
+        """A checkpoint's tuple read with store calls: its context rebuilt, its writes looked up."""
+
+        def values(checkpoint: Checkpoint) -> dict[str, Any]:
+            if not checkpoint.get("channel_versions"):
+                return {}
+            state = self.store.rebuild_context(atom.id)["state"]
+            return self._values(state, checkpoint, partial(self._channel_version, run, checkpoint_ns))
+
+        return self._build_tuple(thread_id, checkpoint_ns, atom, values, self._write_results(run, checkpoint_ns, atom.key))
+
+    def _build_tuple(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        atom: continuum.Atom,
+        values: Callable[[Checkpoint], dict[str, Any]],
+        writes: list[bytes],
+    ) -> CheckpointTuple:
+        checkpoint_kind, checkpoint_data, metadata_kind, metadata_data, parent_id = _unpack(atom.result or b"")
         checkpoint = self._load(checkpoint_kind, checkpoint_data)
-        checkpoint["channel_values"] = self._channel_values(run, checkpoint_ns, atom.id, checkpoint)
+        checkpoint["channel_values"] = values(checkpoint)
         parent = parent_id.decode()
         return CheckpointTuple(
             config=_config(thread_id, checkpoint_ns, atom.key),
             checkpoint=checkpoint,
             metadata=self._load(metadata_kind, metadata_data),
             parent_config=_config(thread_id, checkpoint_ns, parent) if parent else None,
-            pending_writes=self._pending_writes(run, checkpoint_ns, atom.key),
+            pending_writes=self._pending_writes(writes),
         )
 
-    def _channel_values(self, run: int, checkpoint_ns: str, atom: int, checkpoint: Checkpoint) -> dict[str, Any]:
-        versions = checkpoint.get("channel_versions", {})
-        if not versions:
-            return {}
-        state = self.store.rebuild_context(atom)["state"]
+    def _values(
+        self,
+        state: dict[str, bytes],
+        checkpoint: Checkpoint,
+        find_version: Callable[[str, Any], Optional[bytes]],
+    ) -> dict[str, Any]:
+        """The checkpoint's channel values: each channel's version from ``state`` (the fold of
+        its ancestry), else from ``find_version`` (a version stored off the ancestry: a
+        checkpoint put without its parent, or versions shared across branches)."""
         values: dict[str, Any] = {}
-        for channel, version in versions.items():
+        for channel, version in checkpoint.get("channel_versions", {}).items():
             stored = state.get(_CHANNEL_PREFIX + channel)
-            parts = _unpack(stored) if stored is not None else None
-            if parts is None or json.loads(parts[0]) != version:
-                parts = self._channel_version(run, checkpoint_ns, channel, version)
-            if parts is not None and parts[1].decode() != _EMPTY:
-                values[channel] = self._load(parts[1], parts[2])
+            if stored is None or first_part(stored) != version_key(version):
+                stored = find_version(channel, version)
+            if stored is not None:
+                _, kind, data = _unpack(stored)
+                if kind.decode() != _EMPTY:
+                    values[channel] = self._load(kind, data)
         return values
 
-    def _channel_version(self, run: int, checkpoint_ns: str, channel: str, version: Any) -> Optional[list[bytes]]:
-        """A channel value stored by a checkpoint off this one's ancestry (rare: a config that
-        names no parent, or versions shared across branches)."""
+    def _channel_version(self, run: int, checkpoint_ns: str, channel: str, version: Any) -> Optional[bytes]:
         for atom in self.store.agent_history(run, _NS_PREFIX + checkpoint_ns, newest_first=True):
             stored = (atom.delta or {}).get("state", {}).get(_CHANNEL_PREFIX + channel)
-            if stored is not None and json.loads((parts := _unpack(stored))[0]) == version:
-                return parts
+            if stored is not None and first_part(stored) == version_key(version):
+                return stored
         return None
 
-    def _pending_writes(self, run: int, checkpoint_ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
-        agent, sequence = _WRITES_PREFIX + checkpoint_ns, 0
-        kept: dict[tuple[str, int], tuple[str, str, str, bytes, bytes]] = {}
+    def _write_results(self, run: int, checkpoint_ns: str, checkpoint_id: str) -> list[bytes]:
+        agent, sequence, results = _WRITES_PREFIX + checkpoint_ns, 0, []
         while (atom := self.store.atom_by_key(run, agent, f"{checkpoint_id}/{sequence}")) is not None:
             sequence += 1
             found = self.store.atom(atom)
-            if found.result is None:
-                continue
-            parts = _unpack(found.result)
+            if found.result is not None:
+                results.append(found.result)
+        return results
+
+    def _pending_writes(self, results: list[bytes]) -> list[tuple[str, str, Any]]:
+        """A checkpoint's writes from its write atoms' results: an ordinary write keeps the
+        first value of its (task id, index), a special channel's the last; in
+        ``writes_sort_key`` order."""
+        kept: dict[tuple[str, int], tuple[str, str, str, bytes, bytes]] = {}
+        for result in results:
+            parts = _unpack(result)
             task_id, task_path = parts[0].decode(), parts[1].decode()
             for entry in parts[2:]:
                 idx, channel, kind, data = _unpack(entry)
@@ -331,19 +468,85 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def delete_thread(self, thread_id: str) -> None:
         """Deletes the thread's checkpoints and writes: its run is finished, and a later
         ``put`` starts a new one. Retention (``finished_run_age``) reclaims the space."""
-        run = self._run(thread_id, create=False)
-        if run is not None:
-            self.store.finish_run(run, False, "deleted by delete_thread")
+        with self._generation_lock:
+            run = self._current_run(str(thread_id))
+            if run is not None:
+                _finish(self.store, run, "deleted by delete_thread")
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Deletes every checkpoint whose metadata's ``run_id`` is one of ``run_ids``, with its
+        writes, in every thread: each thread holding one is rewritten without them."""
+        doomed = set(run_ids)
+        if not doomed:
+            return
+        for run, thread_id in self._threads(None):
+            if any(self._checkpoint_run_id(atom) in doomed for atom in self._checkpoints(run)):
+                self._rewrite(thread_id, lambda atom: self._checkpoint_run_id(atom) not in doomed)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prunes the threads: ``"keep_latest"`` keeps each namespace's latest checkpoint (with
+        its channel values and writes), ``"delete"`` deletes the threads."""
+        if strategy not in ("keep_latest", "delete"):
+            raise continuum.InvalidArgumentError(f"unknown prune strategy {strategy!r}: keep_latest or delete")
+        for thread_id in map(str, thread_ids):
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            run = self._current_run(thread_id)
+            if run is not None:
+                latest = {self.store.last_agent_atom(run, agent) for agent in self._agents(run, _NS_PREFIX)}
+                self._rewrite(thread_id, lambda atom: atom.id in latest)
+
+    def _checkpoints(self, run: int) -> Iterator[continuum.Atom]:
+        for agent in self._agents(run, _NS_PREFIX):
+            yield from self.store.agent_history(run, agent)
+
+    def _checkpoint_run_id(self, atom: continuum.Atom) -> Any:
+        parts = _unpack(atom.result or b"")
+        return self._load(parts[2], parts[3]).get("run_id") if len(parts) == 5 else None
+
+    def _agents(self, run: int, prefix: str) -> list[str]:
+        return [entry["agent"] for entry in self.store.resume(run)["agents"] if entry["agent"].startswith(prefix)]
+
+    def _rewrite(self, thread_id: str, keep: Callable[[continuum.Atom], bool]) -> None:
+        """Moves the thread to a new run holding only the checkpoints ``keep`` accepts and their
+        writes; the switch is one durable record (``_switch``), so a crash leaves the old run
+        or the new one as the thread, whole. A kept checkpoint whose parent is not kept starts
+        from its whole context: its delta becomes the fold of its ancestry."""
+        with self._generation_lock:
+            old = self._current_run(thread_id)
+            if old is None:
+                return
+            history = [atom for atom in self.store.run_history(old) if atom.status == "completed" and not atom.abandoned]
+            kept = {
+                (atom.agent[len(_NS_PREFIX) :], atom.key)
+                for atom in history
+                if atom.agent.startswith(_NS_PREFIX) and keep(atom)
+            }
+            generation, new = self._new_generation(thread_id)
+            copied: dict[int, int] = {}
+            for atom in history:
+                if _namespaced_key(atom) not in kept:
+                    continue
+                parents = [copied[parent] for parent in atom.parents if parent in copied]
+                delta = atom.delta
+                if len(parents) < len(atom.parents):
+                    delta = {"state": self.store.rebuild_context(atom.id)["state"]}
+                copied[atom.id] = self.store.record_atom(
+                    new, atom.agent, atom.key, parents, atom.result or b"", delta,
+                    idempotency_key=atom.idempotency_key,
+                )
+            self._switch(thread_id, generation, new)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copies every checkpoint and write of one thread to another: each atom of the
         source's run is recorded again in the target's, in the same order, with its parents
         mapped, so the copy's checkpoints keep their ids, order, values and writes. A
         checkpoint the target already holds is kept as it is."""
-        source = self._run(source_thread_id, create=False)
+        source = self._run(str(source_thread_id), create=False)
         if source is None:
             return
-        target = self._run(target_thread_id, create=True)
+        target = self._run(str(target_thread_id), create=True)
         copied: dict[int, int] = {}
         for atom in self.store.run_history(source):
             if atom.status != "completed" or atom.abandoned:
@@ -356,6 +559,21 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
                 )
             except continuum.ConflictError as existing:
                 copied[atom.id] = existing.atom
+
+    # Versions.
+
+    def get_next_version(self, current: Optional[Union[int, str]], channel: None = None) -> Union[int, str]:
+        """The version after ``current``: 1 for a new channel, then ``current + 1``. A thread
+        whose versions are strings (``"<n>.<fraction>"``, as ``InMemorySaver`` writes them,
+        copied in) goes on in that form, so versions keep comparing in order.
+
+        Example: ``saver.get_next_version(None, None) == 1``, ``saver.get_next_version(1, None) == 2``
+        """
+        if current is None:
+            return 1
+        if isinstance(current, str):
+            return f"{int(current.split('.')[0]) + 1:032}.{random.random():016}"
+        return current + 1
 
     # Async twins: the same calls on a worker thread.
 
@@ -403,6 +621,14 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """``copy_thread`` off the event loop."""
         await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """``delete_for_runs`` off the event loop."""
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``prune`` off the event loop."""
+        await asyncio.to_thread(partial(self.prune, thread_ids, strategy=strategy))
 
 
 __all__ = ["ContinuumSaver"]
