@@ -48,8 +48,9 @@ impl Store {
         let hash = index.identity.atom_key(run, agent_id, key);
         let Some(&id) = index.atom_keys.get(&hash) else { return Ok(None) };
         let holder = AtomId(u64::from(id));
-        let Some(entry) = index.atom(holder) else { return Ok(None) };
-        if !entry.abandoned {
+        if let Some(entry) = index.atom(holder)
+            && !entry.abandoned
+        {
             match self.key_match(entry, agent, key, parents)? {
                 KeyMatch::Same => return Ok(Some(holder)),
                 KeyMatch::OtherKey => return Err(Error::KeyCollision { key: key.to_owned() }),
