@@ -404,6 +404,7 @@ impl Writer {
         manifest: Arc<ManifestWriter>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let commit_spin = if *crate::ab::NO_SPIN { Duration::ZERO } else { commit_spin };
         let last_indexed = index.read().segments.last().and_then(|meta| meta.sparse.last().map(|entry| entry.offset));
         Self {
             storage,
@@ -536,7 +537,9 @@ impl Writer {
         let mut lead_now = if !commit.leader_active {
             commit.leader_active = true;
             true
-        } else if let Some(gather) = commit.spin_gathering.filter(|_| commit.queue.len() >= commit.gather_target) {
+        } else if let Some(gather) =
+            commit.spin_gathering.filter(|_| !*crate::ab::NO_TAKEOVER && commit.queue.len() >= commit.gather_target)
+        {
             // This arrival completes the group a leader is spinning for: it commits the group
             // itself at once, instead of leaving it to the leader's next turn on the CPU
             // ("Spinning waiters" in docs/ARCHITECTURE.md). The leader becomes a waiter.
@@ -603,6 +606,10 @@ impl Writer {
 
     /// [`Writer::note_slow_yield`] at `now` (since `epoch`).
     fn note_slow_yield_at(&self, now: Duration) {
+        if *crate::ab::NO_HOLDOFF {
+            self.metrics.record_slow_yield(false);
+            return;
+        }
         // The CPU the yield waited for went to our own background thread, which is niced and
         // paced and gives it back: not other work that keeps it. Holding spinning off then
         // only put the waiters to sleep (`OwnWork`).
@@ -721,7 +728,7 @@ impl Writer {
             commit.last_gather_completed = true;
             return false;
         }
-        if commit.gather_budget.is_zero() {
+        if commit.gather_budget.is_zero() || *crate::ab::NO_GATHER {
             return false;
         }
         let deadline = Instant::now() + commit.gather_budget;
