@@ -1,4 +1,4 @@
-//! Environment switches that turn the group-commit writer's tuning mechanisms off, for A/B
+//! Environment switches that turn the group-commit writer's spinning, its hold-off and the gather off, for A/B
 //! runs of the benchmarks (`docs/BENCHMARKS.md` §11). Each is read once per process; with
 //! none set the writer runs as documented.
 
@@ -15,6 +15,3 @@ pub(crate) static NO_SPIN: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_
 pub(crate) static NO_HOLDOFF: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_HOLDOFF"));
 /// `CONTINUUM_AB_NO_GATHER`: a leader commits what is queued without waiting for its group.
 pub(crate) static NO_GATHER: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_GATHER"));
-/// `CONTINUUM_AB_NO_TAKEOVER`: the arrival that completes a spinning leader's group waits
-/// like any member instead of leading it.
-pub(crate) static NO_TAKEOVER: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_TAKEOVER"));
