@@ -47,6 +47,7 @@
 //! # }
 //! ```
 
+mod ab;
 pub mod codec;
 pub mod config;
 pub use codec::context;

@@ -9,9 +9,9 @@
 mod compressors;
 pub mod context;
 pub(crate) mod delta_check;
-mod delta_encode;
 pub(crate) mod delta_view;
 pub(crate) mod envelope;
+mod fields;
 pub(crate) mod wire;
 
 use std::collections::HashMap;
@@ -411,14 +411,13 @@ impl Codec {
         result: &[u8],
         ended_at_unix_us: u64,
     ) {
-        use delta_encode::{field_len, put_field_header, put_text, put_uint64, text_len, uint64_len};
-        let delta_len = delta_encode::encoded_len(delta);
+        use fields::{field_len, put_field_header, put_text, put_uint64, text_len, uint64_len};
+        let delta_len = prost::Message::encoded_len(delta);
         let body_len = uint64_len(atom) + field_len(delta_len) + text_len(result) + uint64_len(ended_at_unix_us);
         self.put_written(out, kind::ATOM_COMPLETED, atom, body_len, |out| {
             put_uint64(out, 1, atom);
-            // The delta by hand (`delta_encode`): prost's bytes at about half the instructions.
             put_field_header(out, 2, delta_len);
-            delta_encode::encode(delta, out);
+            prost::Message::encode_raw(delta, out);
             put_text(out, 3, result);
             put_uint64(out, 4, ended_at_unix_us);
         })
@@ -441,7 +440,7 @@ impl Codec {
         result: &[u8],
         ended_at_unix_us: u64,
     ) {
-        use delta_encode::{field_len, put_field_header, put_text, put_uint64, text_len, uint64_len};
+        use fields::{field_len, put_field_header, put_text, put_uint64, text_len, uint64_len};
         let body_len = uint64_len(atom) + field_len(delta.len()) + text_len(result) + uint64_len(ended_at_unix_us);
         self.put_written(out, kind::ATOM_COMPLETED, atom, body_len, |out| {
             put_uint64(out, 1, atom);
@@ -493,9 +492,7 @@ impl Codec {
 
     /// [`Codec::encode_start`] appended to `out` (a batch being built in place).
     pub fn put_start(&self, out: &mut Vec<u8>, start: &StartParts<'_>) {
-        use delta_encode::{
-            field_len, put_field_header, put_text, put_uint64, put_varint, text_len, uint64_len, varint_len,
-        };
+        use fields::{field_len, put_field_header, put_text, put_uint64, put_varint, text_len, uint64_len, varint_len};
         let parents_len: usize = start.parents.iter().map(|parent| varint_len(parent.0)).sum();
         let body_len = uint64_len(start.atom)
             + uint64_len(start.run)

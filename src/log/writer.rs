@@ -11,8 +11,7 @@
 //!    after that ("Spinning waiters" in docs/ARCHITECTURE.md). A spin stops at a yield that
 //!    comes back late (the CPU is busy with other work), and a stream of those holds spinning
 //!    off for a while.
-//!    A gathering leader (step 3) spins the same way while waiters spin, and the arrival that
-//!    completes its group takes its place and leads (the old leader becomes a waiter).
+//!    A gathering leader (step 3) spins the same way while waiters spin.
 //! 3. The leader *gathers*: if the last group synced, it waits (at most that sync's time while
 //!    gathers complete their groups, half of it after one that ran out) until as many requests
 //!    are queued as the last group held plus those that queued during its sync, so that
@@ -221,8 +220,7 @@ const GATHER_BUDGET_MAX: Duration = Duration::from_millis(1);
 /// CPUs, not on the disk: the store's 16 writers on two vCPUs took 45–60 µs, past half of a
 /// fast sync, and a third of a trial's gathers ran out short of a member or several (a trace
 /// of the peers suite's W2, 2026-12-04). Where the members expected do not come back (agents
-/// that pause between atoms), a gather runs out and the next waits half as long. A gather
-/// taken over by its completing arrival does not count either way (see [`Writer::gather`]).
+/// that pause between atoms), a gather runs out and the next waits half as long.
 fn gather_budget(last_sync: Duration, last_gather_completed: bool) -> Duration {
     let budget = if last_gather_completed { last_sync } else { last_sync / 2 };
     budget.min(GATHER_BUDGET_MAX)
@@ -282,28 +280,6 @@ struct CommitState {
     last_gather_completed: bool,
     /// Whether a leader is waiting for arrivals.
     gathering: bool,
-    /// The gather (numbered from `gathers`) whose leader is spinning, without the commit lock,
-    /// until `gather_target` requests are queued; the arrival that completes them takes its
-    /// place. `None` once it ended or was taken over.
-    spin_gathering: Option<u64>,
-    /// How many queued requests the spinning gatherer waits for.
-    gather_target: usize,
-    /// Spinning gathers started so far: each one's number.
-    gathers: u64,
-    /// The gathers an arrival took over whose leaders have not yet come back under the lock
-    /// (at most two: a taken-over leader may still be spinning while its successor gathers and
-    /// is taken over in turn). Each leader looks for its own number, so that it never takes
-    /// another's answer.
-    taken_over: Vec<u64>,
-}
-
-/// How [`Writer::lead`] ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Led {
-    /// The group holding the leader's own request was committed and acknowledged.
-    OwnGroup,
-    /// While it gathered, the arrival that completed its group took its place.
-    TakenOver,
 }
 
 /// The leader's own state: the active segment being written. Locked only by the leader.
@@ -404,6 +380,7 @@ impl Writer {
         manifest: Arc<ManifestWriter>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let commit_spin = if *crate::ab::NO_SPIN { Duration::ZERO } else { commit_spin };
         let last_indexed = index.read().segments.last().and_then(|meta| meta.sparse.last().map(|entry| entry.offset));
         Self {
             storage,
@@ -533,39 +510,25 @@ impl Writer {
         if commit.gathering && commit.queue.len() >= commit.expected_group {
             self.arrivals.notify_one();
         }
-        let mut lead_now = if !commit.leader_active {
-            commit.leader_active = true;
-            true
-        } else if let Some(gather) = commit.spin_gathering.filter(|_| commit.queue.len() >= commit.gather_target) {
-            // This arrival completes the group a leader is spinning for: it commits the group
-            // itself at once, instead of leaving it to the leader's next turn on the CPU
-            // ("Spinning waiters" in docs/ARCHITECTURE.md). The leader becomes a waiter.
-            commit.spin_gathering = None;
-            commit.taken_over.push(gather);
-            true
+        let lead_now = !commit.leader_active;
+        commit.leader_active = true;
+        let commit = if lead_now {
+            commit
         } else {
-            false
+            drop(commit);
+            let (answer, waited) = slot.wait(self.spin_now());
+            if waited.slow_yield {
+                self.note_slow_yield();
+            }
+            self.metrics.record_commit_wait(waited.slept);
+            if let Some(result) = answer {
+                return result;
+            }
+            // Handed leadership.
+            self.commit.lock()
         };
-        let mut commit = Some(commit);
-        loop {
-            if !lead_now {
-                drop(commit.take());
-                let (answer, waited) = slot.wait(self.spin_now());
-                if waited.slow_yield {
-                    self.note_slow_yield();
-                }
-                self.metrics.record_commit_wait(waited.slept);
-                if let Some(result) = answer {
-                    return result;
-                }
-                // Handed leadership.
-            }
-            let guard = commit.take().unwrap_or_else(|| self.commit.lock());
-            match self.lead(guard, slot) {
-                Led::OwnGroup => return slot.take_done().expect("the leader leads until its own slot is filled"),
-                Led::TakenOver => lead_now = false,
-            }
-        }
+        self.lead(commit, slot);
+        slot.take_done().expect("the leader leads until its own slot is filled")
     }
 
     /// How long a waiter or gatherer spins now: [`spin_for`] of the last sync, or nothing while
@@ -603,6 +566,10 @@ impl Writer {
 
     /// [`Writer::note_slow_yield`] at `now` (since `epoch`).
     fn note_slow_yield_at(&self, now: Duration) {
+        if *crate::ab::NO_HOLDOFF {
+            self.metrics.record_slow_yield(false);
+            return;
+        }
         // The CPU the yield waited for went to our own background thread, which is niced and
         // paced and gives it back: not other work that keeps it. Holding spinning off then
         // only put the waiters to sleep (`OwnWork`).
@@ -661,13 +628,10 @@ impl Writer {
     }
 
     /// Commits groups until the one holding `own` is done, then hands leadership on and
-    /// acknowledges that last group; or stops when, while it gathered, an arrival took its
-    /// place (its request is then still queued). Takes the commit lock and releases it.
-    fn lead<'a>(&'a self, mut commit: MutexGuard<'a, CommitState>, own: &Arc<Slot>) -> Led {
+    /// acknowledges that last group. Takes the commit lock and releases it.
+    fn lead<'a>(&'a self, mut commit: MutexGuard<'a, CommitState>, own: &Arc<Slot>) {
         loop {
-            if self.gather(&mut commit) {
-                return Led::TakenOver;
-            }
+            self.gather(&mut commit);
             let mut leader = self.leader.lock();
             let mut group = Self::take_group(&mut commit, &leader);
             let refused = Self::check_open(&commit).err();
@@ -703,7 +667,7 @@ impl Writer {
             drop(commit);
             Self::acknowledge(group, outcome.map_err(|failure| failure.error));
             if own_group {
-                return Led::OwnGroup;
+                return;
             }
             commit = self.commit.lock();
         }
@@ -712,47 +676,27 @@ impl Writer {
     /// Waits, at most the gather budget, until as many requests are queued as the next group is
     /// expected to hold. Concurrent appenders acknowledged together come back together; without
     /// this they split into two cohorts that alternate, each syncing half as many appends.
-    /// While waiters spin, the leader spins too (yielding, without the commit lock), and the
-    /// arrival completing its group takes its place: returns whether that happened (the caller
-    /// then no longer leads).
-    fn gather(&self, commit: &mut MutexGuard<'_, CommitState>) -> bool {
+    /// While waiters spin, the leader spins too (yielding, without the commit lock).
+    fn gather(&self, commit: &mut MutexGuard<'_, CommitState>) {
         let target = commit.expected_group.min(limits::COMMIT_QUEUE_DEPTH_MAX);
         if commit.queue.len() >= target {
             commit.last_gather_completed = true;
-            return false;
+            return;
         }
-        if commit.gather_budget.is_zero() {
-            return false;
+        if commit.gather_budget.is_zero() || *crate::ab::NO_GATHER {
+            return;
         }
         let deadline = Instant::now() + commit.gather_budget;
         if !self.spin_now().is_zero() {
             // Only a leader takes requests from the queue, so its length only grows meanwhile.
             self.queue_len.store(commit.queue.len(), Ordering::Release);
-            commit.gathers += 1;
-            let gather = commit.gathers;
-            commit.spin_gathering = Some(gather);
-            commit.gather_target = target;
             MutexGuard::unlocked(commit, || {
                 if spin_until(deadline, || self.queue_len.load(Ordering::Acquire) >= target) == SpinEnd::SlowYield {
                     self.note_slow_yield();
                 }
             });
-            // IMPORTANT: back under the lock, exactly one of this gatherer and an arrival leads:
-            // the arrival took over only while `spin_gathering` named this gather, and then
-            // recorded its number. A successor's gather is left alone.
-            if commit.spin_gathering == Some(gather) {
-                commit.spin_gathering = None;
-            }
-            let Some(at) = commit.taken_over.iter().position(|taken| *taken == gather) else {
-                commit.last_gather_completed = commit.queue.len() >= target;
-                return false;
-            };
-            commit.taken_over.swap_remove(at);
-            // A taken-over gather leaves `last_gather_completed` as it was. Counting it as
-            // complete (so that the next gather may wait a whole sync) was measured slower:
-            // 8 alternating W2 probe pairs, store 97 k against 107 k atoms/s (median;
-            // 2026-12-04).
-            return true;
+            commit.last_gather_completed = commit.queue.len() >= target;
+            return;
         }
         commit.gathering = true;
         while commit.queue.len() < target && !commit.closed {
@@ -762,7 +706,6 @@ impl Writer {
         }
         commit.gathering = false;
         commit.last_gather_completed = commit.queue.len() >= target;
-        false
     }
 
     /// Takes the next group from the front of the queue: as many members as fit in the active
@@ -1092,28 +1035,18 @@ mod tests {
         let mut commit = writer.commit.lock();
         commit.queue.extend([request(), request()]);
         (commit.expected_group, commit.gather_budget) = (2, Duration::from_millis(1));
-        assert!(!writer.gather(&mut commit));
+        writer.gather(&mut commit);
         assert!(commit.last_gather_completed, "the expected group was queued already");
         // Two of three expected: the gather waits its budget out (spinning or not) and says so.
         commit.expected_group = 3;
         for spin in [true, false] {
             writer.spin_ns.store(if spin { nanos(Duration::from_millis(1)) } else { 0 }, Ordering::Relaxed);
             commit.last_gather_completed = true;
-            assert!(!writer.gather(&mut commit), "nobody took over");
+            writer.gather(&mut commit);
             assert!(!commit.last_gather_completed, "spinning: {spin}");
         }
-        // An arrival that completes the group a spinning leader waits for takes it over (it
-        // records the gather's number); the record stays what the gather before it left.
-        writer.spin_ns.store(nanos(Duration::from_millis(1)), Ordering::Relaxed);
-        for before in [false, true] {
-            commit.last_gather_completed = before;
-            let next = commit.gathers + 1;
-            commit.taken_over.push(next);
-            assert!(writer.gather(&mut commit), "taken over");
-            assert_eq!(commit.last_gather_completed, before, "a taken-over gather changes nothing");
-        }
         commit.queue.push_back(request());
-        assert!(!writer.gather(&mut commit));
+        writer.gather(&mut commit);
         assert!(commit.last_gather_completed);
         commit.queue.clear();
     }
