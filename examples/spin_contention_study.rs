@@ -3,7 +3,7 @@
 //! spinning off, alternating, three rounds each, beside `BUSY` threads of other work (default:
 //! one more than the cores) and then with none. Prints appends/s and latency percentiles, and
 //! how often waiters stopped spinning because a yield came back late. The figures go into
-//! `docs/BENCHMARKS.md` §2.
+//! `docs/BENCHMARKS.md` §12.
 //!
 //! `cargo run --release --example spin_contention_study` (`BUSY=0` for an idle machine only)
 

@@ -58,7 +58,7 @@ pub struct Config {
     /// for its acknowledgement) before it sleeps, while the log's syncs are fast: only when the
     /// last group's `fdatasync` took at most half of this. Sleeping costs a wake-up per waiting
     /// thread per group, which on a disk whose `fdatasync` takes ~100 µs is most of what 16
-    /// writers spend besides the sync (docs/BENCHMARKS.md §2); spinning spends CPU time instead.
+    /// writers spend besides the sync (docs/BENCHMARKS.md §1–4 and §12); spinning spends CPU time instead.
     /// `Duration::ZERO` always sleeps. Spinning pays when the appending threads have little
     /// else to do between appends; when the CPU is short (more runnable threads than cores
     /// doing real work), sleeping leaves it to them: a spin stops at a yield that comes back
