@@ -12,7 +12,7 @@
 //!   on disk per atom after a realistic run with its trained dictionary (as appended, and at
 //!   rest after a compaction round with cold compression at several zstd levels and frame
 //!   sizes), index bytes per atom for 1,000,000 atoms, and their store's open time with and
-//!   without an index checkpoint.
+//!   without an index snapshot.
 //!
 //! `cargo bench --bench store` (set `CONTINUUM_BENCH_INDEX_ATOMS` to change the 1,000,000).
 
@@ -363,8 +363,8 @@ fn atom_read_micros(store: &Store, atoms: u64) -> f64 {
 }
 
 /// Index heap bytes per atom for `count` atoms (tiny outputs: the index does not hold them),
-/// and the open's time with the index checkpoint written when the store was dropped, and
-/// without one (the first open after a crash; it folds every record and writes a checkpoint).
+/// and the open's time with the index snapshot written when the store was dropped, and
+/// without one (the first open after a crash; it folds every record and writes an index snapshot).
 fn index_bytes_per_atom(root: &Path, count: u64) -> (f64, Duration, Duration) {
     let dir = tempfile::tempdir_in(root).expect("dir");
     {
@@ -380,15 +380,15 @@ fn index_bytes_per_atom(root: &Path, count: u64) -> (f64, Duration, Duration) {
     }
     let started = Instant::now();
     let store = open_store(dir.path());
-    let with_checkpoint = started.elapsed();
+    let with_index_snapshot = started.elapsed();
     let bytes = store.index_heap_bytes() as f64 / count as f64;
     drop(store);
-    let _ = std::fs::remove_file(dir.path().join("index.ckpt"));
+    let _ = std::fs::remove_file(dir.path().join("index.snapshot"));
     let started = Instant::now();
     let store = open_store(dir.path());
     let without = started.elapsed();
     drop(store);
-    (bytes, with_checkpoint, without)
+    (bytes, with_index_snapshot, without)
 }
 
 fn main() {
@@ -436,7 +436,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if test_mode { 10_000 } else { 1_000_000 });
-    let (index, with_checkpoint, without) = index_bytes_per_atom(if shm.is_dir() { shm } else { &disk }, index_atoms);
+    let (index, with_index_snapshot, without) =
+        index_bytes_per_atom(if shm.is_dir() { shm } else { &disk }, index_atoms);
     eprintln!("==== summary: store ====");
     for (name, value) in figures {
         eprintln!("  {name:<55} {value:>9.2}");
@@ -477,11 +478,11 @@ fn main() {
     }
     eprintln!("  index for {index_atoms} atoms                           {index:>9.1} bytes/atom (goal <= 64)");
     eprintln!(
-        "  open of {index_atoms} atoms, index checkpoint          {:>9.1} ms",
-        with_checkpoint.as_secs_f64() * 1e3
+        "  open of {index_atoms} atoms, index snapshot          {:>9.1} ms",
+        with_index_snapshot.as_secs_f64() * 1e3
     );
     eprintln!(
-        "  open of {index_atoms} atoms, no checkpoint (fold all)  {:>9.1} ms (encodes one; a thread writes it)",
+        "  open of {index_atoms} atoms, no index snapshot (fold all)  {:>9.1} ms (encodes one; a thread writes it)",
         without.as_secs_f64() * 1e3
     );
     eprintln!("==== end store ====");

@@ -269,7 +269,7 @@ struct StoreFacts {
     agents: usize,
     atoms: AtomCounts,
     live_bytes: u64,
-    checkpoint: continuum::IndexCheckpointInfo,
+    index_snapshot: continuum::IndexSnapshotInfo,
 }
 
 fn store_facts(store: &Store) -> Result<StoreFacts, Failure> {
@@ -295,7 +295,7 @@ fn store_facts(store: &Store) -> Result<StoreFacts, Failure> {
         agents,
         atoms,
         live_bytes: inspect::live_bytes(store)?,
-        checkpoint: store.index_checkpoint(),
+        index_snapshot: store.index_snapshot(),
     })
 }
 
@@ -361,11 +361,11 @@ fn summary_json(summary: &Summary, log: LogView<'_>, dir: &Path) -> Value {
         "runs": facts.map(|f| json!({"total": f.runs, "running": f.running, "finished": f.finished, "dropped": f.dropped})),
         "agents": facts.map(|f| f.agents),
         "atoms": facts.map(|f| f.atoms.json()),
-        "index_checkpoint": facts.map(|f| json!({
-            "covered_lsn": f.checkpoint.covered.map(Lsn::get),
-            "opened_from_lsn": f.checkpoint.opened_from.map(Lsn::get),
-            "records_after": f.checkpoint.records_after,
-            "ignored_at_open": f.checkpoint.ignored_at_open,
+        "index_snapshot": facts.map(|f| json!({
+            "covered_lsn": f.index_snapshot.covered.map(Lsn::get),
+            "opened_from_lsn": f.index_snapshot.opened_from.map(Lsn::get),
+            "records_after": f.index_snapshot.records_after,
+            "ignored_at_open": f.index_snapshot.ignored_at_open,
         })),
         "records": {"total": totals.count, "by_kind": totals.by_kind},
         "bytes_on_disk": {"total": disk_bytes, "segment_files": segment_file_bytes,
@@ -407,7 +407,7 @@ fn summary_text(summary: &Summary, log: LogView<'_>, dir: &Path, out: &mut dyn W
             writeln!(out, "runs: {} ({} running, {} finished, {} dropped)", f.runs, f.running, f.finished, f.dropped)?;
             writeln!(out, "agents: {}", f.agents)?;
             writeln!(out, "atoms: {}", f.atoms.text())?;
-            writeln!(out, "index checkpoint: {}", checkpoint_text(&f.checkpoint))?;
+            writeln!(out, "index snapshot: {}", index_snapshot_text(&f.index_snapshot))?;
         }
         None => writeln!(out, "runs, agents, atoms: unavailable (the store index cannot be rebuilt)")?,
     }
@@ -441,9 +441,9 @@ fn summary_text(summary: &Summary, log: LogView<'_>, dir: &Path, out: &mut dyn W
     Ok(())
 }
 
-/// How the open built the index: from a checkpoint (and how many records it folded after it),
-/// or from every record (and why a checkpoint it found was ignored).
-fn checkpoint_text(info: &continuum::IndexCheckpointInfo) -> String {
+/// How the open built the index: from an index snapshot (and how many records it folded after it),
+/// or from every record (and why an index snapshot it found was ignored).
+fn index_snapshot_text(info: &continuum::IndexSnapshotInfo) -> String {
     match (info.opened_from, &info.ignored_at_open) {
         (Some(lsn), _) => {
             format!("used (covers the records below LSN {}; {} records folded after it)", lsn.get(), info.records_after)

@@ -254,7 +254,7 @@ pub enum Error {
     },
 
     /// Evidence shows that acknowledged records existed past the end of the log (an index
-    /// checkpoint or a snapshot of this store written after them), refused under
+    /// index snapshot or a snapshot of this store written after them), refused under
     /// [`RecoveryMode::Strict`](crate::RecoveryMode::Strict); the other modes open the store
     /// and report the loss in `Store::recovery_report`.
     #[error("records were lost from the end of the log (it ends at LSN {log_end}): {evidence}")]

@@ -173,11 +173,11 @@ fn fuzz_base_context() -> crate::codec::context::Context {
     context
 }
 
-/// Decodes `data` as the body of an index checkpoint (the header is made for it, so that the
+/// Decodes `data` as the body of an index snapshot (the header is made for it, so that the
 /// checksums match and the decoder is reached). Must never panic, and allocates at most a
 /// bounded multiple of the input's size.
-pub fn index_checkpoint(data: &[u8]) {
-    let _ = crate::store::checkpoint_body_decodes(data);
+pub fn index_snapshot(data: &[u8]) {
+    let _ = crate::store::index_snapshot_body_decodes(data);
 }
 
 /// Most records [`index_fold`] appends from one input.
@@ -367,24 +367,24 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             seeds.push(("replay_decode", format!("seed-{i}"), input));
         }
     }
-    seeds.push(("index_checkpoint", "seed-0".to_owned(), checkpoint_body()));
+    seeds.push(("index_snapshot", "seed-0".to_owned(), index_snapshot_body()));
     seeds.extend(fold_seeds());
     seeds
 }
 
-/// The body of the index checkpoint of a small store with two runs, a failed and a running
+/// The body of the index snapshot of a small store with two runs, a failed and a running
 /// atom, a guard and a pin.
-fn checkpoint_body() -> Vec<u8> {
+fn index_snapshot_body() -> Vec<u8> {
     let storage = SimStorage::new(0);
     let dir = Path::new("/seed");
     seed_store(&storage, dir, true);
-    let bytes = storage.file_bytes(&dir.join(crate::store::CHECKPOINT_FILE_NAME)).unwrap_or_default();
+    let bytes = storage.file_bytes(&dir.join(crate::store::INDEX_SNAPSHOT_FILE_NAME)).unwrap_or_default();
     bytes.get(48..).unwrap_or_default().to_vec()
 }
 
 /// A small store with two runs, a failed and a running atom, a guard and a pin; then either
-/// (`checkpoint`) an index checkpoint of it, or a rollback, a fork and a finished run.
-fn seed_store(storage: &SimStorage, dir: &Path, checkpoint: bool) {
+/// (`index snapshot`) an index snapshot of it, or a rollback, a fork and a finished run.
+fn seed_store(storage: &SimStorage, dir: &Path, index_snapshot: bool) {
     {
         let store = crate::Store::builder(dir)
             .storage(Arc::new(storage.clone()))
@@ -410,8 +410,8 @@ fn seed_store(storage: &SimStorage, dir: &Path, checkpoint: bool) {
                 parents = vec![atom];
             }
         }
-        if checkpoint {
-            store.checkpoint_index().expect("seed checkpoint");
+        if index_snapshot {
+            store.write_index_snapshot().expect("seed index snapshot");
         } else {
             let run = store.run_id("first").expect("seed run");
             let to = store.agent_atoms(run, "agent")[2];

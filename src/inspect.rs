@@ -52,7 +52,7 @@ pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyRe
 /// segment is a problem too (a writable open would cut it). When the segments and snapshots
 /// are sound, the index is rebuilt as a read-only open does: a record it cannot take, evidence
 /// of records lost from the end of the log ([`Store::recovery_report`]) and an index
-/// checkpoint that is damaged, stale or another store's are problems too. Reads only; takes no
+/// index snapshot that is damaged, stale or another store's are problems too. Reads only; takes no
 /// lock. `progress` is called with the segment bytes read so far and their total.
 ///
 /// # Errors
@@ -89,17 +89,17 @@ fn store_problems(storage: Arc<dyn Storage>, dir: &Path) -> Vec<Problem> {
     let mut problems = Vec::new();
     for evidence in &store.recovery_report().lost {
         let (file, offset) = match evidence {
-            crate::store::LossEvidence::IndexCheckpoint { .. } => (dir.join(crate::store::CHECKPOINT_FILE_NAME), 16),
+            crate::store::LossEvidence::IndexSnapshot { .. } => (dir.join(crate::store::INDEX_SNAPSHOT_FILE_NAME), 16),
             crate::store::LossEvidence::Snapshot { atom } => (snapshot::path(dir, atom.get()), 0),
         };
         problems.push(Problem { file, offset, what: format!("records lost: {evidence}") });
     }
-    // A version-1 checkpoint is only older (the next writable open replaces it); one past the
+    // A version-1 index snapshot is only older (the next writable open replaces it); one past the
     // log's end is the loss above.
-    let benign = ["another format version", "the log ends before the checkpoint's LSN"];
-    if let Some(reason) = store.index_checkpoint().ignored_at_open.filter(|reason| !benign.contains(&reason.as_str())) {
-        let file = dir.join(crate::store::CHECKPOINT_FILE_NAME);
-        problems.push(Problem { file, offset: 0, what: format!("index checkpoint unusable: {reason}") });
+    let benign = ["another format version", "the log ends before the index snapshot's LSN"];
+    if let Some(reason) = store.index_snapshot().ignored_at_open.filter(|reason| !benign.contains(&reason.as_str())) {
+        let file = dir.join(crate::store::INDEX_SNAPSHOT_FILE_NAME);
+        problems.push(Problem { file, offset: 0, what: format!("index snapshot unusable: {reason}") });
     }
     problems
 }

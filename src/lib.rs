@@ -77,6 +77,6 @@ pub use purge::{CompactionReport, SpaceReport};
 pub use replay::{Rebuilt, SnapshotFallback};
 pub use store::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, Executed, History,
-    IndexCheckpointInfo, LogView, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus,
-    SnapshotPolicy, Store, StoreBuilder, StoreRecoveryReport,
+    IndexSnapshotInfo, LogView, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy,
+    Store, StoreBuilder, StoreRecoveryReport,
 };

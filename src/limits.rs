@@ -53,10 +53,10 @@ pub const ATOM_ID_MAX: u64 = u32::MAX as u64;
 /// Largest compression dictionary id: the next id (`id + 1`) must still be a `u32`.
 pub const DICTIONARY_ID_MAX: u32 = u32::MAX - 1;
 
-/// Largest index checkpoint file (`index.ckpt`) read or written, in bytes: about 16 bytes per
-/// atom, so a store of some 250 million atoms. A store whose checkpoint would be larger folds
+/// Largest index snapshot file (`index.snapshot`) read or written, in bytes: about 16 bytes per
+/// atom, so a store of some 250 million atoms. A store whose index snapshot would be larger folds
 /// its whole log on open instead; a larger file found on disk is ignored without being read.
-pub const INDEX_CHECKPOINT_BYTES_MAX: u64 = 4 << 30;
+pub const INDEX_SNAPSHOT_BYTES_MAX: u64 = 4 << 30;
 
 /// Most records in one batch.
 pub const BATCH_RECORDS_MAX: u32 = 1 << 20;
@@ -135,4 +135,4 @@ const _: () = assert!(BATCH_RECORDS_MAX as u64 * 4 <= BATCH_BYTES_MAX as u64);
 const _: () = assert!(COMMIT_GROUP_BYTES_MAX >= 64 * 1024);
 // The atom table spans `ATOM_ID_MAX` entries in pages: its page list stays a few megabytes.
 const _: () = assert!(ATOM_ID_MAX <= u32::MAX as u64);
-const _: () = assert!(INDEX_CHECKPOINT_BYTES_MAX <= usize::MAX as u64);
+const _: () = assert!(INDEX_SNAPSHOT_BYTES_MAX <= usize::MAX as u64);

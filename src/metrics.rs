@@ -35,7 +35,7 @@
 //! | `continuum_snapshot_write_seconds` | histogram | | time to encode and publish one |
 //! | `continuum_snapshot_fallbacks_total` | counter | | snapshots a rebuild skipped (failed verification) |
 //! | `continuum_policy_snapshot_failures_total` | counter | | policy snapshots that failed (no caller sees the error) |
-//! | `continuum_maintenance_failures_total` | counter | | compaction rounds, index checkpoints, dictionaries that failed (no caller sees the error) |
+//! | `continuum_maintenance_failures_total` | counter | | compaction rounds, index snapshots, dictionaries that failed (no caller sees the error) |
 //! | `continuum_rebuild_targeted_scans_total` | counter | | rebuild scans that read only their run's records |
 //! | `continuum_rebuild_scan_fallbacks_total` | counter | | targeted scans that fell back to the whole range |
 //! | `continuum_rebuild_shared_scans_total` | counter | | rebuilds that shared one pass over the log |
@@ -371,7 +371,7 @@ impl StoreCounts {
             ),
             maintenance_failures: count(
                 "continuum_maintenance_failures_total",
-                "Compaction rounds, index checkpoints and dictionaries that failed; no caller saw the error.",
+                "Compaction rounds, index snapshots and dictionaries that failed; no caller saw the error.",
             ),
             rebuild_targeted_scans: count(
                 "continuum_rebuild_targeted_scans_total",
@@ -557,7 +557,7 @@ impl Metrics {
         self.store.policy_snapshot_failures.add(1);
     }
 
-    /// A compaction round of the background thread, an index checkpoint written by the store
+    /// A compaction round of the background thread, an index snapshot written by the store
     /// on its own, or a trained dictionary's record failed; its error reached no caller.
     pub(crate) fn record_maintenance_failure(&self) {
         self.store.maintenance_failures.add(1);
@@ -790,7 +790,7 @@ pub struct MetricsSnapshot {
     /// one). No caller sees these errors: the atoms are acknowledged, and the agent's next
     /// snapshot is tried when it comes due; until then its rebuilds read more of the log.
     pub policy_snapshot_failures: u64,
-    /// Background compaction rounds, index checkpoints the store writes on its own (at open,
+    /// Background compaction rounds, index snapshots the store writes on its own (at open,
     /// after a round, when due) and trained compression dictionaries that could not be written.
     /// No caller sees these errors: nothing is lost, but space is not reclaimed, the next open
     /// folds more of the log, or records go on without the new dictionary.

@@ -4,7 +4,7 @@
 //! live is lost (every atom of the live run, its result, and the exact context of every
 //! target), the dropped run is either wholly there or wholly gone, and once a round has
 //! returned, nothing it removed comes back. A second test runs a round that only strips deltas
-//! (no run is dropped) of a store with an index checkpoint, which the round deletes and then
+//! (no run is dropped) of a store with an index snapshot, which the round deletes and then
 //! writes again patched, and crashes it after every I/O call in the same way. Both rounds also
 //! compress every sealed segment (cold compression, on by default).
 
@@ -24,17 +24,17 @@ const OLD_ATOMS: usize = 24;
 const LIVE_ATOMS: usize = 48;
 
 /// What a round does to the finished run: drop it (retention's age zero), or keep it (and the
-/// store has an index checkpoint, which the round patches).
+/// store has an index snapshot, which the round patches).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Round {
     DropsTheOldRun,
-    PatchesTheCheckpoint,
+    PatchesTheIndexSnapshot,
 }
 
 fn open_for(sim: &SimStorage, round: Round) -> continuum::Result<Store> {
     let age = match round {
         Round::DropsTheOldRun => Some(Duration::ZERO),
-        Round::PatchesTheCheckpoint => None,
+        Round::PatchesTheIndexSnapshot => None,
     };
     Store::builder(Path::new("/store"))
         .storage(Arc::new(sim.clone()))
@@ -42,7 +42,7 @@ fn open_for(sim: &SimStorage, round: Round) -> continuum::Result<Store> {
         .snapshot_policy(SnapshotPolicy { every_atoms: 6, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: age })
         .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None, ..CompactionPolicy::default() })
-        .index_checkpoint_after(u64::MAX)
+        .index_snapshot_after(u64::MAX)
         .background(false)
         .open()
 }
@@ -88,8 +88,8 @@ fn world_for(seed: u64, round: Round) -> World {
     let old_run = store.run_id("old").expect("run");
     store.finish_run(old_run, true, "done").expect("finish");
     let expected = live.iter().map(|id| store.rebuild_context(*id).expect("rebuild").context).collect();
-    if round == Round::PatchesTheCheckpoint {
-        store.checkpoint_index().expect("checkpoint");
+    if round == Round::PatchesTheIndexSnapshot {
+        store.write_index_snapshot().expect("index snapshot");
     }
     World { sim, store, old, live, expected }
 }
@@ -185,19 +185,19 @@ fn a_crash_anywhere_in_compaction_loses_nothing_live_and_revives_nothing_dead() 
 }
 
 #[test]
-fn a_crash_anywhere_in_a_round_that_patches_the_index_checkpoint_loses_nothing() {
-    let round = Round::PatchesTheCheckpoint;
+fn a_crash_anywhere_in_a_round_that_patches_the_index_snapshot_loses_nothing() {
+    let round = Round::PatchesTheIndexSnapshot;
     let ops = {
         let w = world_for(1, round);
         let before = w.sim.op_count();
-        let covered = w.store.index_checkpoint().covered.expect("a checkpoint");
+        let covered = w.store.index_snapshot().covered.expect("an index snapshot");
         let report = w.store.compact().expect("compact");
         assert_eq!(report.runs_dropped, 0);
         assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
         // Cold compression (the default) rewrote every segment with compressed frames.
         assert_eq!(report.segments_compressed, report.segments_rewritten, "{report:?}");
         assert!(w.store.log().segments().iter().filter(|s| s.sealed && s.data_bytes > 64).all(|s| s.compressed));
-        assert_eq!(w.store.index_checkpoint().covered, Some(covered), "the round patched the checkpoint");
+        assert_eq!(w.store.index_snapshot().covered, Some(covered), "the round patched the index snapshot");
         check(&w.store, &w, "without a crash");
         w.sim.op_count() - before
     };
@@ -212,7 +212,7 @@ fn a_crash_anywhere_in_a_round_that_patches_the_index_checkpoint_loses_nothing()
             sim.crash(damage);
             let context = format!("crash after op {crash_at} of {ops} with {damage:?} ({:?})", outcome.as_ref().err());
             let store = open_for(&sim, round).unwrap_or_else(|e| panic!("{context}: reopen: {e}"));
-            patched += u64::from(store.index_checkpoint().opened_from.is_some());
+            patched += u64::from(store.index_snapshot().opened_from.is_some());
             let w = World { sim, store, old, live, expected };
             check(&w.store, &w, &context);
             w.store.compact().unwrap_or_else(|e| panic!("{context}: compaction after recovery: {e}"));
@@ -220,8 +220,8 @@ fn a_crash_anywhere_in_a_round_that_patches_the_index_checkpoint_loses_nothing()
             states += 1;
         }
     }
-    eprintln!("patching compaction crash points: {states} crash states, {patched} reopened from a checkpoint");
-    assert!(patched > 0 && patched < states, "{patched} of {states} reopens used a checkpoint");
+    eprintln!("patching compaction crash points: {states} crash states, {patched} reopened from an index snapshot");
+    assert!(patched > 0 && patched < states, "{patched} of {states} reopens used an index snapshot");
 }
 
 /// Policy snapshots defer the sync of the snapshot directory, so a policy snapshot's name is
@@ -238,7 +238,7 @@ fn a_round_makes_the_snapshots_it_relies_on_durable_first() {
             .snapshot_policy(SnapshotPolicy { every_atoms: 20, every: Duration::ZERO })
             .retention(RetentionPolicy { snapshots_per_agent: 100, finished_run_age: None })
             .compaction(CompactionPolicy { live_fraction_min: 0.7, interval: None, ..CompactionPolicy::default() })
-            .index_checkpoint_after(u64::MAX)
+            .index_snapshot_after(u64::MAX)
             .background(false)
             .open()
     };
@@ -279,7 +279,7 @@ fn policy_snapshot_names_become_durable_at_the_next_directory_sync() {
             Store::builder(Path::new("/store"))
                 .storage(Arc::new(sim.clone()))
                 .snapshot_policy(SnapshotPolicy { every_atoms: 20, every: Duration::ZERO })
-                .index_checkpoint_after(u64::MAX)
+                .index_snapshot_after(u64::MAX)
                 .background(false)
                 .open()
         };

@@ -5,9 +5,9 @@
 //! crash is still complete and its closure never runs again, and every guarded effect happens
 //! exactly once in the outside world (an in-doubt effect is settled through its key, as an
 //! agent would with an API that accepts idempotency keys). The second test does the same with
-//! index checkpoints written along the way (explicitly after every fourth atom, and by the
-//! store at open and close after 4 records), so crashes also land inside checkpoint writes and
-//! reopens start from checkpoints.
+//! index snapshots written along the way (explicitly after every fourth atom, and by the
+//! store at open and close after 4 records), so crashes also land inside index snapshot writes and
+//! reopens start from index snapshots.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,23 +31,23 @@ struct World {
     acknowledged: BTreeSet<String>,
 }
 
-/// Index checkpoints: none but the default ones (never reached here), or often.
+/// Index snapshots: none but the default ones (never reached here), or often.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Checkpoints {
+enum IndexSnapshots {
     Default,
     Often,
 }
 
-fn open(sim: &SimStorage, checkpoints: Checkpoints) -> continuum::Result<Store> {
+fn open(sim: &SimStorage, index_snapshots: IndexSnapshots) -> continuum::Result<Store> {
     let builder = Store::builder(Path::new("/store")).storage(Arc::new(sim.clone())).segment_bytes(8 * 1024);
-    match checkpoints {
-        Checkpoints::Default => builder.open(),
-        Checkpoints::Often => builder.index_checkpoint_after(4).open(),
+    match index_snapshots {
+        IndexSnapshots::Default => builder.open(),
+        IndexSnapshots::Often => builder.index_snapshot_after(4).open(),
     }
 }
 
 /// Runs the agent's plan from wherever the store says it stands; stops at the first error.
-fn run_agent(store: &Store, world: &RefCell<World>, checkpoints: Checkpoints) -> continuum::Result<()> {
+fn run_agent(store: &Store, world: &RefCell<World>, index_snapshots: IndexSnapshots) -> continuum::Result<()> {
     let run = store.create_run(RunSpec::new("trip-planner"))?;
     let mut parents = Vec::new();
     for step in 0..STEPS {
@@ -62,8 +62,8 @@ fn run_agent(store: &Store, world: &RefCell<World>, checkpoints: Checkpoints) ->
         assert_eq!(executed.output.result, key.as_bytes(), "the recorded output is this step's");
         world.borrow_mut().acknowledged.insert(key);
         parents = vec![executed.atom];
-        if checkpoints == Checkpoints::Often && step % 4 == 3 {
-            store.checkpoint_index()?;
+        if index_snapshots == IndexSnapshots::Often && step % 4 == 3 {
+            store.write_index_snapshot()?;
         }
     }
     Ok(())
@@ -93,26 +93,31 @@ fn guarded_effect(
     }
 }
 
-fn total_ops(checkpoints: Checkpoints) -> u64 {
+fn total_ops(index_snapshots: IndexSnapshots) -> u64 {
     let sim = SimStorage::new(0);
-    let store = open(&sim, checkpoints).expect("open");
+    let store = open(&sim, index_snapshots).expect("open");
     let before = sim.op_count();
-    run_agent(&store, &RefCell::new(World::default()), checkpoints).expect("clean run");
+    run_agent(&store, &RefCell::new(World::default()), index_snapshots).expect("clean run");
     drop(store);
     sim.op_count() - before
 }
 
 #[test]
 fn no_completed_atom_reruns_and_every_effect_happens_once_across_crashes() {
-    let (states, _) = crash_everywhere(Checkpoints::Default);
+    let (states, _) = crash_everywhere(IndexSnapshots::Default);
     eprintln!("store crash points: {states} crash states checked");
 }
 
 #[test]
-fn index_checkpoints_change_nothing_across_crashes() {
-    let (states, from_checkpoint) = crash_everywhere(Checkpoints::Often);
-    assert!(from_checkpoint > states / 4, "only {from_checkpoint} of {states} reopens started from a checkpoint");
-    eprintln!("store crash points with checkpoints: {states} crash states, {from_checkpoint} reopened from one");
+fn index_snapshots_change_nothing_across_crashes() {
+    let (states, from_index_snapshot) = crash_everywhere(IndexSnapshots::Often);
+    assert!(
+        from_index_snapshot > states / 4,
+        "only {from_index_snapshot} of {states} reopens started from an index snapshot"
+    );
+    eprintln!(
+        "store crash points with index snapshots: {states} crash states, {from_index_snapshot} reopened from one"
+    );
 }
 
 /// Checks that no step acknowledged before the crash ran again after it.
@@ -124,20 +129,20 @@ fn assert_none_reran(world: &World, acknowledged_before: &BTreeSet<String>, cont
 
 /// Runs `work` on a fresh simulated store that halts after `crash_at` I/O calls, crashes it
 /// with `damage`, and returns the store reopened from what survived.
-fn crashed(crash_at: u64, damage: CrashDamage, checkpoints: Checkpoints, work: impl FnOnce(&Store)) -> Store {
+fn crashed(crash_at: u64, damage: CrashDamage, index_snapshots: IndexSnapshots, work: impl FnOnce(&Store)) -> Store {
     let sim = SimStorage::new(crash_at);
-    let store = open(&sim, checkpoints).expect("open");
+    let store = open(&sim, index_snapshots).expect("open");
     sim.halt_after(crash_at);
     work(&store);
     drop(store);
     sim.crash(damage);
-    open(&sim, checkpoints).unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): reopen: {e}"))
+    open(&sim, index_snapshots).unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): reopen: {e}"))
 }
 
 /// A checkpointer's agent: runs each step, then records it finished with `record_atom`
 /// (start and completion in one batch). On resume, a step the store holds is never run again.
-fn run_checkpointed_agent(store: &Store, world: &RefCell<World>) -> continuum::Result<()> {
-    let run = store.create_run(RunSpec::new("checkpointed"))?;
+fn run_index_snapshoted_agent(store: &Store, world: &RefCell<World>) -> continuum::Result<()> {
+    let run = store.create_run(RunSpec::new("covered by an index snapshot"))?;
     let mut parents = Vec::new();
     for step in 0..STEPS {
         let key = format!("step-{step}");
@@ -160,28 +165,28 @@ fn run_checkpointed_agent(store: &Store, world: &RefCell<World>) -> continuum::R
 #[test]
 fn a_recorded_atom_is_all_or_nothing_across_crashes() {
     let sim = SimStorage::new(0);
-    let store = open(&sim, Checkpoints::Default).expect("open");
+    let store = open(&sim, IndexSnapshots::Default).expect("open");
     let before = sim.op_count();
-    run_checkpointed_agent(&store, &RefCell::new(World::default())).expect("clean run");
+    run_index_snapshoted_agent(&store, &RefCell::new(World::default())).expect("clean run");
     drop(store);
     let total = sim.op_count() - before;
     let mut states = 0;
     for crash_at in 0..=total {
         for damage in [CrashDamage::ALL[0], CrashDamage::ALL[4], CrashDamage::ALL[8]] {
             let world = RefCell::new(World::default());
-            let store = crashed(crash_at, damage, Checkpoints::Default, |store| {
-                let _ = run_checkpointed_agent(store, &world);
+            let store = crashed(crash_at, damage, IndexSnapshots::Default, |store| {
+                let _ = run_index_snapshoted_agent(store, &world);
             });
             let acknowledged_before = world.borrow().acknowledged.clone();
-            if let Some(run) = store.run_id("checkpointed") {
+            if let Some(run) = store.run_id("covered by an index snapshot") {
                 // A start without its completion would be a torn batch.
                 assert!(store.incomplete_atoms(run).is_empty(), "crash at {crash_at} ({damage:?}): a half atom");
             }
-            run_checkpointed_agent(&store, &world)
+            run_index_snapshoted_agent(&store, &world)
                 .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));
             let world = world.borrow();
             assert_none_reran(&world, &acknowledged_before, &format!("crash at {crash_at} ({damage:?})"));
-            let run = store.run_id("checkpointed").expect("run");
+            let run = store.run_id("covered by an index snapshot").expect("run");
             assert_eq!(store.run_atoms(run).len() as u64, STEPS);
             assert!(store.incomplete_atoms(run).is_empty());
             states += 1;
@@ -192,19 +197,19 @@ fn a_recorded_atom_is_all_or_nothing_across_crashes() {
 
 /// Crashes the agent's run after every I/O call (the store's drop included) with three kinds
 /// of damage, resumes it, and checks invariant 8; returns the crash states checked and how
-/// many of the reopens started from an index checkpoint.
-fn crash_everywhere(checkpoints: Checkpoints) -> (u64, u64) {
-    let total = total_ops(checkpoints);
-    let (mut states, mut from_checkpoint) = (0, 0);
+/// many of the reopens started from an index snapshot.
+fn crash_everywhere(index_snapshots: IndexSnapshots) -> (u64, u64) {
+    let total = total_ops(index_snapshots);
+    let (mut states, mut from_index_snapshot) = (0, 0);
     for crash_at in 0..=total {
         for damage in [CrashDamage::ALL[0], CrashDamage::ALL[4], CrashDamage::ALL[8]] {
             let world = RefCell::new(World::default());
-            let store = crashed(crash_at, damage, checkpoints, |store| {
-                let _ = run_agent(store, &world, checkpoints);
+            let store = crashed(crash_at, damage, index_snapshots, |store| {
+                let _ = run_agent(store, &world, index_snapshots);
             });
             let acknowledged_before = world.borrow().acknowledged.clone();
-            from_checkpoint += u64::from(store.index_checkpoint().opened_from.is_some());
-            run_agent(&store, &world, checkpoints)
+            from_index_snapshot += u64::from(store.index_snapshot().opened_from.is_some());
+            run_agent(&store, &world, index_snapshots)
                 .unwrap_or_else(|e| panic!("crash at {crash_at} ({damage:?}): resume: {e}"));
             let world = world.borrow();
             assert_none_reran(&world, &acknowledged_before, &format!("crash at {crash_at} ({damage:?})"));
@@ -218,5 +223,5 @@ fn crash_everywhere(checkpoints: Checkpoints) -> (u64, u64) {
             states += 1;
         }
     }
-    (states, from_checkpoint)
+    (states, from_index_snapshot)
 }

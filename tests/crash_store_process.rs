@@ -5,8 +5,8 @@
 //! and the agent resumes. Checks invariant 8 under real crashes: no atom's closure runs after
 //! its acknowledgement, every acknowledged atom is complete after reopen, and every effect
 //! happens exactly once. `CONTINUUM_CRASH_ITERATIONS` raises the number of kills (default 20).
-//! The store writes index checkpoints along the way (every 100 atoms, and at open and close
-//! after 64 records), so kills also land inside checkpoint writes and reopens start from them.
+//! The store writes index snapshots along the way (every 100 atoms, and at open and close
+//! after 64 records), so kills also land inside index snapshot writes and reopens start from them.
 
 mod common;
 
@@ -39,15 +39,15 @@ fn run_plan(dir: &Path, mut report: impl FnMut(&str)) -> continuum::Result<()> {
         report(&format!("ACK {key}"));
         parents = vec![executed.atom];
         if step % 100 == 99 {
-            store.checkpoint_index()?;
+            store.write_index_snapshot()?;
         }
     }
     Ok(())
 }
 
-/// The store, with index checkpoints after 64 records instead of 65,536.
+/// The store, with index snapshots after 64 records instead of 65,536.
 fn open(dir: &Path) -> continuum::Result<Store> {
-    Store::builder(dir).index_checkpoint_after(64).open()
+    Store::builder(dir).index_snapshot_after(64).open()
 }
 
 /// A side effect recorded durably in the world file, which outlives the agent.

@@ -351,29 +351,29 @@ fn a_torn_tail_is_reported_not_cut() {
 }
 
 #[test]
-fn the_summary_says_whether_the_index_came_from_a_checkpoint() {
+fn the_summary_says_whether_the_index_came_from_a_index_snapshot() {
     let store = golden_store();
     let covered = {
         let opened = Store::builder(store.path()).background(false).open().expect("open");
-        opened.checkpoint_index().expect("checkpoint")
+        opened.write_index_snapshot().expect("index snapshot")
     };
     let (code, out, _) = dump(store.path(), &["summary"]);
     assert_eq!(code, 0, "{out}");
     let expected =
-        format!("index checkpoint: used (covers the records below LSN {}; 0 records folded after it)", covered.get());
+        format!("index snapshot: used (covers the records below LSN {}; 0 records folded after it)", covered.get());
     assert!(out.contains(&expected), "{out}");
-    let path = store.path().join("index.ckpt");
+    let path = store.path().join("index.snapshot");
     // The first body byte: after the 48-byte header (docs/FORMAT.md §9a).
     flip_byte(&path, 49);
     let (code, out, _) = dump(store.path(), &["summary"]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("index checkpoint: IGNORED (body checksum mismatch); the open folded every record"), "{out}");
+    assert!(out.contains("index snapshot: IGNORED (body checksum mismatch); the open folded every record"), "{out}");
 }
 
 #[test]
 fn verify_reports_records_lost_from_the_end_of_the_log() {
     // The last segment replaced by an older copy of itself: every frame verifies, but the index
-    // checkpoint covers records the log no longer has. `verify` exited 0.
+    // index snapshot covers records the log no longer has. `verify` exited 0.
     let store = golden_store();
     let segments = |dir: &Path| -> Vec<(PathBuf, Vec<u8>)> {
         let mut files: Vec<_> = std::fs::read_dir(dir)
@@ -391,7 +391,7 @@ fn verify_reports_records_lost_from_the_end_of_the_log() {
         let run = opened.create_run(continuum::RunSpec::new("lost")).expect("run");
         let atom = opened.begin_atom(run, "planner", "lost-step", &[], "").expect("begin");
         opened.complete_atom(atom, &continuum::AtomOutput::default()).expect("complete");
-        opened.checkpoint_index().expect("checkpoint");
+        opened.write_index_snapshot().expect("index snapshot");
     }
     for (path, _) in segments(store.path()) {
         std::fs::remove_file(path).expect("remove");
@@ -402,7 +402,7 @@ fn verify_reports_records_lost_from_the_end_of_the_log() {
     let (code, out, err) = dump(store.path(), &["verify"]);
     assert_eq!(code, 1, "verify of a store that lost records must fail: {out}{err}");
     // The log manifest is the first witness (the segment ends before the end it recorded); the
-    // index checkpoint's is reported when the segments themselves verify.
+    // index snapshot's is reported when the segments themselves verify.
     assert!(out.contains("records lost"), "{out}");
 }
 

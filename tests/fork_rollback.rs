@@ -221,7 +221,7 @@ fn a_forked_branch_runs_its_own_step_under_a_key_the_old_branch_used() {
             Err(Error::AtomExists { atom }) if atom == new.get()
         ));
         assert_eq!(ran.get(), 2, "no completed step ran again");
-        store.checkpoint_index().expect("the second open starts from a checkpoint");
+        store.write_index_snapshot().expect("the second open starts from an index snapshot");
     }
     // A rollback to the fork abandons the fork's step: on the fork it runs again, and the old
     // branch still finds its own, though the key's newest atom is now an abandoned one.

@@ -49,10 +49,10 @@ fn replay_decode_corpus_agrees_with_prost() {
 }
 
 #[test]
-fn index_checkpoint_corpus_never_panics() {
-    let count = replay("index_checkpoint", continuum::fuzz::index_checkpoint);
-    assert!(count > 0, "the index_checkpoint corpus must not be empty");
-    eprintln!("index_checkpoint: {count} inputs");
+fn index_snapshot_corpus_never_panics() {
+    let count = replay("index_snapshot", continuum::fuzz::index_snapshot);
+    assert!(count > 0, "the index_snapshot corpus must not be empty");
+    eprintln!("index_snapshot: {count} inputs");
 }
 
 #[test]

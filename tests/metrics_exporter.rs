@@ -55,7 +55,7 @@ fn log_workload(dir: &std::path::Path) -> Log {
 }
 
 /// `ATOMS` atoms and one snapshot in a labelled store, kept open (closing it would write an
-/// index checkpoint).
+/// index snapshot).
 fn store_workload(dir: &std::path::Path) -> Store {
     let store = Store::builder(dir).metrics_label("exporter-store").background(false).open().expect("open the store");
     let run = store.create_run(RunSpec::new("exporter")).expect("a run");

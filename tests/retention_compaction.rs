@@ -409,7 +409,7 @@ fn a_dropped_run_gives_its_index_memory_back() {
     // atom keys and its guards), beside a run that is kept: the index shrinks, live and after a
     // reopen, and the kept run's atoms and keys work as before.
     let sim = SimStorage::new(11);
-    // No index checkpoint, and no segment rewritten: the reopen folds the dropped run's
+    // No index snapshot, and no segment rewritten: the reopen folds the dropped run's
     // records and then the drop's.
     let open_on = |sim: &SimStorage| {
         Store::builder(Path::new("/store"))
@@ -418,7 +418,7 @@ fn a_dropped_run_gives_its_index_memory_back() {
             .snapshot_policy(SnapshotPolicy::NEVER)
             .retention(RetentionPolicy { snapshots_per_agent: 1, finished_run_age: Some(Duration::ZERO) })
             .compaction(CompactionPolicy { live_fraction_min: 0.0, interval: None, cold_compression: None })
-            .index_checkpoint_after(u64::MAX)
+            .index_snapshot_after(u64::MAX)
             .background(false)
             .open()
             .expect("open")
@@ -660,7 +660,7 @@ fn decoded_log(store: &Store) -> BTreeMap<u64, continuum::codec::StoreRecord> {
 
 /// Cold compression (on by default) rewrites every sealed segment with its records stored plain
 /// and compressed together: the log shrinks, every record decodes to exactly what it was, every
-/// context rebuilds the same, across reopen with and without the index checkpoint; a second
+/// context rebuilds the same, across reopen with and without the index snapshot; a second
 /// round has nothing left to compress, and a later round compresses only the newly sealed
 /// segments. With no snapshots, nothing is reclaimable, so nothing else changes.
 #[test]
@@ -693,15 +693,16 @@ fn cold_compression_keeps_every_record_and_shrinks_the_log() {
     check(&store, "after cold compression");
     let again = store.compact().expect("compact again");
     assert_eq!((again.segments_rewritten, again.segments_compressed), (0, 0), "{again:?}");
-    store.checkpoint_index().expect("checkpoint");
+    store.write_index_snapshot().expect("index snapshot");
     drop(store);
     let store = open_with(&sim, SnapshotPolicy::NEVER, keep(2));
-    assert!(store.index_checkpoint().opened_from.is_some(), "{:?}", store.index_checkpoint());
-    check(&store, "reopened from the index checkpoint");
+    assert!(store.index_snapshot().opened_from.is_some(), "{:?}", store.index_snapshot());
+    check(&store, "reopened from the index snapshot");
     drop(store);
-    continuum::storage::Storage::remove_file(&sim, Path::new("/store/index.ckpt")).expect("remove the checkpoint");
+    continuum::storage::Storage::remove_file(&sim, Path::new("/store/index.snapshot"))
+        .expect("remove the index snapshot");
     let store = open_with(&sim, SnapshotPolicy::NEVER, keep(2));
-    assert!(store.index_checkpoint().opened_from.is_none());
+    assert!(store.index_snapshot().opened_from.is_none());
     check(&store, "reopened by folding the compressed log");
 
     let more = chain(&store, "cold-2", 60, 13);

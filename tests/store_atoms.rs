@@ -87,7 +87,7 @@ fn record_atom_writes_a_finished_atom_in_one_batch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (run, a, b) = {
         let store = Store::open(dir.path()).expect("open");
-        let run = store.create_run(RunSpec::new("checkpoints")).expect("run");
+        let run = store.create_run(RunSpec::new("index snapshots")).expect("run");
         let before = store.log().next_lsn().get();
         let a = store.record_atom(run, "graph", "node-1", &[], "idem-a", &output(1)).expect("a");
         assert_eq!(store.log().next_lsn().get(), before + 2, "a start and a completion");
@@ -606,7 +606,7 @@ fn by_default_only_large_records_are_compressed_as_they_are_appended() {
 fn last_agent_atom_is_the_newest_atom_a_rollback_left_in_place() {
     // Three runs and three agents written in a random interleaving of completed atoms, atoms
     // left running and rollbacks: after every step, and after reopening from an index
-    // checkpoint and by a whole fold, each agent's last_agent_atom must be the newest of its
+    // index snapshot and by a whole fold, each agent's last_agent_atom must be the newest of its
     // atoms the test's own record says no rollback abandoned (and agent_atoms every atom).
     let dir = tempfile::tempdir().expect("tempdir");
     let open = || Store::builder(dir.path()).snapshot_policy(continuum::SnapshotPolicy::NEVER).background(false).open();
@@ -668,15 +668,15 @@ fn last_agent_atom_is_the_newest_atom_a_rollback_left_in_place() {
         check(&store, &written, &format!("step {step}"));
     }
     assert!(written.values().flatten().any(|(_, abandoned)| *abandoned), "the interleaving rolled something back");
-    store.checkpoint_index().expect("checkpoint");
+    store.write_index_snapshot().expect("index snapshot");
     drop(store);
-    let store = open().expect("reopen from the checkpoint");
-    assert!(store.index_checkpoint().opened_from.is_some());
-    check(&store, &written, "reopened from a checkpoint");
+    let store = open().expect("reopen from the index snapshot");
+    assert!(store.index_snapshot().opened_from.is_some());
+    check(&store, &written, "reopened from an index snapshot");
     drop(store);
-    std::fs::remove_file(dir.path().join("index.ckpt")).expect("remove the checkpoint");
+    std::fs::remove_file(dir.path().join("index.snapshot")).expect("remove the index snapshot");
     let store = open().expect("reopen");
-    assert!(store.index_checkpoint().opened_from.is_none());
+    assert!(store.index_snapshot().opened_from.is_none());
     check(&store, &written, "reopened by a whole fold");
 }
 
@@ -685,7 +685,7 @@ fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
     // Run "early" writes throughout, "late" is created half-way and "burst" writes one short
     // stretch: each query walks only its run's span of the atom table, so it must find the
     // same atoms as the test's own record, live, after a reopen that folds the log, and after
-    // one that starts from an index checkpoint.
+    // one that starts from an index snapshot.
     let dir = tempfile::tempdir().expect("tempdir");
     // No snapshots: the late run's rebuild folds its whole chain.
     let open = || Store::builder(dir.path()).snapshot_policy(continuum::SnapshotPolicy::NEVER).background(false).open();
@@ -745,15 +745,15 @@ fn run_queries_find_every_atom_of_runs_interleaved_and_started_late() {
         assert_eq!(rebuilt.context.encode(), late_context.encode(), "{when}: the late run's context");
     };
     check(&store, "live");
-    store.checkpoint_index().expect("checkpoint");
+    store.write_index_snapshot().expect("index snapshot");
     drop(store);
-    let store = open().expect("reopen from the checkpoint");
-    assert!(store.index_checkpoint().opened_from.is_some());
-    check(&store, "reopened from a checkpoint");
+    let store = open().expect("reopen from the index snapshot");
+    assert!(store.index_snapshot().opened_from.is_some());
+    check(&store, "reopened from an index snapshot");
     drop(store);
-    std::fs::remove_file(dir.path().join("index.ckpt")).expect("remove the checkpoint");
+    std::fs::remove_file(dir.path().join("index.snapshot")).expect("remove the index snapshot");
     let store = open().expect("reopen");
-    assert!(store.index_checkpoint().opened_from.is_none());
+    assert!(store.index_snapshot().opened_from.is_none());
     check(&store, "reopened by a whole fold");
 }
 

@@ -22,7 +22,7 @@ fn open(sim: &SimStorage, flush_interval: Duration, snapshots: SnapshotPolicy) -
         .atom_durability(Durability::Buffered)
         .flush_interval(flush_interval)
         .snapshot_policy(snapshots)
-        .index_checkpoint_after(u64::MAX)
+        .index_snapshot_after(u64::MAX)
         .background(false)
         .open()
         .expect("open")

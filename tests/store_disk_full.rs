@@ -27,7 +27,7 @@ fn open(sim: &SimStorage) -> continuum::Result<Store> {
         .snapshot_policy(SnapshotPolicy { every_atoms: 5, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
         .compaction(CompactionPolicy { interval: None, ..CompactionPolicy::default() })
-        .index_checkpoint_after(u64::MAX)
+        .index_snapshot_after(u64::MAX)
         .background(false)
         .open()
 }
@@ -191,7 +191,7 @@ fn a_ballast_lets_retention_free_space_when_not_a_byte_is_left() {
                 .snapshot_policy(SnapshotPolicy::NEVER)
                 .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
                 .compaction(CompactionPolicy { interval: None, ..CompactionPolicy::default() })
-                .index_checkpoint_after(u64::MAX)
+                .index_snapshot_after(u64::MAX)
                 .ballast_bytes(ballast)
                 .background(false)
                 .open()

@@ -1,6 +1,6 @@
 //! Atoms recorded with their delta already encoded (`Store::record_atom_encoded`,
 //! `Store::complete_atom_encoded`), as a binding or a framework that serializes its own
-//! checkpoints hands them over: the store holds, returns and replays exactly what it would from
+//! index snapshots hands them over: the store holds, returns and replays exactly what it would from
 //! the `Delta` itself, before and after a reopen; bytes that are not a `Delta` are refused with
 //! `Error::InvalidDelta` and leave no trace.
 

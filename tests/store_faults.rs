@@ -1,9 +1,9 @@
 //! Injected I/O failures under the store, which keeps running after them: one `EIO` or
 //! `ENOSPC` on the nth I/O call of a store workload (two runs of chained atoms, policy snapshots
-//! written as they come due, an index checkpoint, a compaction round with cold compression
-//! that patches it, another checkpoint, more atoms), for every call the workload makes. The log's own fault tests
+//! written as they come due, an index snapshot, a compaction round with cold compression
+//! that patches it, another index snapshot, more atoms), for every call the workload makes. The log's own fault tests
 //! (`tests/faults.rs`) fail calls under bare appends; these fail them inside the store's
-//! snapshot files, compaction's rewrites, checkpoints and reads as well. A second test does
+//! snapshot files, compaction's rewrites, index snapshots and reads as well. A second test does
 //! the same beside the background thread, which then writes the policy snapshots.
 //!
 //! After each failure the workload goes on (a step that failed without poisoning the store is
@@ -19,7 +19,7 @@
 //! workload leaves, a fourth and a fifth the calls around the first and the final dictionary's
 //! appends, and a sixth a commit group shared by eight threads recording at once. A failure no store call returned
 //! must show in the metrics where it lost something: a policy snapshot not written is a
-//! `policy_snapshot_failures`; the round's patch of the index checkpoint, or a dictionary not
+//! `policy_snapshot_failures`; the round's patch of the index snapshot, or a dictionary not
 //! written, a `maintenance_failures`.
 
 use std::collections::BTreeMap;
@@ -37,7 +37,7 @@ use continuum::{
 
 const SEGMENT_BYTES: u64 = 16 * 1024;
 const RUNS: [&str; 2] = ["a", "b"];
-/// Atoms per run before the compaction round and the checkpoint.
+/// Atoms per run before the compaction round and the index snapshot.
 const BEFORE_ROUND: usize = 14;
 /// Atoms per run after them.
 const AFTER_ROUND: usize = 6;
@@ -53,7 +53,7 @@ fn open(sim: &SimStorage, background: bool) -> continuum::Result<Store> {
         .snapshot_policy(SnapshotPolicy { every_atoms: 5, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: None })
         .compaction(CompactionPolicy { live_fraction_min: 0.9, interval: None, ..CompactionPolicy::default() })
-        .index_checkpoint_after(u64::MAX)
+        .index_snapshot_after(u64::MAX)
         .background(background)
         .open()
 }
@@ -138,15 +138,15 @@ fn workload(store: &Store) -> Model {
             record(store, &mut model, run, i);
         }
     }
-    // A checkpoint before the round too, so that the round patches it.
-    if let Err(error) = store.checkpoint_index() {
-        model.error("checkpoint before the round", &error);
+    // An index snapshot before the round too, so that the round patches it.
+    if let Err(error) = store.write_index_snapshot() {
+        model.error("index snapshot before the round", &error);
     }
     if let Err(error) = store.compact() {
         model.error("compact", &error);
     }
-    if let Err(error) = store.checkpoint_index() {
-        model.error("checkpoint", &error);
+    if let Err(error) = store.write_index_snapshot() {
+        model.error("index snapshot", &error);
     }
     for i in BEFORE_ROUND..BEFORE_ROUND + AFTER_ROUND {
         for run in RUNS {
@@ -208,7 +208,7 @@ struct Seen {
     /// Policy snapshots written, and failed (`MetricsSnapshot`).
     snapshot_writes: u64,
     snapshot_failures: u64,
-    /// Index checkpoints the store wrote on its own that failed (`MetricsSnapshot`).
+    /// Index snapshots the store wrote on its own that failed (`MetricsSnapshot`).
     maintenance_failures: u64,
 }
 
@@ -284,9 +284,9 @@ fn a_failed_io_call_anywhere_in_a_store_workload_loses_no_acknowledged_atom() {
         "{cases} cases ({calls} I/O calls, each failed with EIO and ENOSPC); {surfaced} surfaced as an error of a store call, {snapshot_failures} as a failed policy snapshot, {maintenance_failures} as a failed maintenance task"
     );
     assert!(snapshot_failures > 0, "failures inside policy snapshots are counted");
-    // The round patches the checkpoint written before it; a failure there is the round's
+    // The round patches the index snapshot written before it; a failure there is the round's
     // only one that reaches no caller.
-    assert!(maintenance_failures > 0, "a failed patch of the index checkpoint is counted");
+    assert!(maintenance_failures > 0, "a failed patch of the index snapshot is counted");
     // Failures inside policy snapshots, and in reads that have a fallback, reach no caller;
     // the rest must (218 of 452 cases reached none when this was written, 144 of them counted in
     // the metrics).
@@ -321,8 +321,8 @@ fn loaded_disk() -> (SimStorage, Model) {
 
 #[test]
 fn a_failed_io_call_while_opening_is_a_typed_error_and_the_next_open_finds_everything() {
-    // The store the workload left (an index checkpoint, then more atoms: an open reads the
-    // checkpoint, folds the records after it, recovers the active segment), reopened with one
+    // The store the workload left (an index snapshot, then more atoms: an open reads the
+    // index snapshot, folds the records after it, recovers the active segment), reopened with one
     // of the open's calls failed: the open returns a typed error, or a store that holds
     // everything; the open after it, with no fault, always does.
     let (sim, _) = loaded_disk();

@@ -1,7 +1,7 @@
 //! Files that must belong to their store and generation (invariant 10). A snapshot copied in
 //! from another store was used as this store's: `rebuild_context` returned the other store's
 //! context. Records lost from the end of the log (the last segment replaced by an older copy
-//! of itself) went unreported although the index checkpoint and a snapshot, both written only
+//! of itself) went unreported although the index snapshot and a snapshot, both written only
 //! once the log was synced through them, showed that they had existed.
 
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ fn builder(dir: &Path) -> StoreBuilder {
         .segment_bytes(1 << 20)
         .snapshot_policy(SnapshotPolicy::NEVER)
         .background(false)
-        .index_checkpoint_after(u64::MAX)
+        .index_snapshot_after(u64::MAX)
 }
 
 /// `count` atoms of agent "agent" in run "r", each the child of the one before; their ids.
@@ -82,15 +82,15 @@ fn a_snapshot_of_another_store_is_never_used() {
 }
 
 /// A store whose log lost its last atoms: 20 atoms, then 20 more, a snapshot of the last and an
-/// index checkpoint; then the segment files are replaced by their copies from after the first
-/// 20. Returns the last atom (its snapshot survives) and the LSN the checkpoint covers.
+/// index snapshot; then the segment files are replaced by their copies from after the first
+/// 20. Returns the last atom (its snapshot survives) and the LSN the index snapshot covers.
 fn store_with_a_lost_tail(dir: &Path) -> (AtomId, u64) {
     drop(atoms(&builder(dir).open().expect("open"), 20, 1));
     let older = segment_files(dir);
     let store = builder(dir).open().expect("open");
     let last = *atoms(&store, 20, 2).last().expect("an atom");
     store.snapshot_now(last).expect("snapshot");
-    let covered = store.checkpoint_index().expect("checkpoint").get();
+    let covered = store.write_index_snapshot().expect("index snapshot").get();
     drop(store);
     for (path, _) in segment_files(dir) {
         std::fs::remove_file(path).expect("remove segment");
@@ -102,15 +102,15 @@ fn store_with_a_lost_tail(dir: &Path) -> (AtomId, u64) {
 }
 
 #[test]
-fn strict_recovery_refuses_a_store_whose_checkpoint_and_snapshot_outlive_the_log() {
+fn strict_recovery_refuses_a_store_whose_index_snapshot_and_snapshot_outlive_the_log() {
     let dir = tempfile::tempdir().expect("dir");
     store_with_a_lost_tail(dir.path());
     let opened = builder(dir.path()).recovery_mode(RecoveryMode::Strict).open();
     assert!(
-        matches!(opened, Err(Error::RecordsLost { evidence: LossEvidence::IndexCheckpoint { .. }, .. })),
+        matches!(opened, Err(Error::RecordsLost { evidence: LossEvidence::IndexSnapshot { .. }, .. })),
         "{opened:?}"
     );
-    assert!(dir.path().join("index.ckpt").exists(), "a refused open changed nothing");
+    assert!(dir.path().join("index.snapshot").exists(), "a refused open changed nothing");
 }
 
 #[test]
@@ -126,7 +126,7 @@ fn the_default_open_reports_the_loss_once_and_never_reuses_a_lost_atom_s_snapsho
     assert_eq!(
         report.lost,
         [
-            LossEvidence::IndexCheckpoint { covered: continuum::Lsn::new(covered), log_end },
+            LossEvidence::IndexSnapshot { covered: continuum::Lsn::new(covered), log_end },
             LossEvidence::Snapshot { atom: last },
         ]
     );
@@ -138,7 +138,7 @@ fn the_default_open_reports_the_loss_once_and_never_reuses_a_lost_atom_s_snapsho
     assert_eq!(*store.recovery_report(), report);
     assert!(!snapshot.exists(), "the lost atom's snapshot is kept");
     assert!(snapshot.with_extension("snap.lost").exists(), "the lost atom's snapshot is set aside");
-    assert!(!dir.path().join("index.ckpt").exists(), "the checkpoint past the log is kept");
+    assert!(!dir.path().join("index.snapshot").exists(), "the index snapshot past the log is kept");
     // The lost atoms' ids are given again: none may start from the lost atom's snapshot.
     let again = atoms(&store, 20, 3);
     assert!(again.contains(&last));

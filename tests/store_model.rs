@@ -1,7 +1,7 @@
 //! The atom protocol against a model, over random sequences of what agents, reviewers and
 //! retention do, with crashes: steps executed (some failing with a retryable error first,
 //! some failing for good) or recorded whole (`record_atom`), rollbacks and re-runs, forks,
-//! pins, runs finished and dropped by retention and their names reused, index checkpoints,
+//! pins, runs finished and dropped by retention and their names reused, index snapshots,
 //! clean reopens, and power losses with each kind of damage: between actions, and in the middle
 //! of one (the process dies after a chosen number of storage calls, the calls after that fail,
 //! then the power goes).
@@ -52,8 +52,8 @@ enum Action {
     Compact,
     /// The run finishes and retention drops it; its name is free for a new run.
     Drop { run: usize },
-    /// An index checkpoint now.
-    Checkpoint,
+    /// An index snapshot now.
+    IndexSnapshot,
     /// A clean close and open.
     Reopen,
     /// A power loss with this kind of damage, and an open.
@@ -87,7 +87,7 @@ fn work() -> impl Strategy<Value = Action> {
         1 => (0..RUNS.len(), 0..AGENTS.len(), 0..2 * STEPS).prop_map(|(run, agent, pick)| Action::Fork { run, agent, pick }),
         2 => Just(Action::Compact),
         1 => (0..RUNS.len()).prop_map(|run| Action::Drop { run }),
-        1 => Just(Action::Checkpoint),
+        1 => Just(Action::IndexSnapshot),
     ]
 }
 
@@ -120,7 +120,7 @@ fn open(sim: &SimStorage, background: bool) -> Store {
         .segment_bytes(4 * 1024)
         .snapshot_policy(SnapshotPolicy { every_atoms: 3, every: Duration::ZERO })
         .retention(RetentionPolicy { snapshots_per_agent: 2, finished_run_age: Some(Duration::ZERO) })
-        .index_checkpoint_after(u64::MAX)
+        .index_snapshot_after(u64::MAX)
         .compaction(CompactionPolicy { interval: None, ..CompactionPolicy::default() })
         .background(background)
         .open()
@@ -366,8 +366,8 @@ fn apply(store: &Store, model: &mut Model, action: &Action) {
             assert_eq!(store.compact().expect("compact").runs_dropped, 1);
             assert!(store.run_id(RUNS[run]).is_none(), "the name is free");
         }
-        Action::Checkpoint => {
-            store.checkpoint_index().expect("checkpoint");
+        Action::IndexSnapshot => {
+            store.write_index_snapshot().expect("index snapshot");
         }
         Action::Compact => {
             store.compact().expect("compact");
@@ -505,8 +505,8 @@ fn attempt(store: &Store, model: &mut Model, action: &Action) -> Attempt {
             let acked = finished && store.compact().is_ok_and(|report| report.runs_dropped == 1);
             Attempt::Drop { run, acked }
         }
-        Action::Checkpoint => {
-            let _ = store.checkpoint_index();
+        Action::IndexSnapshot => {
+            let _ = store.write_index_snapshot();
             Attempt::Nothing
         }
         Action::Compact => {

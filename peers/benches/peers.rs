@@ -813,7 +813,7 @@ fn at_rest(options: &Options, scale: &Scale, root: &Path, report: &mut Report) {
             round.bytes_read, round.bytes_written
         ),
         format!(
-            "where the bytes are, per atom of the sample: compressed segments {:.1}, segments as appended (the active one) {:.1}, index checkpoint {:.1}",
+            "where the bytes are, per atom of the sample: compressed segments {:.1}, segments as appended (the active one) {:.1}, index snapshot {:.1}",
             compressed as f64 / atoms as f64,
             appended as f64 / atoms as f64,
             checkpoint as f64 / atoms as f64

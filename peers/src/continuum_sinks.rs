@@ -188,7 +188,7 @@ impl StoreSink {
     /// checkpoint (what the background thread writes after a round).
     pub(crate) fn compact(&self) -> Result<continuum::CompactionReport> {
         let report = self.store.compact()?;
-        self.store.checkpoint_index()?;
+        self.store.write_index_snapshot()?;
         Ok(report)
     }
 
@@ -198,7 +198,7 @@ impl StoreSink {
         let segments = self.store.log().segments();
         let compressed = segments.iter().filter(|s| s.compressed).map(|s| s.data_bytes).sum();
         let appended = segments.iter().filter(|s| !s.compressed).map(|s| s.data_bytes).sum();
-        let checkpoint = std::fs::metadata(self.dir.join("index.ckpt")).map_or(0, |m| m.len());
+        let checkpoint = std::fs::metadata(self.dir.join("index.snapshot")).map_or(0, |m| m.len());
         (compressed, appended, checkpoint)
     }
 
@@ -292,7 +292,7 @@ impl AtomSink for StoreSink {
     }
 
     fn close(self: Box<Self>) -> Result<()> {
-        // Dropping the store may write its index checkpoint (through the load storage, which
+        // Dropping the store may write its index snapshot (through the load storage, which
         // does not sync): sync what the directory holds now.
         let dir = self.dir.clone();
         drop(self.store);

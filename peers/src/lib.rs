@@ -177,7 +177,7 @@ impl AtRestStore {
     }
 
     /// Runs one compaction round (cold compression of every sealed segment) and writes the
-    /// index checkpoint.
+    /// index snapshot.
     ///
     /// # Errors
     /// continuum's errors.
@@ -186,7 +186,7 @@ impl AtRestStore {
     }
 
     /// Bytes of the log's compressed (sealed) segments, of its active segment, and of the
-    /// index checkpoint file: where the directory's bytes are.
+    /// index snapshot file: where the directory's bytes are.
     pub fn breakdown(&self) -> (u64, u64, u64) {
         self.0.breakdown()
     }

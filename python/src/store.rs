@@ -211,7 +211,7 @@ impl PyStore {
     }
 
     /// Closes the store: waits for calls in progress on other threads, stops the background
-    /// thread, writes the index checkpoint if one is due and releases the directory's lock.
+    /// thread, writes the index snapshot if one is due and releases the directory's lock.
     /// Closing twice does nothing. Every later call raises ``ClosedError``.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let Some(mut shared) = self.slot().take() else { return Ok(()) };

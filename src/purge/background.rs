@@ -166,7 +166,7 @@ fn run(
                     tracing::warn!(%error, "background compaction failed");
                 }
             }
-            checkpoint_if_due(&store);
+            index_snapshot_if_due(&store);
             next_compaction = interval.map(|every| Instant::now() + every);
         }
         // Every wake-up takes the dictionary to train and the due snapshots, whatever job woke
@@ -202,17 +202,17 @@ fn run(
     }
 }
 
-/// Writes an index checkpoint when the records after the newest one (all of them, if
-/// compaction deleted it) are at least `index_checkpoint_after` and a quarter of those
+/// Writes an index snapshot when the records after the newest one (all of them, if
+/// compaction deleted it) are at least `index_snapshot_after` and a quarter of those
 /// it covers: a crash then costs an open at most that many records' fold, and rewriting the
-/// checkpoint stays proportional to the records appended.
-fn checkpoint_if_due(store: &Store) {
-    let (after, covered) = store.checkpoint_lag();
-    if after >= store.shared.policies.index_checkpoint_after.max(covered / 4)
-        && let Err(error) = store.checkpoint_index()
+/// index snapshot stays proportional to the records appended.
+fn index_snapshot_if_due(store: &Store) {
+    let (after, covered) = store.index_snapshot_lag();
+    if after >= store.shared.policies.index_snapshot_after.max(covered / 4)
+        && let Err(error) = store.write_index_snapshot()
     {
         store.shared.log.metrics_handle().record_maintenance_failure();
-        tracing::warn!(%error, "background index checkpoint failed");
+        tracing::warn!(%error, "background index snapshot failed");
     }
 }
 

@@ -220,7 +220,7 @@ impl Store {
         let policy = self.shared.policies.compaction;
         let options = RewriteOptions { compression: policy.cold_compression };
         let closing = || self.shared.closing.load(std::sync::atomic::Ordering::Acquire);
-        let mut checkpoint = CheckpointPatch::default();
+        let mut index_snapshot = IndexSnapshotPatch::default();
         let next_lsn = || self.shared.log.next_lsn().get();
         // Set once a wait for a lull gave up: the round's other compress-only segments wait too.
         let mut deferring = false;
@@ -242,14 +242,14 @@ impl Store {
             let started = Instant::now();
             let mut burst = BurstWatch::new(next_lsn(), started);
             // The pauses of one rewrite share one budget, so that a round (which `pin` and
-            // `checkpoint_index` wait for) is not stretched without bound by bursts.
+            // `write_index_snapshot` wait for) is not stretched without bound by bursts.
             let mut pause_budget = LULL_WAIT_MAX;
             let mut deferred_midway = false;
-            if checkpoint.state.is_none() && !checkpoint.dropped {
-                checkpoint.state = self.shared.loaded_index_checkpoint();
+            if index_snapshot.state.is_none() && !index_snapshot.dropped {
+                index_snapshot.state = self.shared.loaded_index_snapshot();
             }
-            // IMPORTANT: no index checkpoint may outlive a change to the records it covers.
-            self.shared.remove_index_checkpoint()?;
+            // IMPORTANT: no index snapshot may outlive a change to the records it covers.
+            self.shared.remove_index_snapshot()?;
             let mut stripped;
             // A rewrite that runs out of space is tried once more after the ballast (if any) is
             // given back.
@@ -273,7 +273,8 @@ impl Store {
                         burst = BurstWatch::new(next_lsn(), Instant::now());
                     }
                     let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
-                    checkpoint.note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
+                    index_snapshot
+                        .note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
                     stripped += u64::from(matches!(decision, Rewrite::Replace(_)));
                     match decision {
                         // Cold compression stores records plain, to compress them together.
@@ -293,7 +294,7 @@ impl Store {
                         tracing::warn!(op, path = %path.display(), "compaction ran out of space: the ballast is given back");
                         ballast_released = true;
                         // The notes describe a rewrite that did not happen.
-                        checkpoint.dropped = true;
+                        index_snapshot.dropped = true;
                     }
                     rewrite => break rewrite,
                 }
@@ -301,12 +302,12 @@ impl Store {
             let rewrite = match rewrite {
                 Err(Error::Closed) if closing() => {
                     // Its notes describe a rewrite that did not happen.
-                    checkpoint.dropped = true;
+                    index_snapshot.dropped = true;
                     report.aborted = true;
                     break;
                 }
                 Err(Error::Closed) if deferred_midway => {
-                    checkpoint.dropped = true;
+                    index_snapshot.dropped = true;
                     deferring = true;
                     report.segments_deferred += 1;
                     continue;
@@ -328,7 +329,7 @@ impl Store {
         let (deleted, bytes) = self.delete_empty_prefix()?;
         report.segments_deleted = deleted;
         report.bytes_reclaimed += bytes;
-        checkpoint.publish(&self.shared);
+        index_snapshot.publish(&self.shared);
         report.round = self.shared.compaction_rounds.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
         self.shared.log.metrics_handle().record_compaction(
             report.bytes_read,
@@ -679,28 +680,28 @@ impl Store {
             .collect();
         let Some(last) = empty.last() else { return Ok((0, 0)) };
         let bytes = empty.iter().map(|s| s.data_bytes).sum();
-        self.shared.remove_index_checkpoint()?;
+        self.shared.remove_index_snapshot()?;
         let deleted = self.shared.log.truncate_prefix(last.next_lsn)?;
         Ok((deleted, bytes))
     }
 }
 
-/// The index checkpoint a round deletes before it rewrites a segment, patched and written
+/// The index snapshot a round deletes before it rewrites a segment, patched and written
 /// again after the round if the round only stripped deltas (`AtomCompleted` replaced by
 /// `AtomReclaimed`, whose only effect on a fold is the atom's `reclaimed` flag), so that the
 /// background thread need not fold the whole log again. A round that drops records (a dropped
-/// run's, dead guards) changes what a fold interns and maps; its checkpoint stays deleted.
+/// run's, dead guards) changes what a fold interns and maps; its index snapshot stays deleted.
 #[derive(Default)]
-struct CheckpointPatch {
-    /// The checkpoint as loaded before the round's first change (`None` if there was none).
+struct IndexSnapshotPatch {
+    /// The index snapshot as loaded before the round's first change (`None` if there was none).
     state: Option<crate::store::rebuild::FoldState>,
-    /// Atoms whose completion below the checkpoint's LSN the round stripped.
+    /// Atoms whose completion below the index snapshot's LSN the round stripped.
     stripped: Vec<u64>,
     /// The round dropped a record, or could not tell what it replaced: no patch.
     dropped: bool,
 }
 
-impl CheckpointPatch {
+impl IndexSnapshotPatch {
     /// Notes what the rewrite does to the record at `lsn`.
     fn note(&mut self, lsn: u64, decision: &Rewrite, atom: impl FnOnce() -> Option<u64>) {
         let covered = self.state.as_ref().map_or(0, |state| state.next_lsn);
@@ -715,7 +716,7 @@ impl CheckpointPatch {
         }
     }
 
-    /// Writes the patched checkpoint (a failure is logged: the background thread folds the
+    /// Writes the patched index snapshot (a failure is logged: the background thread folds the
     /// log again instead).
     fn publish(self, shared: &crate::store::Shared) {
         let Some(mut state) = self.state.filter(|_| !self.dropped) else { return };
@@ -724,11 +725,11 @@ impl CheckpointPatch {
                 entry.reclaimed = true;
             }
         }
-        let written = crate::store::checkpoint::encode(&state, &shared.log)
-            .and_then(|bytes| shared.publish_index_checkpoint(state.next_lsn, &bytes));
+        let written = crate::store::index_snapshot::encode(&state, &shared.log)
+            .and_then(|bytes| shared.publish_index_snapshot(state.next_lsn, &bytes));
         if let Err(error) = written {
             shared.log.metrics_handle().record_maintenance_failure();
-            tracing::warn!(%error, "patched index checkpoint not written");
+            tracing::warn!(%error, "patched index snapshot not written");
         }
     }
 }

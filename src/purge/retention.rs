@@ -141,7 +141,7 @@ impl Store {
     /// Pins `atom` (or unpins it): while pinned, retention and compaction keep everything its
     /// context needs (it can always be rebuilt, and branched from), and its snapshot, if it
     /// has one, is never pruned. Durable when this returns. Waits for a compaction round or an
-    /// index checkpoint in progress to finish.
+    /// index snapshot in progress to finish.
     ///
     /// # Errors
     /// [`Error::UnknownAtom`], [`Error::HistoryReclaimed`] when pinning an atom whose context

@@ -11,7 +11,7 @@ use crate::storage::Storage;
 
 use super::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
 use super::{Shared, Store};
-use super::{checkpoint, policy};
+use super::{index_snapshot, policy};
 
 /// Builds a [`Store`]: `Store::builder(dir).segment_bytes(…).open()?`.
 #[must_use = "a builder does nothing until `open` is called"]
@@ -75,14 +75,14 @@ impl StoreBuilder {
         self
     }
 
-    /// How many records must come after the newest index checkpoint before the store writes
+    /// How many records must come after the newest index snapshot before the store writes
     /// another on its own: at open (after folding that many), when dropped or closed, and on
     /// the background thread after a compaction round (when they are also a quarter of what
-    /// the checkpoint covers). Default 65,536; `u64::MAX` leaves checkpoints to
-    /// [`Store::checkpoint_index`]. Smaller means faster opens after a crash and more
-    /// checkpoint writes (each rewrites the whole index: about 16 bytes per atom).
-    pub fn index_checkpoint_after(mut self, records: u64) -> Self {
-        self.policies.index_checkpoint_after = records;
+    /// the index snapshot covers). Default 65,536; `u64::MAX` leaves index snapshots to
+    /// [`Store::write_index_snapshot`]. Smaller means faster opens after a crash and more
+    /// index snapshot writes (each rewrites the whole index: about 16 bytes per atom).
+    pub fn index_snapshot_after(mut self, records: u64) -> Self {
+        self.policies.index_snapshot_after = records;
         self
     }
 
@@ -120,7 +120,7 @@ impl StoreBuilder {
     /// but a power loss (not a process crash) may lose the atoms ended in the last interval, a
     /// suffix of each agent's history, which then run again. Everything else stays exact:
     /// each guarded effect's record is synced before the effect runs, so a re-run atom's
-    /// effects are not repeated; a snapshot or an index checkpoint syncs the log first, so
+    /// effects are not repeated; a snapshot or an index snapshot syncs the log first, so
     /// neither ever refers to an atom a crash took back; runs, rollbacks, forks, pins and
     /// drops are synced as always. [`Store::sync`] makes every ended atom durable at once.
     /// [`Durability::None`] syncs only when something else does (a segment filled up, a
@@ -153,25 +153,25 @@ impl StoreBuilder {
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an invalid policy.
     pub fn open(self) -> Result<Store> {
         self.policies.validate()?;
-        // The index checkpoint is read and decoded while the log recovers (both take a large
+        // The index snapshot is read and decoded while the log recovers (both take a large
         // store's open time); it is checked against the log once that is open.
         let (dir, storage) = self.log.location();
         let (dir, storage) = (dir.to_path_buf(), Arc::clone(storage));
-        let (log, checkpoint) = std::thread::scope(|scope| {
+        let (log, index_snapshot) = std::thread::scope(|scope| {
             let reader = std::thread::Builder::new()
-                .name("continuum-checkpoint-read".into())
-                .spawn_scoped(scope, || checkpoint::read(storage.as_ref(), &dir));
+                .name("continuum-index-snapshot-read".into())
+                .spawn_scoped(scope, || index_snapshot::read(storage.as_ref(), &dir));
             let log = self.log.open();
             let read = match reader {
-                Ok(thread) => thread.join().unwrap_or(checkpoint::Read::Unusable("its reader panicked")),
-                Err(_) => checkpoint::read(storage.as_ref(), &dir),
+                Ok(thread) => thread.join().unwrap_or(index_snapshot::Read::Unusable("its reader panicked")),
+                Err(_) => index_snapshot::read(storage.as_ref(), &dir),
             };
             (log, read)
         });
-        let shared = Arc::new(Shared::new(log?, self.policies, false, Some(checkpoint))?);
+        let shared = Arc::new(Shared::new(log?, self.policies, false, Some(index_snapshot))?);
         shared.ensure_ballast();
-        let checkpoint_writer = Mutex::new(Shared::write_pending_checkpoint(&shared));
+        let index_snapshot_writer = Mutex::new(Shared::write_pending_index_snapshot(&shared));
         let worker = if self.background { Some(crate::purge::background::Worker::start(&shared)?) } else { None };
-        Ok(Store { worker, shared, owner: true, checkpoint_writer })
+        Ok(Store { worker, shared, owner: true, index_snapshot_writer })
     }
 }

@@ -1,5 +1,5 @@
 //! Which store a file belongs to, and what a segment's header says: the store id the log's
-//! segment headers carry (`docs/FORMAT.md` §4), which snapshots and index checkpoints repeat
+//! segment headers carry (`docs/FORMAT.md` §4), which snapshots and index snapshots repeat
 //! under their digest so that a file from another store is never used.
 
 use std::path::Path;

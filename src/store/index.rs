@@ -123,7 +123,7 @@ pub(crate) struct RunEntry {
     /// Ids of its first and last atoms (0, 0 while it has none): the part of the atom table
     /// that walks over the run's atoms read, not the whole table. Widened as atoms are
     /// reserved or folded (a fold never empties an entry but a dropped run's, whose span it
-    /// clears), set from the atoms a checkpoint loads ([`StoreIndex::note_atom_spans`]), so
+    /// clears), set from the atoms an index snapshot loads ([`StoreIndex::note_atom_spans`]), so
     /// exact after an open; while the store runs, it may also cover a released reservation.
     pub atom_span: (u32, u32),
 }
@@ -169,7 +169,7 @@ pub(crate) type Fast = foldhash::fast::RandomState;
 
 /// How `atom_keys` and `guards` hash their keys, which are already hashes ([`IdentityHasher`]'s,
 /// seeded per store): not again. A map's iteration order is then its bucket order, which the
-/// index checkpoint writes its entries in, so that the next open inserts them into the same
+/// index snapshot writes its entries in, so that the next open inserts them into the same
 /// buckets in memory order instead of at random (1,000,000 keys: the open's most expensive
 /// step after checksums, measured at ~50 ns of cache misses per insert).
 pub(crate) type PreHashed = std::hash::BuildHasherDefault<PassThrough>;
@@ -196,7 +196,7 @@ impl std::hash::Hasher for PassThrough {
 }
 
 /// The hasher of atom and guard identities: foldhash's higher-quality variant with a seed
-/// chosen when the index is first built and kept with it (an index checkpoint stores the seed,
+/// chosen when the index is first built and kept with it (an index snapshot stores the seed,
 /// so that the hashes it holds stay valid in the next process). These hashes stand for the
 /// keys in the maps above; a hit is confirmed against the log.
 #[derive(Clone, Copy, Debug)]
@@ -231,7 +231,7 @@ impl IdentityHasher {
         self.state.hash_one(key)
     }
 
-    /// Hashes of fixed inputs: equal in two processes only if both hash alike (a checkpoint
+    /// Hashes of fixed inputs: equal in two processes only if both hash alike (an index snapshot
     /// written by a build whose foldhash hashes differently is not used).
     pub fn test_vector(&self) -> [u64; 2] {
         [self.atom_key(1, 2, "continuum"), self.guard("continuum/guard")]
@@ -343,7 +343,7 @@ impl StoreIndex {
     }
 
     /// Sets every run's atom span from the atom table: one pass, when an open has loaded an
-    /// index checkpoint (which does not store them).
+    /// index snapshot (which does not store them).
     pub fn note_atom_spans(&mut self) {
         let mut spans = vec![(0u32, 0u32); self.runs.len()];
         for (at, entry) in self.atoms.iter().filter(|(_, entry)| entry.state != EntryState::Vacant) {

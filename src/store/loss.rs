@@ -1,10 +1,10 @@
 //! Evidence, found when a store opens, that acknowledged records existed past the end of the
-//! log (invariant 10): an index checkpoint of this store covering LSNs the log no longer has,
+//! log (invariant 10): an index snapshot of this store covering LSNs the log no longer has,
 //! or a snapshot of this store of an atom whose completion the log no longer holds. Both are
 //! written only after the log is synced through what they cover, so neither can outlive the
 //! records it depends on without a loss. [`RecoveryMode::Strict`] refuses such a store; the
 //! other modes report the loss ([`Store::recovery_report`](crate::Store::recovery_report)),
-//! and a writable open then clears the evidence (the checkpoint deleted, each such snapshot
+//! and a writable open then clears the evidence (the index snapshot deleted, each such snapshot
 //! set aside as `.snap.lost`), so that no later atom reuses a lost atom's snapshot and the loss
 //! is reported once, as a cut torn tail is.
 
@@ -22,10 +22,10 @@ use crate::store::types::AtomId;
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossEvidence {
-    /// The store's index checkpoint covers every record below `covered`, but the log ends at
+    /// The store's index snapshot covers every record below `covered`, but the log ends at
     /// `log_end`: the records `log_end..covered` were durable and are gone.
-    IndexCheckpoint {
-        /// The LSN the checkpoint covers up to (exclusive).
+    IndexSnapshot {
+        /// The LSN the index snapshot covers up to (exclusive).
         covered: Lsn,
         /// The LSN after the log's last record.
         log_end: Lsn,
@@ -41,9 +41,9 @@ pub enum LossEvidence {
 impl fmt::Display for LossEvidence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LossEvidence::IndexCheckpoint { covered, log_end } => write!(
+            LossEvidence::IndexSnapshot { covered, log_end } => write!(
                 f,
-                "the index checkpoint covers LSNs up to {} but the log ends at LSN {}: {} records lost",
+                "the index snapshot covers LSNs up to {} but the log ends at LSN {}: {} records lost",
                 covered.get(),
                 log_end.get(),
                 covered.get() - log_end.get()
@@ -60,7 +60,7 @@ impl fmt::Display for LossEvidence {
 /// (torn tail, skipped ranges) is [`Log::recovery_report`](crate::Log::recovery_report).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StoreRecoveryReport {
-    /// Every piece of evidence of lost records, index checkpoint first, then snapshots by
+    /// Every piece of evidence of lost records, index snapshot first, then snapshots by
     /// atom. Empty when nothing shows a loss.
     pub lost: Vec<LossEvidence>,
     /// Records known lost: LSNs past the end of the log the evidence shows were written (a
@@ -77,20 +77,20 @@ impl StoreRecoveryReport {
     }
 }
 
-/// The evidence `state` (the fold of the whole log, unfinished), the index checkpoint's
-/// covered LSN if it lies past the log (`checkpoint_covered`) and the snapshot files
+/// The evidence `state` (the fold of the whole log, unfinished), the index snapshot's
+/// covered LSN if it lies past the log (`index_snapshot_covered`) and the snapshot files
 /// (`snapshots`, verified by `verified`) give of lost records.
 pub(crate) fn find(
     log: &Log,
     state: &FoldState,
-    checkpoint_covered: Option<u64>,
+    index_snapshot_covered: Option<u64>,
     snapshots: &BTreeSet<u64>,
     verified: impl Fn(u64) -> bool,
 ) -> StoreRecoveryReport {
     let mut report = StoreRecoveryReport::default();
     let log_end = log.next_lsn().get();
-    if let Some(covered) = checkpoint_covered.filter(|covered| *covered > log_end) {
-        report.lost.push(LossEvidence::IndexCheckpoint { covered: Lsn::new(covered), log_end: Lsn::new(log_end) });
+    if let Some(covered) = index_snapshot_covered.filter(|covered| *covered > log_end) {
+        report.lost.push(LossEvidence::IndexSnapshot { covered: Lsn::new(covered), log_end: Lsn::new(log_end) });
         report.lost_records = covered - log_end;
     }
     for &atom in snapshots {
@@ -131,7 +131,7 @@ pub(crate) fn settle(report: &StoreRecoveryReport, mode: RecoveryMode, log_end: 
 }
 
 /// Clears the evidence `report` lists (a writable open, once the loss is reported): deletes the
-/// index checkpoint (a cache), and sets each snapshot of a lost atom aside as
+/// index snapshot (a cache), and sets each snapshot of a lost atom aside as
 /// `NNNNNNNNNNNNNNNNNNNN.snap.lost` (its context may be worth salvaging; as a snapshot, a later
 /// atom given the same id would be rebuilt from it). Durable before the open acknowledges
 /// anything.
@@ -140,7 +140,7 @@ pub(crate) fn clear_evidence(log: &Log, report: &StoreRecoveryReport, snapshots:
     let mut removed_snapshot = false;
     for evidence in &report.lost {
         match evidence {
-            LossEvidence::IndexCheckpoint { .. } => crate::store::checkpoint::remove(log)?,
+            LossEvidence::IndexSnapshot { .. } => crate::store::index_snapshot::remove(log)?,
             LossEvidence::Snapshot { atom } => {
                 let path = crate::snapshot::path(log.dir(), atom.get());
                 let aside = crate::snapshot::lost_path(log.dir(), atom.get());

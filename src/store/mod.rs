@@ -12,11 +12,11 @@ pub(crate) mod atoms;
 pub(crate) mod ballast;
 pub(crate) mod branches;
 pub(crate) mod builder;
-pub(crate) mod checkpoint;
 pub(crate) mod guard;
 pub(crate) mod history;
 pub(crate) mod identity;
 pub(crate) mod index;
+pub(crate) mod index_snapshot;
 pub(crate) mod inspect;
 pub(crate) mod keys;
 pub(crate) mod log_view;
@@ -54,12 +54,12 @@ pub use types::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
 };
 
-/// The index checkpoint's file name in a store directory (for the fuzz seeds).
-pub(crate) const CHECKPOINT_FILE_NAME: &str = checkpoint::FILE_NAME;
+/// The index snapshot's file name in a store directory (for the fuzz seeds).
+pub(crate) const INDEX_SNAPSHOT_FILE_NAME: &str = index_snapshot::FILE_NAME;
 
-/// Whether `body` decodes as an index checkpoint's body (for the fuzz target).
-pub(crate) fn checkpoint_body_decodes(body: &[u8]) -> bool {
-    checkpoint::parse_body(body)
+/// Whether `body` decodes as an index snapshot's body (for the fuzz target).
+pub(crate) fn index_snapshot_body_decodes(body: &[u8]) -> bool {
+    index_snapshot::parse_body(body)
 }
 
 /// Folds `log` into an index on one thread and pipelined, which must agree (for the fuzz
@@ -128,62 +128,62 @@ impl Shared {
         snapshots
     }
 
-    /// The index checkpoint on disk, loaded and checked against the log, if this store has
+    /// The index snapshot on disk, loaded and checked against the log, if this store has
     /// one (compaction patches it).
-    pub(crate) fn loaded_index_checkpoint(&self) -> Option<rebuild::FoldState> {
-        if self.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+    pub(crate) fn loaded_index_snapshot(&self) -> Option<rebuild::FoldState> {
+        if self.index_snapshot.covered.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return None;
         }
-        checkpoint::load(&self.log, &Codec::default())
+        index_snapshot::load(&self.log, &Codec::default())
     }
 
-    /// Publishes the index checkpoint `bytes`, which cover the records below `covered` (the
+    /// Publishes the index snapshot `bytes`, which cover the records below `covered` (the
     /// caller holds the compaction lock).
-    pub(crate) fn publish_index_checkpoint(&self, covered: u64, bytes: &[u8]) -> Result<()> {
-        checkpoint::publish(&self.log, bytes)?;
-        self.index_checkpoint.covered.store(covered, std::sync::atomic::Ordering::Relaxed);
+    pub(crate) fn publish_index_snapshot(&self, covered: u64, bytes: &[u8]) -> Result<()> {
+        index_snapshot::publish(&self.log, bytes)?;
+        self.index_snapshot.covered.store(covered, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
-    /// Deletes the index checkpoint, durably (before anything changes the records it covers).
-    pub(crate) fn remove_index_checkpoint(&self) -> Result<()> {
-        self.index_checkpoint.log_changes.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        checkpoint::remove(&self.log)?;
-        self.index_checkpoint.covered.store(0, std::sync::atomic::Ordering::Relaxed);
+    /// Deletes the index snapshot, durably (before anything changes the records it covers).
+    pub(crate) fn remove_index_snapshot(&self) -> Result<()> {
+        self.index_snapshot.log_changes.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        index_snapshot::remove(&self.log)?;
+        self.index_snapshot.covered.store(0, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }
 
-/// What the store knows of its index checkpoint file.
+/// What the store knows of its index snapshot file.
 #[derive(Debug, Default)]
-pub(crate) struct IndexCheckpoint {
-    /// The LSN the checkpoint on disk covers (records below it are in it); 0 if none.
+pub(crate) struct IndexSnapshotState {
+    /// The LSN the index snapshot on disk covers (records below it are in it); 0 if none.
     covered: std::sync::atomic::AtomicU64,
-    /// The LSN the checkpoint the open used covers (0 if it folded the whole log), and why it
+    /// The LSN the index snapshot the open used covers (0 if it folded the whole log), and why it
     /// ignored the one it found, if it did.
-    at_open: Mutex<(u64, Option<checkpoint::Unusable>)>,
-    /// A checkpoint of the open's fold (the LSN it covers and its bytes), until the writer
+    at_open: Mutex<(u64, Option<index_snapshot::Unusable>)>,
+    /// An index snapshot of the open's fold (the LSN it covers and its bytes), until the writer
     /// thread publishes it.
     pending: Mutex<Option<(u64, Vec<u8>)>>,
-    /// Bumped (under the compaction lock) before compaction changes a segment: a checkpoint
+    /// Bumped (under the compaction lock) before compaction changes a segment: an index snapshot
     /// folded before the bump must not be published after it.
     log_changes: std::sync::atomic::AtomicU64,
 }
 
-/// What a store knows of its index checkpoint ([`Store::index_checkpoint`]): a cache of the
-/// index rebuild on open (`docs/ARCHITECTURE.md`, "Index checkpoint").
+/// What a store knows of its index snapshot ([`Store::index_snapshot`]): a cache of the
+/// index rebuild on open (`docs/ARCHITECTURE.md`, "Index snapshot").
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IndexCheckpointInfo {
-    /// The LSN the newest checkpoint covers (every record below it is in it), if one exists
+pub struct IndexSnapshotInfo {
+    /// The LSN the newest index snapshot covers (every record below it is in it), if one exists
     /// that this store opened from or wrote.
     pub covered: Option<Lsn>,
     /// Records after it: what the next open would fold (all of the log's records if there is
-    /// no checkpoint).
+    /// no index snapshot).
     pub records_after: u64,
-    /// The LSN the checkpoint the open used covered, or `None` if the open folded the whole
+    /// The LSN the index snapshot the open used covered, or `None` if the open folded the whole
     /// log.
     pub opened_from: Option<Lsn>,
-    /// Why the open ignored the checkpoint it found (damaged, stale, another log's...), if it
+    /// Why the open ignored the index snapshot it found (damaged, stale, another log's...), if it
     /// did.
     pub ignored_at_open: Option<String>,
 }
@@ -195,27 +195,27 @@ pub struct Store {
     /// stopped before the store's files are closed.
     pub(crate) worker: Option<crate::purge::background::Worker>,
     pub(crate) shared: Arc<Shared>,
-    /// Opened by [`StoreBuilder::open`] (not a view): checkpoints the index when dropped.
+    /// Opened by [`StoreBuilder::open`] (not a view): index snapshots the index when dropped.
     pub(crate) owner: bool,
-    /// The thread publishing the checkpoint of the open's fold, if one runs.
-    pub(crate) checkpoint_writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The thread publishing the index snapshot of the open's fold, if one runs.
+    pub(crate) index_snapshot_writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for Store {
-    /// Stops the background thread, then writes an index checkpoint if at least
-    /// `index_checkpoint_after` records came after the newest one (a failure is logged:
+    /// Stops the background thread, then writes an index snapshot if at least
+    /// `index_snapshot_after` records came after the newest one (a failure is logged:
     /// it costs only the next open's time).
     fn drop(&mut self) {
         drop(self.worker.take());
-        self.wait_for_checkpoint_writer();
+        self.wait_for_index_snapshot_writer();
         if let Err(error) = self.shared.sync_snapshot_dir(false) {
             tracing::warn!(%error, "snapshot directory not synced at close");
         }
         if self.owner
-            && self.records_after_checkpoint() >= self.shared.policies.index_checkpoint_after
-            && let Err(error) = self.checkpoint_index()
+            && self.records_after_index_snapshot() >= self.shared.policies.index_snapshot_after
+            && let Err(error) = self.write_index_snapshot()
         {
-            tracing::warn!(%error, "index checkpoint not written at close");
+            tracing::warn!(%error, "index snapshot not written at close");
         }
     }
 }
@@ -224,7 +224,7 @@ impl Drop for Store {
 pub(crate) struct Shared {
     pub(crate) log: Log,
     pub(crate) codec: Codec,
-    /// The store id every segment header holds; snapshots and index checkpoints repeat it.
+    /// The store id every segment header holds; snapshots and index snapshots repeat it.
     pub(crate) store_id: u64,
     /// What the open found lost from the end of the log.
     pub(crate) recovery: StoreRecoveryReport,
@@ -258,8 +258,8 @@ pub(crate) struct Shared {
     /// Compaction rounds completed since open, and the last one's report.
     pub(crate) compaction_rounds: std::sync::atomic::AtomicU64,
     pub(crate) last_compaction: Mutex<Option<CompactionReport>>,
-    /// The index checkpoint on disk.
-    pub(crate) index_checkpoint: IndexCheckpoint,
+    /// The index snapshot on disk.
+    pub(crate) index_snapshot: IndexSnapshotState,
     /// Policy snapshots renamed into place since the snapshot directory was last synced: their
     /// names are not durable yet, so compaction does not rely on them. Held while the
     /// directory syncs.
@@ -290,7 +290,7 @@ impl Store {
 
     /// A handle over `shared` without a worker: what the background thread works through.
     pub(crate) fn view(shared: Arc<Shared>) -> Self {
-        Store { worker: None, shared, owner: false, checkpoint_writer: Mutex::new(None) }
+        Store { worker: None, shared, owner: false, index_snapshot_writer: Mutex::new(None) }
     }
 
     /// A read-only view of the store's log: its records, segments, recovery report and
@@ -310,37 +310,37 @@ impl Store {
         self.shared.log.sync()
     }
 
-    /// Writes an index checkpoint covering every record appended so far, so that the next open
-    /// folds only the records after it (`docs/ARCHITECTURE.md`, "Index checkpoint"). The
-    /// checkpoint is built the way an open builds the index: the newest checkpoint (if usable)
+    /// Writes an index snapshot covering every record appended so far, so that the next open
+    /// folds only the records after it (`docs/ARCHITECTURE.md`, "Index snapshot"). The
+    /// index snapshot is built the way an open builds the index: the newest index snapshot (if usable)
     /// plus a fold of the records after it, never a copy of the live index. The store also
-    /// does this on its own (see [`StoreBuilder::index_checkpoint_after`]). Compaction deletes
-    /// the checkpoint before it changes a segment, and writes it again patched after a round
+    /// does this on its own (see [`StoreBuilder::index_snapshot_after`]). Compaction deletes
+    /// the index snapshot before it changes a segment, and writes it again patched after a round
     /// that only stripped deltas. Waits for a compaction round in progress, and holds
-    /// compaction off while it folds. Returns the LSN the checkpoint covers (records below
+    /// compaction off while it folds. Returns the LSN the index snapshot covers (records below
     /// it).
     ///
     /// # Errors
-    /// The log's errors (a poisoned or read-only log cannot be checkpointed), an inconsistent
+    /// The log's errors (a poisoned or read-only log cannot be covered by an index snapshot), an inconsistent
     /// log, and I/O errors writing the file.
-    pub fn checkpoint_index(&self) -> Result<Lsn> {
-        self.wait_for_checkpoint_writer();
+    pub fn write_index_snapshot(&self) -> Result<Lsn> {
+        self.wait_for_index_snapshot_writer();
         let shared = &self.shared;
-        // No compaction may change the log while it is folded and its checkpoint written.
+        // No compaction may change the log while it is folded and its index snapshot written.
         let _no_compaction = shared.compacting.lock();
         let until = shared.log.next_lsn().get();
-        // IMPORTANT: the records a checkpoint covers are durable before it is.
+        // IMPORTANT: the records an index snapshot covers are durable before it is.
         shared.log.sync()?;
         let codec = Codec::default();
-        let start = checkpoint::load(&shared.log, &codec)
+        let start = index_snapshot::load(&shared.log, &codec)
             .unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
         let state = rebuild::fold_from(&shared.log, &codec, start, until)?;
-        shared.publish_index_checkpoint(state.next_lsn, &checkpoint::encode(&state, &shared.log)?)?;
+        shared.publish_index_snapshot(state.next_lsn, &index_snapshot::encode(&state, &shared.log)?)?;
         Ok(Lsn::new(state.next_lsn))
     }
 
     /// What the open found of records lost from the end of the log: evidence (an index
-    /// checkpoint or snapshots of this store) that acknowledged records existed past its end.
+    /// index snapshot or snapshots of this store) that acknowledged records existed past its end.
     /// Empty after a lossless open; [`RecoveryMode::Strict`](crate::RecoveryMode::Strict) refuses to open instead. The log's
     /// own findings (torn tail, skipped ranges) are in the log's
     /// [`recovery_report`](crate::Log::recovery_report).
@@ -348,14 +348,14 @@ impl Store {
         &self.shared.recovery
     }
 
-    /// What this store knows of its index checkpoint: the LSN the newest one covers, the
+    /// What this store knows of its index snapshot: the LSN the newest one covers, the
     /// records after it, and whether the open used one (or why it ignored the one it found).
-    pub fn index_checkpoint(&self) -> IndexCheckpointInfo {
-        // One load for both fields: the background thread may publish a newer checkpoint
+    pub fn index_snapshot(&self) -> IndexSnapshotInfo {
+        // One load for both fields: the background thread may publish a newer index snapshot
         // between two (covering its records: `records_after` would then belong to another).
-        let covered = self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed);
-        let (opened_from, ignored) = *self.shared.index_checkpoint.at_open.lock();
-        IndexCheckpointInfo {
+        let covered = self.shared.index_snapshot.covered.load(std::sync::atomic::Ordering::Relaxed);
+        let (opened_from, ignored) = *self.shared.index_snapshot.at_open.lock();
+        IndexSnapshotInfo {
             covered: (covered != 0).then(|| Lsn::new(covered)),
             records_after: self.lag_after(covered).0,
             opened_from: (opened_from != 0).then(|| Lsn::new(opened_from)),
@@ -363,42 +363,42 @@ impl Store {
         }
     }
 
-    /// Closes the store: stops the background thread, then writes an index checkpoint if at
-    /// least `index_checkpoint_after` records came after the newest one (what dropping the
+    /// Closes the store: stops the background thread, then writes an index snapshot if at
+    /// least `index_snapshot_after` records came after the newest one (what dropping the
     /// store does, with the error returned instead of logged).
     ///
     /// # Errors
-    /// The errors of [`Store::checkpoint_index`]; the store is closed either way.
+    /// The errors of [`Store::write_index_snapshot`]; the store is closed either way.
     pub fn close(mut self) -> Result<()> {
         drop(self.worker.take());
-        self.wait_for_checkpoint_writer();
+        self.wait_for_index_snapshot_writer();
         let snapshots = self.shared.sync_snapshot_dir(false);
-        let due = self.owner && self.records_after_checkpoint() >= self.shared.policies.index_checkpoint_after;
+        let due = self.owner && self.records_after_index_snapshot() >= self.shared.policies.index_snapshot_after;
         // Dropping `self` afterwards must not try again.
         self.owner = false;
-        let checkpoint = if due { self.checkpoint_index().map(|_| ()) } else { Ok(()) };
-        snapshots.and(checkpoint)
+        let index_snapshot = if due { self.write_index_snapshot().map(|_| ()) } else { Ok(()) };
+        snapshots.and(index_snapshot)
     }
 
-    /// Waits until the checkpoint of the open's fold, if one is being written, is published.
-    pub(crate) fn wait_for_checkpoint_writer(&self) {
-        if let Some(thread) = self.checkpoint_writer.lock().take() {
+    /// Waits until the index snapshot of the open's fold, if one is being written, is published.
+    pub(crate) fn wait_for_index_snapshot_writer(&self) {
+        if let Some(thread) = self.index_snapshot_writer.lock().take() {
             let _ = thread.join();
         }
     }
 
-    /// Records appended since the newest index checkpoint (all of them if there is none).
-    fn records_after_checkpoint(&self) -> u64 {
-        self.checkpoint_lag().0
+    /// Records appended since the newest index snapshot (all of them if there is none).
+    fn records_after_index_snapshot(&self) -> u64 {
+        self.index_snapshot_lag().0
     }
 
-    /// Records after the newest index checkpoint (all of them if there is none), and records
+    /// Records after the newest index snapshot (all of them if there is none), and records
     /// it covers.
-    pub(crate) fn checkpoint_lag(&self) -> (u64, u64) {
-        self.lag_after(self.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed))
+    pub(crate) fn index_snapshot_lag(&self) -> (u64, u64) {
+        self.lag_after(self.shared.index_snapshot.covered.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// [`Store::checkpoint_lag`] of a checkpoint covering the records before `covered` (0: none).
+    /// [`Store::index_snapshot_lag`] of an index snapshot covering the records before `covered` (0: none).
     fn lag_after(&self, covered: u64) -> (u64, u64) {
         let first = self.shared.log.first_lsn().get();
         let covered = covered.max(first);

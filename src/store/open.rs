@@ -1,4 +1,4 @@
-//! Opening a store: the index rebuilt (from the index checkpoint and the records after it, or
+//! Opening a store: the index rebuilt (from the index snapshot and the records after it, or
 //! from the whole log), the snapshots listed and bound, loss evidence settled.
 
 use std::sync::Arc;
@@ -10,33 +10,34 @@ use crate::error::Result;
 use crate::log::Log;
 
 use super::index::StoreIndex;
-use super::{IndexCheckpoint, Shared, StoreRecoveryReport};
-use super::{checkpoint, identity, index, loss, policy, rebuild, training, types};
+use super::{IndexSnapshotState, Shared, StoreRecoveryReport};
+use super::{identity, index, index_snapshot, loss, policy, rebuild, training, types};
 
 impl Shared {
-    /// Rebuilds the index of the opened `log` (from `checkpoint`, the index checkpoint already
+    /// Rebuilds the index of the opened `log` (from `index snapshot`, the index snapshot already
     /// read, if it was; otherwise it is read here) and lists its snapshots. A `read_only` store
     /// never trains a dictionary (training appends one).
     pub(crate) fn new(
         log: Log,
         policies: policy::Policies,
         read_only: bool,
-        checkpoint: Option<checkpoint::Read>,
+        found: Option<index_snapshot::Read>,
     ) -> Result<Self> {
         let codec =
             Codec::compressing_from(policies.compress_records_from).counting_into(log.metrics_handle().encoded_bytes());
-        let index_checkpoint = IndexCheckpoint::default();
-        let checkpoint = checkpoint.unwrap_or_else(|| checkpoint::read(log.storage().as_ref(), log.dir()));
+        let index_snapshot = IndexSnapshotState::default();
+        let found = found.unwrap_or_else(|| index_snapshot::read(log.storage().as_ref(), log.dir()));
         let store_id = identity::store_id(&log)?;
         let mut snapshots = crate::snapshot::list(log.storage().as_ref(), log.dir())?.into_iter().collect();
         if !read_only {
             // IMPORTANT: compaction relies on the snapshots listed here; their names are durable
             // before it can run.
             crate::snapshot::sync_dir_at_open(log.storage().as_ref(), log.dir())?;
+            index_snapshot::remove_legacy(&log)?;
         }
         let opening =
-            Opening { read_only, store_id, snapshots: &snapshots, checkpoint_after: policies.index_checkpoint_after };
-        let (index, recovery) = open_index(&log, &codec, &opening, checkpoint, &index_checkpoint)?;
+            Opening { read_only, store_id, snapshots: &snapshots, index_snapshot_after: policies.index_snapshot_after };
+        let (index, recovery) = open_index(&log, &codec, &opening, found, &index_snapshot)?;
         loss::settle(&recovery, log.config().recovery_mode, log.next_lsn().get())?;
         if !read_only {
             loss::clear_evidence(&log, &recovery, &mut snapshots)?;
@@ -73,33 +74,33 @@ impl Shared {
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
-            index_checkpoint,
+            index_snapshot,
             unsynced_snapshots: Mutex::new(std::collections::BTreeSet::new()),
             targeted_scans: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
-    /// Starts a thread that publishes the checkpoint of the open's fold, if the open left one
-    /// (`None` if not, or if the thread cannot start: the checkpoint is then dropped, which
+    /// Starts a thread that publishes the index snapshot of the open's fold, if the open left one
+    /// (`None` if not, or if the thread cannot start: the index snapshot is then dropped, which
     /// costs only the next open's time).
-    pub(crate) fn write_pending_checkpoint(shared: &Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
-        shared.index_checkpoint.pending.lock().as_ref()?;
+    pub(crate) fn write_pending_index_snapshot(shared: &Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
+        shared.index_snapshot.pending.lock().as_ref()?;
         let shared = Arc::clone(shared);
-        let spawned = std::thread::Builder::new().name("continuum-checkpoint-write".into()).spawn(move || {
-            let Some((covered, bytes)) = shared.index_checkpoint.pending.lock().take() else { return };
+        let spawned = std::thread::Builder::new().name("continuum-index snapshot-write".into()).spawn(move || {
+            let Some((covered, bytes)) = shared.index_snapshot.pending.lock().take() else { return };
             // Compaction cannot start a change while this holds the lock; one that already
             // changed a segment since the open bumped `log_changes`.
             let _no_compaction = shared.compacting.lock();
-            // Nothing changed a segment since the open, and no newer checkpoint was written
-            // meanwhile (`checkpoint_index` on the background thread).
-            if shared.index_checkpoint.log_changes.load(std::sync::atomic::Ordering::Acquire) != 0
-                || shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed) >= covered
+            // Nothing changed a segment since the open, and no newer index snapshot was written
+            // meanwhile (`write_index_snapshot` on the background thread).
+            if shared.index_snapshot.log_changes.load(std::sync::atomic::Ordering::Acquire) != 0
+                || shared.index_snapshot.covered.load(std::sync::atomic::Ordering::Relaxed) >= covered
             {
                 return;
             }
-            if let Err(error) = shared.publish_index_checkpoint(covered, &bytes) {
+            if let Err(error) = shared.publish_index_snapshot(covered, &bytes) {
                 shared.log.metrics_handle().record_maintenance_failure();
-                tracing::warn!(%error, "index checkpoint not written after open");
+                tracing::warn!(%error, "index snapshot not written after open");
             }
         });
         spawned.ok()
@@ -113,26 +114,26 @@ struct Opening<'a> {
     store_id: u64,
     /// Atoms with a snapshot file.
     snapshots: &'a std::collections::BTreeSet<u64>,
-    /// Records a fold must cover for the open to write a checkpoint of it.
-    checkpoint_after: u64,
+    /// Records a fold must cover for the open to write an index snapshot of it.
+    index_snapshot_after: u64,
 }
 
-/// Rebuilds the index: from the index checkpoint and the records after it if there is a usable
-/// one, from the whole log otherwise; writes a new checkpoint when the fold covered at least
-/// `checkpoint_after` records (not for a read-only store). A checkpoint that cannot
+/// Rebuilds the index: from the index snapshot and the records after it if there is a usable
+/// one, from the whole log otherwise; writes a new index snapshot when the fold covered at least
+/// `checkpoint_after` records (not for a read-only store). An index snapshot that cannot
 /// be written costs only the next open's time: it is logged, not returned. Returns the index
-/// and the evidence of lost records the checkpoint and the snapshots give.
+/// and the evidence of lost records the index snapshot and the snapshots give.
 fn open_index(
     log: &Log,
     codec: &Codec,
     opening: &Opening<'_>,
-    checkpoint: checkpoint::Read,
-    written: &IndexCheckpoint,
+    index_snapshot: index_snapshot::Read,
+    written: &IndexSnapshotState,
 ) -> Result<(StoreIndex, StoreRecoveryReport)> {
-    let (read_only, checkpoint_after) = (opening.read_only, opening.checkpoint_after);
+    let (read_only, index_snapshot_after) = (opening.read_only, opening.index_snapshot_after);
     let started = std::time::Instant::now();
-    let covered_beyond = checkpoint::beyond_log(&checkpoint, log, opening.store_id);
-    let (loaded, ignored) = match checkpoint::accept(checkpoint, log, codec) {
+    let covered_beyond = index_snapshot::beyond_log(&index_snapshot, log, opening.store_id);
+    let (loaded, ignored) = match index_snapshot::accept(index_snapshot, log, codec) {
         Ok(state) => (Some(state), None),
         Err(reason) => (None, reason),
     };
@@ -148,19 +149,19 @@ fn open_index(
     tracing::info!(
         atoms,
         runs = state.index.runs.len(),
-        from_checkpoint_lsn = from,
+        from_index_snapshot_lsn = from,
         records_folded = folded,
         time_to_resume_us = time_to_resume.as_micros() as u64,
         "store index rebuilt"
     );
-    if !read_only && folded >= checkpoint_after {
-        // The recovered records are durable before a checkpoint covering them is. The file is
+    if !read_only && folded >= index_snapshot_after {
+        // The recovered records are durable before an index snapshot covering them is. The file is
         // written by `StoreBuilder::open`'s writer thread, off the open's path.
-        match log.sync().and_then(|()| checkpoint::encode(&state, log)) {
+        match log.sync().and_then(|()| index_snapshot::encode(&state, log)) {
             Ok(bytes) => *written.pending.lock() = Some((state.next_lsn, bytes)),
             Err(error) => {
                 log.metrics_handle().record_maintenance_failure();
-                tracing::warn!(%error, "index checkpoint not written at open");
+                tracing::warn!(%error, "index snapshot not written at open");
             }
         }
     }

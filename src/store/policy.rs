@@ -101,9 +101,9 @@ pub(crate) struct Policies {
     pub snapshot: SnapshotPolicy,
     pub retention: RetentionPolicy,
     pub compaction: CompactionPolicy,
-    /// Records a fold must cover beyond the newest index checkpoint before the store writes
+    /// Records a fold must cover beyond the newest index snapshot before the store writes
     /// another on its own (at open, at close, on the background thread).
-    pub index_checkpoint_after: u64,
+    pub index_snapshot_after: u64,
     /// The smallest record body compressed as it is appended.
     pub compress_records_from: usize,
     /// The ballast's size (`store::ballast`); 0: none.
@@ -118,7 +118,7 @@ impl Default for Policies {
             snapshot: SnapshotPolicy::default(),
             retention: RetentionPolicy::default(),
             compaction: CompactionPolicy::default(),
-            index_checkpoint_after: crate::store::checkpoint::MIN_NEW_RECORDS,
+            index_snapshot_after: crate::store::index_snapshot::MIN_NEW_RECORDS,
             compress_records_from: crate::limits::COMPRESSION_MIN_BYTES,
             ballast_bytes: 0,
             atom_durability: crate::Durability::Sync,
@@ -135,8 +135,8 @@ impl Policies {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(Error::InvalidConfig { reason: format!("live_fraction_min {fraction} is not in 0..=1") });
         }
-        if self.index_checkpoint_after == 0 {
-            return Err(Error::InvalidConfig { reason: "index_checkpoint_after must be at least 1 record".into() });
+        if self.index_snapshot_after == 0 {
+            return Err(Error::InvalidConfig { reason: "index_snapshot_after must be at least 1 record".into() });
         }
         if self.compaction.interval.is_some_and(|interval| interval.is_zero()) {
             return Err(Error::InvalidConfig { reason: "the compaction interval must not be zero".into() });

@@ -45,7 +45,7 @@ impl Store {
     }
 
     /// The newest atom of `agent` in `run` that no rollback abandoned: the agent's head, where
-    /// it resumes from, or what a checkpointer's "latest checkpoint of this thread" asks for.
+    /// it resumes from, or what a checkpointer's "latest index snapshot of this thread" asks for.
     /// After [`Store::rollback`] to `to` it is `to` until the agent records another atom. The
     /// run's atoms are walked from its newest back to the agent's, so an agent that is its
     /// run's only one, or among its latest, is found at once, however long the run.

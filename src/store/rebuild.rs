@@ -16,7 +16,7 @@ use crate::store::index::{self, EntryState, GuardEntry, RunEntry, StoreIndex};
 use crate::store::types::{AtomId, RunId, RunStatus};
 
 /// What folding the records below `next_lsn` made: the index, the orphans still to be
-/// explained, and where the dictionaries are (a checkpoint holds exactly this).
+/// explained, and where the dictionaries are (an index snapshot holds exactly this).
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct FoldState {
     pub index: StoreIndex,
@@ -64,7 +64,7 @@ pub(crate) fn rebuild(log: &Log, codec: &Codec) -> Result<StoreIndex> {
 /// threads verify and parse chunk *n + 1* (frame CRCs, envelopes, start records read in place)
 /// while one thread folds chunk *n* into the index in log order. Should that fail, the log is
 /// folded again on one thread from its first record, so that the error reported is the first
-/// one in log order, exactly as without the pipeline or a checkpoint.
+/// one in log order, exactly as without the pipeline or an index snapshot.
 pub(crate) fn fold_from(log: &Log, codec: &Codec, start: FoldState, until: u64) -> Result<FoldState> {
     let identity = start.index.identity;
     match crate::store::pool::replay_pool().filter(|pool| pool.current_num_threads() > 1) {

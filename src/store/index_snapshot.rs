@@ -1,19 +1,19 @@
-//! Index checkpoints: the state of the index rebuild (a [`FoldState`]) saved with the LSN it
+//! Index snapshots: the state of the index rebuild (a [`FoldState`]) saved with the LSN it
 //! covers, so that the next open folds only the records after it.
 //!
-//! A checkpoint is a cache, never the truth: the log is. It is used only when every check
+//! An index snapshot is a cache, never the truth: the log is. It is used only when every check
 //! passes (its checksums, its format version, its store id, the identity hasher's test vector,
 //! and a fingerprint of the log below the LSN it covers: the same segments with the same
 //! sequence numbers, first LSNs, end LSNs and sealed sizes, the same last bytes of every
 //! segment compaction rewrote, the same first and last covered records, nothing skipped or
-//! lost by recovery); otherwise the store folds the whole log, as if there were no checkpoint.
-//! A checkpoint of this store that covers LSNs past the end of the log is more than unusable:
+//! lost by recovery); otherwise the store folds the whole log, as if there were no index snapshot.
+//! An index snapshot of this store that covers LSNs past the end of the log is more than unusable:
 //! it is evidence of records lost from the end of the log ([`beyond_log`]).
 //! Compaction deletes it before it changes any segment (and writes it again, patched, after a
 //! round that only stripped deltas). It is written only from a fold of the log (after an open
-//! that folded many records, or by [`Store::checkpoint_index`](crate::Store::checkpoint_index),
-//! which folds the records after the newest checkpoint), never from the live index, so that it
-//! holds exactly what a rebuild would. See `docs/FORMAT.md`, §9a "Index checkpoint".
+//! that folded many records, or by [`Store::write_index_snapshot`](crate::Store::write_index_snapshot),
+//! which folds the records after the newest index snapshot), never from the live index, so that it
+//! holds exactly what a rebuild would. See `docs/FORMAT.md`, §9a "Index snapshot".
 
 use std::path::PathBuf;
 
@@ -28,10 +28,12 @@ use crate::store::index::{AtomEntry, EntryState, GuardEntry, IdentityHasher, Run
 use crate::store::rebuild::{FoldState, Orphans};
 use crate::store::types::{RunId, RunStatus};
 
-/// The checkpoint's file name in the store directory.
-pub(crate) const FILE_NAME: &str = "index.ckpt";
+/// The index snapshot's file name in the store directory.
+pub(crate) const FILE_NAME: &str = "index.snapshot";
+/// The index snapshot's former file name; a writable open deletes a file of that name.
+const LEGACY_FILE_NAME: &str = "index.ckpt";
 /// Its temporary name while it is written (the log's recovery deletes leftover `.tmp` files).
-const TEMP_NAME: &str = "index.ckpt.tmp";
+const TEMP_NAME: &str = "index.snapshot.tmp";
 const MAGIC: [u8; 8] = *b"CONTIDX1";
 /// Version 2 binds the file to its store; version 3 adds the keys' older holders (files of
 /// earlier versions are ignored and rebuilt).
@@ -46,16 +48,16 @@ const HEADER_CRC_AT: usize = 44;
 const _: () = assert!(HEADER_CRC_AT + 4 == HEADER_BYTES);
 /// Bytes at the end of a rewritten segment's data the fingerprint hashes.
 const TAIL_BYTES: u64 = 4096;
-/// Records a fold must cover beyond the newest checkpoint before another is written at open
+/// Records a fold must cover beyond the newest index snapshot before another is written at open
 /// or close: below this, folding them on the next open costs less than writing the file.
 #[cfg(not(test))]
 pub(crate) const MIN_NEW_RECORDS: u64 = 1 << 16;
 /// Small in unit tests, so that every test store of more than a few hundred records goes
-/// through checkpoints when it is dropped and reopened.
+/// through index snapshots when it is dropped and reopened.
 #[cfg(test)]
 pub(crate) const MIN_NEW_RECORDS: u64 = 512;
 
-/// Path of the checkpoint of the store in `log`'s directory.
+/// Path of the index snapshot of the store in `log`'s directory.
 fn path(log: &Log) -> PathBuf {
     log.dir().join(FILE_NAME)
 }
@@ -64,21 +66,21 @@ fn path(log: &Log) -> PathBuf {
 /// fingerprint and store id.
 ///
 /// # Errors
-/// The log's read errors, and [`Error::InvalidConfig`] if the checkpoint would be larger than
-/// [`INDEX_CHECKPOINT_BYTES_MAX`](crate::limits::INDEX_CHECKPOINT_BYTES_MAX) (no open would read it).
+/// The log's read errors, and [`Error::InvalidConfig`] if the index snapshot would be larger than
+/// [`INDEX_SNAPSHOT_BYTES_MAX`](crate::limits::INDEX_SNAPSHOT_BYTES_MAX) (no open would read it).
 pub(crate) fn encode(state: &FoldState, log: &Log) -> Result<Vec<u8>> {
     let mut body = Writer::default();
     fingerprint(log, state.next_lsn)?.put(&mut body);
     put_state(&mut body, state);
     let bytes = frame(state.next_lsn, identity::store_id(log)?, &body.0);
-    if bytes.len() as u64 > crate::limits::INDEX_CHECKPOINT_BYTES_MAX {
-        let what = format!("bytes of the index checkpoint ({} needed)", bytes.len());
-        return Err(Error::LimitExceeded { what, limit: crate::limits::INDEX_CHECKPOINT_BYTES_MAX });
+    if bytes.len() as u64 > crate::limits::INDEX_SNAPSHOT_BYTES_MAX {
+        let what = format!("bytes of the index snapshot ({} needed)", bytes.len());
+        return Err(Error::LimitExceeded { what, limit: crate::limits::INDEX_SNAPSHOT_BYTES_MAX });
     }
     Ok(bytes)
 }
 
-/// A checkpoint file: the header (covering `next_lsn`, in store `store_id`) and `body`.
+/// An index snapshot file: the header (covering `next_lsn`, in store `store_id`) and `body`.
 fn frame(next_lsn: u64, store_id: u64, body: &[u8]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(HEADER_BYTES + body.len());
     bytes.extend_from_slice(&MAGIC);
@@ -94,7 +96,7 @@ fn frame(next_lsn: u64, store_id: u64, body: &[u8]) -> Vec<u8> {
     bytes
 }
 
-/// Writes a checkpoint so that it exists after a crash only complete: temporary name, sync,
+/// Writes an index snapshot so that it exists after a crash only complete: temporary name, sync,
 /// rename, directory sync. The log must be synced through the LSN it covers first.
 pub(crate) fn publish(log: &Log, bytes: &[u8]) -> Result<()> {
     let storage = log.storage();
@@ -103,40 +105,50 @@ pub(crate) fn publish(log: &Log, bytes: &[u8]) -> Result<()> {
     let _ = storage.remove_file(&temp);
     let file = storage.open(&temp, OpenMode::CreateNew).map_err(|e| Error::io("create", &temp, e))?;
     file.write_all_at(bytes, 0).map_err(|e| Error::io("write", &temp, e))?;
-    // IMPORTANT: the checkpoint's bytes are durable before its name is.
+    // IMPORTANT: the index snapshot's bytes are durable before its name is.
     file.sync_data().map_err(|e| Error::io("fdatasync", &temp, e))?;
     storage.rename(&temp, &target).map_err(|e| Error::io("rename", &temp, e))?;
     storage.sync_dir(log.dir()).map_err(|e| Error::io("sync directory", log.dir(), e))?;
-    tracing::info!(bytes = bytes.len(), path = %target.display(), "index checkpoint written");
+    tracing::info!(bytes = bytes.len(), path = %target.display(), "index snapshot written");
     Ok(())
 }
 
-/// Deletes the checkpoint, durably, if there is one (before anything changes the log below
+/// Deletes the index snapshot, durably, if there is one (before anything changes the log below
 /// the LSN it covers).
 pub(crate) fn remove(log: &Log) -> Result<()> {
-    let target = path(log);
-    match log.storage().remove_file(&target) {
+    remove_durably(log, &path(log))
+}
+
+/// Deletes `target` (if it exists) and syncs the directory.
+fn remove_durably(log: &Log, target: &std::path::Path) -> Result<()> {
+    match log.storage().remove_file(target) {
         Ok(()) => log.storage().sync_dir(log.dir()).map_err(|e| Error::io("sync directory", log.dir(), e)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io("remove", &target, e)),
+        Err(e) => Err(Error::io("remove", target, e)),
     }
 }
 
-/// The checkpoint of `log`'s store, if there is one and every check passes; its dictionaries
-/// are loaded into `codec`. An unusable or unreadable checkpoint is reported (logged) and
+/// Deletes the index snapshot a store of an earlier version left under its older name
+/// ([`LEGACY_FILE_NAME`]): it is never read, and would only take space.
+pub(crate) fn remove_legacy(log: &Log) -> Result<()> {
+    remove_durably(log, &log.dir().join(LEGACY_FILE_NAME))
+}
+
+/// The index snapshot of `log`'s store, if there is one and every check passes; its dictionaries
+/// are loaded into `codec`. An unusable or unreadable index snapshot is reported (logged) and
 /// ignored: it costs the open time, never the open.
 pub(crate) fn load(log: &Log, codec: &Codec) -> Option<FoldState> {
     accept(read(log.storage().as_ref(), log.dir()), log, codec).ok()
 }
 
-/// A checkpoint file read and decoded, not yet checked against the log.
+/// An index snapshot file read and decoded, not yet checked against the log.
 pub(crate) struct Parsed {
     store_id: u64,
     fingerprint: Fingerprint,
     state: FoldState,
 }
 
-/// What reading the checkpoint in a directory found.
+/// What reading the index snapshot in a directory found.
 pub(crate) enum Read {
     /// There is none.
     Absent,
@@ -146,7 +158,7 @@ pub(crate) enum Read {
     Unusable(Unusable),
 }
 
-/// Reads and decodes the checkpoint in `dir`, without the log: this can run while the log
+/// Reads and decodes the index snapshot in `dir`, without the log: this can run while the log
 /// recovers (`StoreBuilder::open` does), and [`accept`] checks it against the log after.
 pub(crate) fn read(storage: &dyn crate::storage::Storage, dir: &std::path::Path) -> Read {
     let target = dir.join(FILE_NAME);
@@ -156,14 +168,14 @@ pub(crate) fn read(storage: &dyn crate::storage::Storage, dir: &std::path::Path)
         Err(_) => return Read::Unusable("it cannot be opened"),
     };
     let Ok(len) = file.len() else { return Read::Unusable("it cannot be measured") };
-    // Nothing is allocated for a file larger than any checkpoint written, nor for a body
+    // Nothing is allocated for a file larger than any index snapshot written, nor for a body
     // longer than its checksummed header declares.
-    if len > crate::limits::INDEX_CHECKPOINT_BYTES_MAX {
+    if len > crate::limits::INDEX_SNAPSHOT_BYTES_MAX {
         return Read::Unusable("too large");
     }
     let mut header = [0u8; HEADER_BYTES];
     if len < HEADER_BYTES as u64 || file.read_exact_at(&mut header, 0).is_err() {
-        return Read::Unusable("not a checkpoint");
+        return Read::Unusable("not an index snapshot");
     }
     if let Err(reason) = parse_header(&header).and_then(|(_, _, body_len)| {
         (HEADER_BYTES as u64).checked_add(body_len).filter(|total| *total == len).ok_or("length mismatch")
@@ -180,7 +192,7 @@ pub(crate) fn read(storage: &dyn crate::storage::Storage, dir: &std::path::Path)
     }
 }
 
-/// The LSN a checkpoint [`read`] found covers, if it is this store's (`store_id`), intact, and
+/// The LSN an index snapshot [`read`] found covers, if it is this store's (`store_id`), intact, and
 /// covers LSNs past the end of `log`: records below it were durable when it was written (it is
 /// written only after the log is synced through it), so the log lost the records from its end
 /// up to it.
@@ -189,7 +201,7 @@ pub(crate) fn beyond_log(read: &Read, log: &Log, store_id: u64) -> Option<u64> {
     (parsed.store_id == store_id && parsed.state.next_lsn > log.next_lsn().get()).then_some(parsed.state.next_lsn)
 }
 
-/// The state of a checkpoint [`read`] found, if it passes the checks against `log` (its
+/// The state of an index snapshot [`read`] found, if it passes the checks against `log` (its
 /// dictionaries are then loaded into `codec`); otherwise why it was not used (`None` if there
 /// was none), which is also logged.
 pub(crate) fn accept(read: Read, log: &Log, codec: &Codec) -> std::result::Result<FoldState, Option<Unusable>> {
@@ -201,23 +213,23 @@ pub(crate) fn accept(read: Read, log: &Log, codec: &Codec) -> std::result::Resul
             Err(reason) => reason,
         },
     };
-    tracing::warn!(reason, path = %path(log).display(), "index checkpoint ignored; folding the whole log");
+    tracing::warn!(reason, path = %path(log).display(), "index snapshot ignored; folding the whole log");
     Err(Some(reason))
 }
 
-/// Why a checkpoint cannot be used.
+/// Why an index snapshot cannot be used.
 pub(crate) type Unusable = &'static str;
 
-/// Checks and decodes a checkpoint's bytes against `log`.
+/// Checks and decodes an index snapshot's bytes against `log`.
 #[cfg(test)]
 fn decode(bytes: &[u8], log: &Log) -> std::result::Result<FoldState, Unusable> {
     check(parse(bytes)?, log)
 }
 
-/// Checks a checkpoint's header: the LSN it covers, its store id and its body's length.
+/// Checks an index snapshot's header: the LSN it covers, its store id and its body's length.
 fn parse_header(bytes: &[u8]) -> std::result::Result<(u64, u64, u64), Unusable> {
     if bytes.len() < HEADER_BYTES || bytes[..8] != MAGIC {
-        return Err("not a checkpoint");
+        return Err("not an index snapshot");
     }
     if read_u32_le(bytes, 8) != VERSION {
         return Err("another format version");
@@ -228,7 +240,7 @@ fn parse_header(bytes: &[u8]) -> std::result::Result<(u64, u64, u64), Unusable> 
     Ok((read_u64_le(bytes, COVERED_AT), read_u64_le(bytes, STORE_ID_AT), read_u64_le(bytes, BODY_LEN_AT)))
 }
 
-/// Checks a checkpoint's framing and decodes it.
+/// Checks an index snapshot's framing and decodes it.
 fn parse(bytes: &[u8]) -> std::result::Result<Parsed, Unusable> {
     let (next_lsn, store_id, body_len) = parse_header(bytes)?;
     let body = &bytes[HEADER_BYTES..];
@@ -248,7 +260,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, Unusable> {
     Ok(Parsed { store_id, fingerprint, state })
 }
 
-/// Decodes `body` as a checkpoint's body under a header made for it (valid checksums, so that
+/// Decodes `body` as an index snapshot's body under a header made for it (valid checksums, so that
 /// a fuzzer reaches the decoder); returns whether it decoded. Must never panic.
 pub(crate) fn parse_body(body: &[u8]) -> bool {
     parse(&frame(1, 1, body)).is_ok()
@@ -261,20 +273,20 @@ fn check(parsed: Parsed, log: &Log) -> std::result::Result<FoldState, Unusable> 
         return Err("recovery skipped or lost records");
     }
     if identity::store_id(log).ok() != Some(parsed.store_id) {
-        return Err("the checkpoint belongs to another store");
+        return Err("the index snapshot belongs to another store");
     }
     let next_lsn = parsed.state.next_lsn;
     if log.next_lsn().get() < next_lsn {
-        return Err("the log ends before the checkpoint's LSN");
+        return Err("the log ends before the index snapshot's LSN");
     }
     let now = fingerprint(log, next_lsn).map_err(|_| "the log cannot be read")?;
     if now != parsed.fingerprint {
-        return Err("the log below the checkpoint's LSN changed");
+        return Err("the log below the index snapshot's LSN changed");
     }
     Ok(parsed.state)
 }
 
-/// Loads the dictionaries the checkpoint names into `codec`.
+/// Loads the dictionaries the index snapshot names into `codec`.
 fn load_dictionaries(state: FoldState, log: &Log, codec: &Codec) -> std::result::Result<FoldState, Unusable> {
     for &lsn in &state.dictionary_lsns {
         let bytes = log.read(Lsn::new(lsn)).ok().flatten().ok_or("a dictionary record is missing")?;
@@ -289,7 +301,7 @@ fn load_dictionaries(state: FoldState, log: &Log, codec: &Codec) -> std::result:
 // ---------------------------------------------------------------------------------------------
 // The log's fingerprint below the covered LSN
 
-/// What must not have changed in the log below the checkpoint's LSN.
+/// What must not have changed in the log below the index snapshot's LSN.
 #[derive(Debug, PartialEq, Eq)]
 struct Fingerprint {
     first_lsn: u64,
@@ -544,7 +556,7 @@ fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
         count.push(input.varint()?);
     }
     index.release(&first, &count)?;
-    // The records after the checkpoint are folded into runs whose spans must already cover
+    // The records after the index snapshot are folded into runs whose spans must already cover
     // their atoms (a rollback walks its run's span).
     index.note_atom_spans();
     Some(FoldState { index, orphans, dictionary_lsns, next_lsn: 0 })
@@ -776,11 +788,11 @@ mod tests {
     fn assert_index_is_the_whole_fold(store: &Store) {
         let index = store.shared.index.read();
         let expected = whole(&store.shared.log, index.identity.seed());
-        assert!(*index == expected, "the index rebuilt from a checkpoint differs from the whole fold");
+        assert!(*index == expected, "the index rebuilt from an index snapshot differs from the whole fold");
     }
 
     #[test]
-    fn a_checkpoint_plus_the_records_after_it_equals_the_whole_fold() {
+    fn an_index_snapshot_plus_the_records_after_it_equals_the_whole_fold() {
         let dir = tempfile::tempdir().expect("dir");
         busy_store(dir.path());
         let log = Log::open(dir.path()).expect("log");
@@ -792,15 +804,27 @@ mod tests {
             let bytes = encode(&state, &log).expect("encode");
             publish(&log, &bytes).expect("publish");
             let codec = Codec::default();
-            let loaded = load(&log, &codec).expect("a usable checkpoint");
-            assert!(loaded == state, "the checkpoint of LSN {covered} does not round-trip");
+            let loaded = load(&log, &codec).expect("a usable index snapshot");
+            assert!(loaded == state, "the index snapshot of LSN {covered} does not round-trip");
             let resumed = rebuild::fold_from(&log, &codec, loaded, next).and_then(FoldState::finish).expect("fold");
-            assert!(resumed == expected, "checkpoint at LSN {covered} + the rest differs from the whole fold");
+            assert!(resumed == expected, "index snapshot at LSN {covered} + the rest differs from the whole fold");
         }
     }
 
     #[test]
-    fn a_damaged_or_truncated_checkpoint_is_never_used() {
+    fn a_writable_open_deletes_the_file_of_the_former_name_and_a_read_only_open_keeps_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        busy_store(dir.path());
+        let legacy = dir.path().join(LEGACY_FILE_NAME);
+        std::fs::write(&legacy, b"an index snapshot under its former name").expect("write");
+        Store::open_read_only(dir.path()).expect("read-only open").close().expect("close");
+        assert!(legacy.exists(), "a read-only open changes nothing");
+        Store::open(dir.path()).expect("open").close().expect("close");
+        assert!(!legacy.exists(), "a writable open deletes it");
+    }
+
+    #[test]
+    fn a_damaged_or_truncated_index_snapshot_is_never_used() {
         let dir = tempfile::tempdir().expect("dir");
         busy_store(dir.path());
         let log = Log::open(dir.path()).expect("log");
@@ -817,7 +841,7 @@ mod tests {
             }
         }
         for len in [0, 7, HEADER_BYTES - 1, HEADER_BYTES, bytes.len() / 2, bytes.len() - 1] {
-            assert!(decode(&bytes[..len], &log).is_err(), "a checkpoint cut to {len} bytes was accepted");
+            assert!(decode(&bytes[..len], &log).is_err(), "an index snapshot cut to {len} bytes was accepted");
         }
         let mut longer = bytes.clone();
         longer.push(0);
@@ -859,7 +883,7 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_of_another_log_is_refused() {
+    fn an_index_snapshot_of_another_log_is_refused() {
         // Same shape (one segment, same first LSN), different records.
         let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
         for (dir, agent) in [(&a, "x"), (&b, "y")] {
@@ -869,7 +893,7 @@ mod tests {
                 let atom = store.begin_atom(run, agent, &i.to_string(), &[], "").expect("begin");
                 store.complete_atom(atom, &AtomOutput::default()).expect("complete");
             }
-            store.checkpoint_index().expect("checkpoint");
+            store.write_index_snapshot().expect("index snapshot");
         }
         std::fs::copy(a.path().join(FILE_NAME), b.path().join(FILE_NAME)).expect("copy");
         let log = Log::open(b.path()).expect("log");
@@ -911,13 +935,13 @@ mod tests {
     }
 
     #[test]
-    fn a_crash_at_any_step_of_writing_a_checkpoint_leaves_a_store_that_opens_to_the_whole_fold() {
+    fn a_crash_at_any_step_of_writing_a_index_snapshot_leaves_a_store_that_opens_to_the_whole_fold() {
         let probe = SimStorage::new(1);
         {
             let store = store_on(&probe);
             atoms(&store, "a", 150);
             let before = probe.op_count();
-            store.checkpoint_index().expect("checkpoint");
+            store.write_index_snapshot().expect("index snapshot");
             assert!(probe.op_count() > before + 5);
         }
         let steps = {
@@ -925,7 +949,7 @@ mod tests {
             let store = store_on(&storage);
             atoms(&store, "a", 150);
             let before = storage.op_count();
-            store.checkpoint_index().expect("checkpoint");
+            store.write_index_snapshot().expect("index snapshot");
             storage.op_count() - before
         };
         let mut states = 0;
@@ -935,11 +959,11 @@ mod tests {
                 {
                     let store = store_on(&storage);
                     atoms(&store, "a", 150);
-                    // An older checkpoint, so that the crash may also leave that one behind.
-                    store.checkpoint_index().expect("checkpoint");
+                    // An older index snapshot, so that the crash may also leave that one behind.
+                    store.write_index_snapshot().expect("index snapshot");
                     atoms(&store, "b", 40);
                     storage.halt_after(step);
-                    let _ = store.checkpoint_index();
+                    let _ = store.write_index_snapshot();
                     storage.crash(damage);
                 }
                 let store = store_on(&storage);
@@ -952,29 +976,29 @@ mod tests {
     }
 
     #[test]
-    fn the_store_writes_checkpoints_at_close_and_uses_them_and_compaction_deletes_them() {
+    fn the_store_writes_index_snapshots_at_close_and_uses_them_and_compaction_deletes_them() {
         let dir = tempfile::tempdir().expect("dir");
         let open = || compacting_store(dir.path(), 128 * 1024, None).open().expect("open");
         {
             let store = open();
-            atoms(&store, "a", MIN_NEW_RECORDS); // two records per atom: enough for a checkpoint at close
+            atoms(&store, "a", MIN_NEW_RECORDS); // two records per atom: enough for an index snapshot at close
         }
-        assert!(dir.path().join(FILE_NAME).exists(), "no checkpoint written at close");
+        assert!(dir.path().join(FILE_NAME).exists(), "no index snapshot written at close");
         let covered = {
             let log = Log::open(dir.path()).expect("log");
             decode(&std::fs::read(dir.path().join(FILE_NAME)).expect("read"), &log).expect("usable").next_lsn
         };
         {
             let store = open();
-            assert_eq!(store.records_after_checkpoint(), 0, "the checkpoint covers the whole log");
+            assert_eq!(store.records_after_index_snapshot(), 0, "the index snapshot covers the whole log");
             assert_index_is_the_whole_fold(&store);
-            // Atoms after the checkpoint are folded on the next open.
+            // Atoms after the index snapshot are folded on the next open.
             atoms(&store, "b", 30);
         }
         {
             let store = open();
-            assert!(store.records_after_checkpoint() > 60);
-            assert_eq!(store.shared.index_checkpoint.covered.load(std::sync::atomic::Ordering::Relaxed), covered);
+            assert!(store.records_after_index_snapshot() > 60);
+            assert_eq!(store.shared.index_snapshot.covered.load(std::sync::atomic::Ordering::Relaxed), covered);
             assert_index_is_the_whole_fold(&store);
             // A snapshot makes the deltas before it reclaimable: compaction rewrites segments.
             let run = store.run_id("a").expect("run");
@@ -982,35 +1006,35 @@ mod tests {
             store.snapshot_now(last).expect("snapshot");
             let report = store.compact().expect("compact");
             assert!(report.segments_rewritten > 0 && report.deltas_reclaimed > 0, "{report:?}");
-            // The round only stripped deltas: it patched the checkpoint instead of leaving none.
-            assert_eq!(store.index_checkpoint().covered, Some(Lsn::new(covered)));
+            // The round only stripped deltas: it patched the index snapshot instead of leaving none.
+            assert_eq!(store.index_snapshot().covered, Some(Lsn::new(covered)));
         }
         let store = open();
-        assert_eq!(store.index_checkpoint().opened_from, Some(Lsn::new(covered)));
+        assert_eq!(store.index_snapshot().opened_from, Some(Lsn::new(covered)));
         assert!(store.shared.index.read().atoms.iter().any(|(_, atom)| atom.reclaimed));
         assert_index_is_the_whole_fold(&store);
     }
 
     #[test]
-    fn a_compaction_round_that_drops_records_deletes_the_checkpoint() {
+    fn a_compaction_round_that_drops_records_deletes_the_index_snapshot() {
         let dir = tempfile::tempdir().expect("dir");
         let open = || compacting_store(dir.path(), 128 * 1024, Some(std::time::Duration::ZERO)).open().expect("open");
         let store = open();
         atoms(&store, "doomed", 300);
         atoms(&store, "kept", 300);
-        store.checkpoint_index().expect("checkpoint");
+        store.write_index_snapshot().expect("index snapshot");
         store.finish_run(store.run_id("doomed").expect("run"), true, "").expect("finish");
         let report = store.compact().expect("compact");
         assert!(report.runs_dropped == 1 && report.segments_rewritten > 0, "{report:?}");
-        assert_eq!(store.index_checkpoint().covered, None);
-        assert!(!dir.path().join(FILE_NAME).exists(), "a round that dropped records left a checkpoint");
+        assert_eq!(store.index_snapshot().covered, None);
+        assert!(!dir.path().join(FILE_NAME).exists(), "a round that dropped records left an index snapshot");
         drop(store);
         let store = open();
         assert_index_is_the_whole_fold(&store);
     }
 
     #[test]
-    fn the_background_thread_checkpoints_after_a_compaction_round() {
+    fn the_background_thread_index_snapshots_after_a_compaction_round() {
         let dir = tempfile::tempdir().expect("dir");
         let store = Store::builder(dir.path())
             .snapshot_policy(SnapshotPolicy::NEVER)
@@ -1026,10 +1050,10 @@ mod tests {
         // it: wait until fewer than the threshold are left after the newest.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let covered = loop {
-            let info = store.index_checkpoint();
+            let info = store.index_snapshot();
             match info.covered {
                 Some(covered) if info.records_after < MIN_NEW_RECORDS => break covered,
-                _ => assert!(std::time::Instant::now() < deadline, "no background checkpoint within 20 s"),
+                _ => assert!(std::time::Instant::now() < deadline, "no background index snapshot within 20 s"),
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
@@ -1037,27 +1061,27 @@ mod tests {
         // Stopped, with fewer than the threshold after it: nothing writes another.
         drop(store);
         let log = Log::open_read_only(dir.path()).expect("log");
-        let bytes = std::fs::read(dir.path().join(FILE_NAME)).expect("the checkpoint file");
+        let bytes = std::fs::read(dir.path().join(FILE_NAME)).expect("the index snapshot file");
         assert_eq!(decode(&bytes, &log).expect("usable").next_lsn, covered.get());
     }
 
     #[test]
-    fn the_store_reports_its_checkpoint_and_close_writes_one() {
+    fn the_store_reports_its_index_snapshot_and_close_writes_one() {
         let dir = tempfile::tempdir().expect("dir");
         let open = || Store::builder(dir.path()).snapshot_policy(SnapshotPolicy::NEVER).background(false).open();
         let store = open().expect("open");
-        let fresh = store.index_checkpoint();
+        let fresh = store.index_snapshot();
         assert_eq!((fresh.covered, fresh.opened_from, fresh.ignored_at_open), (None, None, None));
         atoms(&store, "a", MIN_NEW_RECORDS);
-        assert!(store.index_checkpoint().records_after >= 2 * MIN_NEW_RECORDS);
+        assert!(store.index_snapshot().records_after >= 2 * MIN_NEW_RECORDS);
         let end = store.log().next_lsn();
         store.close().expect("close");
         let store = open().expect("open");
-        let info = store.index_checkpoint();
+        let info = store.index_snapshot();
         assert_eq!((info.covered, info.opened_from, info.records_after), (Some(end), Some(end), 0));
         assert_eq!(info.ignored_at_open, None);
         drop(store);
-        // A damaged checkpoint: ignored, with the reason; the open folds everything and, having
+        // A damaged index snapshot: ignored, with the reason; the open folds everything and, having
         // folded that many records, writes a new one.
         let path = dir.path().join(FILE_NAME);
         let mut bytes = std::fs::read(&path).expect("read");
@@ -1065,8 +1089,8 @@ mod tests {
         bytes[at] ^= 0x10;
         std::fs::write(&path, bytes).expect("write");
         let store = open().expect("open");
-        store.wait_for_checkpoint_writer();
-        let info = store.index_checkpoint();
+        store.wait_for_index_snapshot_writer();
+        let info = store.index_snapshot();
         assert_eq!(info.opened_from, None);
         assert_eq!(info.ignored_at_open.as_deref(), Some("body checksum mismatch"));
         assert_eq!((info.covered, info.records_after), (Some(end), 0));
@@ -1080,46 +1104,46 @@ mod tests {
             let store = Store::builder(dir.path())
                 .snapshot_policy(SnapshotPolicy::NEVER)
                 .background(false)
-                .index_checkpoint_after(u64::MAX)
+                .index_snapshot_after(u64::MAX)
                 .open()
                 .expect("open");
             atoms(&store, "a", MIN_NEW_RECORDS);
         }
-        assert!(!dir.path().join(FILE_NAME).exists(), "u64::MAX leaves checkpoints to checkpoint_index");
+        assert!(!dir.path().join(FILE_NAME).exists(), "u64::MAX leaves index snapshots to write_index_snapshot");
         let read_only = Store::open_read_only(dir.path()).expect("read-only open");
-        assert_eq!(read_only.index_checkpoint().opened_from, None);
+        assert_eq!(read_only.index_snapshot().opened_from, None);
         drop(read_only);
-        assert!(!dir.path().join(FILE_NAME).exists(), "a read-only open wrote a checkpoint");
+        assert!(!dir.path().join(FILE_NAME).exists(), "a read-only open wrote an index snapshot");
         let store = Store::builder(dir.path()).background(false).open().expect("open");
-        // The open left the checkpoint of its fold to a thread of its own.
-        store.wait_for_checkpoint_writer();
-        let info = store.index_checkpoint();
+        // The open left the index snapshot of its fold to a thread of its own.
+        store.wait_for_index_snapshot_writer();
+        let info = store.index_snapshot();
         assert_eq!((info.opened_from, info.covered), (None, Some(store.log().next_lsn())));
-        assert!(dir.path().join(FILE_NAME).exists(), "the open folded every record and wrote no checkpoint");
+        assert!(dir.path().join(FILE_NAME).exists(), "the open folded every record and wrote no index snapshot");
         drop(store);
         let read_only = Store::open_read_only(dir.path()).expect("read-only open");
-        assert_eq!(read_only.index_checkpoint().opened_from, Some(read_only.log().next_lsn()));
+        assert_eq!(read_only.index_snapshot().opened_from, Some(read_only.log().next_lsn()));
     }
 
     #[test]
-    fn the_open_s_checkpoint_is_not_published_after_compaction_changed_the_log() {
+    fn the_open_s_index_snapshot_is_not_published_after_compaction_changed_the_log() {
         use std::sync::atomic::Ordering;
         let dir = tempfile::tempdir().expect("dir");
         let store = Store::builder(dir.path()).background(false).open().expect("open");
         atoms(&store, "a", 40);
-        store.checkpoint_index().expect("checkpoint");
+        store.write_index_snapshot().expect("index snapshot");
         let on_disk = std::fs::read(dir.path().join(FILE_NAME)).expect("read");
         // What the open's writer thread would hold: another encoding of the same log.
         let next = store.log().next_lsn().get();
         let state = rebuild::fold_from(&store.shared.log, &Codec::default(), fresh(99), next).expect("fold");
         let other = encode(&state, &store.shared.log).expect("encode");
         assert_ne!(other, on_disk);
-        let checkpoint = &store.shared.index_checkpoint;
+        let index_snapshot = &store.shared.index_snapshot;
         let publish = |changes: u64| {
-            checkpoint.covered.store(0, Ordering::Relaxed);
-            checkpoint.log_changes.store(changes, Ordering::Relaxed);
-            *checkpoint.pending.lock() = Some((next, other.clone()));
-            let writer = crate::store::Shared::write_pending_checkpoint(&store.shared).expect("a writer");
+            index_snapshot.covered.store(0, Ordering::Relaxed);
+            index_snapshot.log_changes.store(changes, Ordering::Relaxed);
+            *index_snapshot.pending.lock() = Some((next, other.clone()));
+            let writer = crate::store::Shared::write_pending_index_snapshot(&store.shared).expect("a writer");
             writer.join().expect("join");
             std::fs::read(dir.path().join(FILE_NAME)).expect("read")
         };
@@ -1128,18 +1152,18 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_taken_before_compaction_rewrote_its_segment_is_never_used() {
-        // The checkpoint covers part of segment 1 while it is active; compaction later rewrites
+    fn an_index_snapshot_taken_before_compaction_rewrote_its_segment_is_never_used() {
+        // The index snapshot covers part of segment 1 while it is active; compaction later rewrites
         // it. Its sequence, first LSN and first and last covered records are unchanged: only
         // the rewrite's end LSN tells. Used, it said the reclaimed deltas were still there.
         let dir = tempfile::tempdir().expect("dir");
-        let open = || compacting_store(dir.path(), 128 * 1024, None).index_checkpoint_after(u64::MAX).open();
+        let open = || compacting_store(dir.path(), 128 * 1024, None).index_snapshot_after(u64::MAX).open();
         let stale = {
             let store = open().expect("open");
             atoms(&store, "a", 40);
             assert_eq!(store.log().segments().len(), 1);
-            store.checkpoint_index().expect("checkpoint");
-            std::fs::read(dir.path().join(FILE_NAME)).expect("read the checkpoint")
+            store.write_index_snapshot().expect("index snapshot");
+            std::fs::read(dir.path().join(FILE_NAME)).expect("read the index snapshot")
         };
         let reclaimed = {
             let store = open().expect("open");
@@ -1156,11 +1180,11 @@ mod tests {
             assert!(store.atom(atoms[0]).expect("atom").delta_reclaimed);
             atoms[0]
         };
-        std::fs::write(dir.path().join(FILE_NAME), &stale).expect("copy the old checkpoint back");
+        std::fs::write(dir.path().join(FILE_NAME), &stale).expect("copy the old index snapshot back");
         let store = open().expect("open");
-        let info = store.index_checkpoint();
-        assert_eq!(info.opened_from, None, "a checkpoint of a segment since rewritten was used");
-        assert_eq!(info.ignored_at_open.as_deref(), Some("the log below the checkpoint's LSN changed"));
+        let info = store.index_snapshot();
+        assert_eq!(info.opened_from, None, "an index snapshot of a segment since rewritten was used");
+        assert_eq!(info.ignored_at_open.as_deref(), Some("the log below the index snapshot's LSN changed"));
         assert!(store.atom(reclaimed).expect("atom").delta_reclaimed);
         assert_index_is_the_whole_fold(&store);
     }
@@ -1168,8 +1192,7 @@ mod tests {
     #[test]
     fn a_rewrite_of_a_rewritten_segment_changes_the_fingerprint() {
         let dir = tempfile::tempdir().expect("dir");
-        let store =
-            compacting_store(dir.path(), 64 * 1024, None).index_checkpoint_after(u64::MAX).open().expect("open");
+        let store = compacting_store(dir.path(), 64 * 1024, None).index_snapshot_after(u64::MAX).open().expect("open");
         atoms(&store, "a", 400);
         let run = store.run_id("a").expect("run");
         let atoms = store.run_atoms(run);
@@ -1185,8 +1208,8 @@ mod tests {
     }
 
     #[test]
-    fn another_store_s_checkpoint_is_never_used() {
-        // Two logs with the same records: before checkpoints carried the store id, the
+    fn another_store_s_index_snapshot_is_never_used() {
+        // Two logs with the same records: before index snapshots carried the store id, the
         // fingerprint (sizes, sequence numbers, sampled records) could not tell them apart.
         let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
         let delta = crate::synthetic::Transcript::new(3).next_delta(200);
@@ -1194,15 +1217,15 @@ mod tests {
             crate::store::test_logs::write_run(dir, &[(1, vec![], Some(&delta)), (2, vec![1], Some(&delta))]);
         }
         let open = |dir: &std::path::Path| Store::builder(dir).background(false).open().expect("open");
-        open(a.path()).checkpoint_index().expect("checkpoint");
+        open(a.path()).write_index_snapshot().expect("index snapshot");
         std::fs::copy(a.path().join(FILE_NAME), b.path().join(FILE_NAME)).expect("copy");
         let store = open(b.path());
-        let info = store.index_checkpoint();
+        let info = store.index_snapshot();
         assert_eq!(info.opened_from, None);
-        assert_eq!(info.ignored_at_open.as_deref(), Some("the checkpoint belongs to another store"));
+        assert_eq!(info.ignored_at_open.as_deref(), Some("the index snapshot belongs to another store"));
         assert_index_is_the_whole_fold(&store);
         drop(store);
-        assert!(open(a.path()).index_checkpoint().opened_from.is_some(), "its own store uses it");
+        assert!(open(a.path()).index_snapshot().opened_from.is_some(), "its own store uses it");
     }
 
     /// A file of `len` bytes that starts with `header` and records the largest read asked of it.
@@ -1271,7 +1294,7 @@ mod tests {
     }
 
     #[test]
-    fn a_huge_checkpoint_file_is_refused_before_it_is_read() {
+    fn a_huge_index_snapshot_file_is_refused_before_it_is_read() {
         // Before the bound, a file up to 64 GiB was allocated and read whole.
         let largest_read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let header = frame(100, 7, b"a short body")[..HEADER_BYTES].to_vec();
@@ -1279,7 +1302,7 @@ mod tests {
             let file = HugeFile { len, header: header.clone(), largest_read: Arc::clone(&largest_read) };
             match read(&HugeStorage(Arc::new(file)), std::path::Path::new("/huge")) {
                 Read::Unusable(found) => assert_eq!(found, reason),
-                _ => panic!("a {len}-byte checkpoint was taken"),
+                _ => panic!("a {len}-byte index snapshot was taken"),
             }
             let largest = largest_read.load(std::sync::atomic::Ordering::Relaxed);
             assert!(largest <= HEADER_BYTES, "read {largest} bytes of a {len}-byte file");
@@ -1299,9 +1322,9 @@ mod tests {
         Finish { run: u8 },
         /// A snapshot of the newest completed atom, then a compaction round.
         SnapshotAndCompact,
-        /// An explicit checkpoint.
-        Checkpoint,
-        /// Drop the store (which may checkpoint) and open it again.
+        /// An explicit index snapshot.
+        IndexSnapshot,
+        /// Drop the store (which may index snapshot) and open it again.
         Reopen,
     }
 
@@ -1313,26 +1336,26 @@ mod tests {
             1 => Just(Step::RollbackAndFork),
             1 => (0u8..3).prop_map(|run| Step::Finish { run }),
             2 => Just(Step::SnapshotAndCompact),
-            2 => Just(Step::Checkpoint),
+            2 => Just(Step::IndexSnapshot),
             2 => Just(Step::Reopen),
         ]
     }
 
     /// Plays `steps`, ignoring the typed refusals a random history runs into (a finished run
     /// takes no atoms, a pinned history cannot be reclaimed, ...); every reopen must rebuild
-    /// exactly the index a fold of the whole log builds, whichever checkpoint it starts from.
+    /// exactly the index a fold of the whole log builds, whichever index snapshot it starts from.
     fn play(steps: &[Step]) -> usize {
         let dir = tempfile::tempdir().expect("dir");
         let open = || {
             compacting_store(dir.path(), 64 * 1024, Some(std::time::Duration::ZERO))
-                .index_checkpoint_after(64)
+                .index_snapshot_after(64)
                 .open()
                 .expect("open")
         };
         let mut store = open();
         let mut transcript = crate::synthetic::Transcript::new(steps.len() as u64);
         let mut key = 0u64;
-        let mut from_checkpoint = 0;
+        let mut from_index_snapshot = 0;
         for step in steps {
             match *step {
                 Step::Atoms { run, agent, n } => {
@@ -1381,13 +1404,13 @@ mod tests {
                     }
                     store.compact().expect("compact");
                 }
-                Step::Checkpoint => {
-                    store.checkpoint_index().expect("checkpoint");
+                Step::IndexSnapshot => {
+                    store.write_index_snapshot().expect("index snapshot");
                 }
                 Step::Reopen => {
                     drop(store);
                     store = open();
-                    from_checkpoint += usize::from(store.index_checkpoint().opened_from.is_some());
+                    from_index_snapshot += usize::from(store.index_snapshot().opened_from.is_some());
                     assert_index_is_the_whole_fold(&store);
                 }
             }
@@ -1395,7 +1418,7 @@ mod tests {
         drop(store);
         let store = open();
         assert_index_is_the_whole_fold(&store);
-        from_checkpoint
+        from_index_snapshot
     }
 
     fn newest_completed(store: &Store) -> Option<crate::AtomId> {
@@ -1413,12 +1436,12 @@ mod tests {
     }
 
     #[test]
-    fn a_history_with_every_step_reopens_from_checkpoints() {
+    fn a_history_with_every_step_reopens_from_index_snapshots() {
         use Step::*;
         let steps = [
             Atoms { run: 0, agent: 0, n: 100 },
             Atoms { run: 1, agent: 1, n: 80 },
-            Checkpoint,
+            IndexSnapshot,
             GuardAndPin,
             Atoms { run: 2, agent: 0, n: 50 },
             Reopen,
@@ -1428,9 +1451,9 @@ mod tests {
             Reopen,
             Atoms { run: 0, agent: 1, n: 60 },
             SnapshotAndCompact,
-            Checkpoint,
+            IndexSnapshot,
             Reopen,
         ];
-        assert!(play(&steps) >= 2, "the reopens should start from checkpoints");
+        assert!(play(&steps) >= 2, "the reopens should start from index snapshots");
     }
 }
