@@ -27,7 +27,7 @@ impl Store {
     /// a crash before that takes the start back, and the next process may give the id to
     /// another atom. What names a step across processes is its key (with its branch:
     /// [`Store::atom_by_key_on`]). `idempotency_key` is the caller's label for the atom (a
-    /// framework's own index snapshot id, say), stored with it and returned by [`Store::atom`];
+    /// framework's own checkpoint id, say), stored with it and returned by [`Store::atom`];
     /// the store does not enforce it: the identity it enforces is (run, agent, key) on the
     /// branch of `parents` ([`Error::AtomExists`]).
     ///
@@ -113,7 +113,7 @@ impl Store {
 
     /// [`Store::record_atom`] with the delta already encoded: `delta` is the protobuf encoding
     /// of a [`Delta`](crate::Delta) (what a binding or a framework that serializes its own
-    /// index snapshots hands over), stored as it is, not decoded and encoded again. It is checked
+    /// checkpoints hands over), stored as it is, not decoded and encoded again. It is checked
     /// first, in place: bytes that are not a `Delta` prost decodes are refused, so that every
     /// stored atom replays.
     ///
