@@ -76,7 +76,7 @@ pub use metrics::MetricsSnapshot;
 pub use purge::{CompactionReport, SpaceReport};
 pub use replay::{Rebuilt, SnapshotFallback};
 pub use store::{
-    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CompactionPolicy, Executed, History,
-    IndexSnapshotInfo, LogView, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus, SnapshotPolicy,
-    Store, StoreBuilder, StoreRecoveryReport,
+    AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CONTROL_AGENT_PREFIX, CompactionPolicy, Executed,
+    History, IndexSnapshotInfo, LogView, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus,
+    SnapshotPolicy, Store, StoreBuilder, StoreRecoveryReport, is_control_agent,
 };

@@ -8,6 +8,7 @@ use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::log::BatchBuilder;
 use crate::store::Codec;
+use crate::store::control::check_caller_agent;
 use crate::store::index::{AtomEntry, EntryState, StoreIndex};
 use crate::store::types::{AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, RunId, RunStatus};
 use crate::store::{SnapshotPolicy, Store, now_us, unknown_run};
@@ -34,8 +35,9 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownRun`], [`Error::RunFinished`], [`Error::InvalidParent`],
     /// [`Error::AtomExists`], [`Error::KeyCollision`], [`Error::LimitExceeded`] once the atom ids
-    /// run out, and the log's append errors. A refused
-    /// transition leaves the log untouched.
+    /// run out, [`Error::InvalidArgument`] for an agent name the store keeps for its own
+    /// ([`CONTROL_AGENT_PREFIX`](crate::CONTROL_AGENT_PREFIX)), and the log's append errors. A
+    /// refused transition leaves the log untouched.
     pub fn begin_atom(
         &self,
         run: RunId,
@@ -44,6 +46,7 @@ impl Store {
         parents: &[AtomId],
         idempotency_key: &str,
     ) -> Result<AtomId> {
+        check_caller_agent(agent)?;
         let (reservation, record, _) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
         let atom = reservation.atom;
         let appended = self.shared.log.append_with(&record, Durability::None);
@@ -101,6 +104,17 @@ impl Store {
         idempotency_key: &str,
         output: &AtomOutput,
     ) -> Result<AtomId> {
+        check_caller_agent(agent)?;
+        self.record_unchecked(run, (agent, key, parents, idempotency_key), output)
+    }
+
+    /// [`Store::record_atom`] for any agent, the store's own included.
+    pub(crate) fn record_unchecked(
+        &self,
+        run: RunId,
+        (agent, key, parents, idempotency_key): (&str, &str, &[AtomId], &str),
+        output: &AtomOutput,
+    ) -> Result<AtomId> {
         let (delta, result) = (&output.delta, output.result.as_slice());
         self.record(
             run,
@@ -145,6 +159,7 @@ impl Store {
         delta: &[u8],
         result: &[u8],
     ) -> Result<AtomId> {
+        check_caller_agent(agent)?;
         check_delta(delta)?;
         self.record(
             run,
@@ -374,6 +389,7 @@ impl Store {
         parents: &[AtomId],
         work: impl FnOnce(AtomId) -> std::result::Result<AtomOutput, AtomFailure>,
     ) -> Result<Executed> {
+        check_caller_agent(agent)?;
         let found = {
             let index = self.shared.index.read();
             let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;

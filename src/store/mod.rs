@@ -12,6 +12,7 @@ pub(crate) mod atoms;
 pub(crate) mod ballast;
 pub(crate) mod branches;
 pub(crate) mod builder;
+pub(crate) mod control;
 pub(crate) mod guard;
 pub(crate) mod history;
 pub(crate) mod identity;
@@ -45,6 +46,7 @@ use index::StoreIndex;
 
 use crate::purge::CompactionReport;
 pub use builder::StoreBuilder;
+pub use control::{CONTROL_AGENT_PREFIX, is_control_agent};
 pub use history::History;
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use log_view::LogView;
@@ -253,6 +255,9 @@ pub(crate) struct Shared {
     /// Held while a run is created or finished: their records are appended one at a time,
     /// without the index lock.
     pub(crate) runs_changing: Mutex<()>,
+    /// Held across a check of a run's control atoms and the control atom it decides to record
+    /// (`store/control.rs`).
+    pub(crate) control: Mutex<()>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.
     pub(crate) closing: std::sync::atomic::AtomicBool,
     /// Compaction rounds completed since open, and the last one's report.

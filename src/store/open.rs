@@ -71,6 +71,7 @@ impl Shared {
             #[cfg(test)]
             after_plan: Mutex::new(None),
             runs_changing: Mutex::new(()),
+            control: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
             last_compaction: Mutex::new(None),
