@@ -41,6 +41,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::record_atom`].
+    #[cfg_attr(not(test), expect(dead_code, reason = "continuations and run checkpoints record control atoms"))]
     pub(crate) fn record_control(
         &self,
         run: RunId,
@@ -55,6 +56,7 @@ impl Store {
     }
 
     /// Serializes the check-then-record sequences of control atoms within this process.
+    #[cfg_attr(not(test), expect(dead_code, reason = "continuations and run checkpoints hold it"))]
     pub(crate) fn control_lock(&self) -> MutexGuard<'_, ()> {
         self.shared.control.lock()
     }
@@ -79,9 +81,11 @@ mod tests {
         assert!(refused(store.execute(run, agent, "k", &[], |_| Ok(AtomOutput::default())).map(|e| e.atom)));
         assert!(store.run_atoms(run).is_empty(), "nothing was recorded");
 
+        let guard = store.control_lock();
         let atom = store.record_control(run, agent, "k", &[], b"state".to_vec()).expect("control atom");
         let read = store.atom(atom).expect("read");
         assert_eq!((read.agent.as_str(), read.output.map(|o| o.result)), (agent, Some(b"state".to_vec())));
+        drop(guard);
         assert!(store.record_atom(run, "continuum-user", "k", &[], "", &output).is_ok(), "only the prefix is kept");
     }
 }
