@@ -257,7 +257,6 @@ pub(crate) struct Shared {
     pub(crate) runs_changing: Mutex<()>,
     /// Held across a check of a run's control atoms and the control atom it decides to record
     /// (`store/control.rs`).
-    #[cfg_attr(not(test), expect(dead_code, reason = "continuations and run checkpoints hold it"))]
     pub(crate) control: Mutex<()>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.
     pub(crate) closing: std::sync::atomic::AtomicBool,
