@@ -47,7 +47,6 @@
 //! # }
 //! ```
 
-mod ab;
 pub mod codec;
 pub mod config;
 pub use codec::context;

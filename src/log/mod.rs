@@ -13,6 +13,8 @@ pub(crate) mod record;
 pub(crate) mod recovery;
 pub(crate) mod segment;
 mod streams;
+mod tuning;
+pub(crate) use tuning::waits_for_lulls;
 mod writer;
 
 use std::fmt;
@@ -723,7 +725,7 @@ impl Log {
 
     /// Marks CPU work of the store's own background thread until the guard drops: late yields
     /// of spinning appenders meanwhile do not hold spinning off (`writer::OwnWork`).
-    pub(crate) fn own_background_work(&self) -> writer::OwnWork<'_> {
+    pub(crate) fn own_background_work(&self) -> tuning::OwnWork<'_> {
         self.inner.writer.own_work()
     }
 

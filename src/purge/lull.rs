@@ -28,6 +28,9 @@ const LULL_PROBES: u32 = 2;
 /// bursting on 2 cores: 15–25 % fewer atoms per second, measured 2026-12-01). Agents
 /// usually pause between atoms (a model call takes seconds), so a lull comes soon.
 pub(crate) fn wait_for_lull(mut next_lsn: impl FnMut() -> u64, deadline: Instant, stopping: &AtomicBool) -> bool {
+    if !crate::log::waits_for_lulls() {
+        return true;
+    }
     let mut quiet = 0;
     let mut before = next_lsn();
     while quiet < LULL_PROBES {
@@ -63,7 +66,7 @@ impl BurstWatch {
     /// clock read.
     pub(crate) fn burst(&mut self, next_lsn: impl FnOnce() -> u64, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.sampled_at);
-        if elapsed < LULL_PROBE {
+        if elapsed < LULL_PROBE || !crate::log::waits_for_lulls() {
             return false;
         }
         let next_lsn = next_lsn();
