@@ -383,6 +383,23 @@ fn sequential_appends(log: &Log, appends: u64) -> Duration {
     start.elapsed()
 }
 
+/// The 99.9th percentile and the longest of `appends` sequential 512-byte appends to `log`,
+/// in seconds.
+fn append_stalls(log: &Log, appends: u64) -> (f64, f64) {
+    let record = vec![0xA5u8; 512];
+    let mut took: Vec<f64> = (0..appends)
+        .map(|_| {
+            let started = Instant::now();
+            log.append(black_box(&record)).expect("an append should succeed");
+            started.elapsed().as_secs_f64()
+        })
+        .collect();
+    discard_sealed(log);
+    took.sort_by(f64::total_cmp);
+    let p999 = took[(took.len() * 999 / 1000).min(took.len() - 1)];
+    (p999, took.last().copied().unwrap_or(0.0))
+}
+
 fn bench_buffered_append(criterion: &mut Criterion, options: &Options, root: &Path) {
     let modes = [("buffered", Durability::Buffered), ("none", Durability::None)];
     let logs: Vec<Log> = modes.iter().map(|(name, durability)| open_log(&root.join(name), *durability)).collect();
@@ -415,6 +432,9 @@ fn bench_buffered_append(criterion: &mut Criterion, options: &Options, root: &Pa
         let rate = median(&mut rates);
         lines.push(verdict(&format!("{name:<8} appends/s"), rate, ">= 1,000,000", rate >= 1e6, 0));
     }
+    // The stalls behind the flusher's sync: each append of one more trial timed on its own.
+    let (p999, longest) = append_stalls(&logs[0], appends);
+    lines.push(format!("buffered append p99.9 {:.1} us, longest {:.2} ms", p999 * 1e6, longest * 1e3));
     summary(options, BUFFERED_APPEND, &lines);
     for log in logs {
         log.close().expect("the buffered bench log should close");
