@@ -48,6 +48,7 @@
 //! ```
 
 mod ab;
+pub mod checkpoint;
 pub mod codec;
 pub mod config;
 pub use codec::context;
