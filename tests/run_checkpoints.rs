@@ -156,7 +156,10 @@ fn the_run_s_committed_side_effects_are_in_its_checkpoints() {
     let failed = store.guarded(step, "book_hotel", |_| Err(AtomFailure { message: "503".into(), retryable: true }));
     assert!(failed.is_err());
     store.write_checkpoint(run, CheckpointDraft::default()).expect("first");
-    assert_eq!(store.load_latest_checkpoint(run).expect("load").expect("c").side_effects_committed, std::slice::from_ref(&flight));
+    assert_eq!(
+        store.load_latest_checkpoint(run).expect("load").expect("c").side_effects_committed,
+        std::slice::from_ref(&flight)
+    );
 
     let hotel = store.guarded(step, "book_hotel", |_| Ok(b"H".to_vec())).map(|_| store.guard_key(step, "book_hotel"));
     let hotel = hotel.expect("effect").expect("key");
