@@ -268,3 +268,16 @@ fn the_heads_of_the_newest_checkpoint_survive_rollbacks_compaction_and_reopens()
     let released = store.rebuild_context(critic[39]);
     assert!(matches!(released, Err(Error::HistoryReclaimed { .. })), "{:?}", released.map(|r| r.atoms_applied));
 }
+
+#[test]
+fn checkpoints_take_no_policy_snapshots() {
+    let sim = SimStorage::new(3);
+    let store = open(&sim);
+    let run = store.create_run(RunSpec::new("snapshots")).expect("run");
+    for _ in 0..25 {
+        store.write_checkpoint(run, CheckpointDraft::default()).expect("checkpoint");
+    }
+    assert_eq!(store.metrics().snapshot_writes, 0, "a control agent's empty context is never snapshotted");
+    steps(&store, run, "planner", None, 10, 1);
+    assert_eq!(store.metrics().snapshot_writes, 1, "the caller's agents keep their policy");
+}
