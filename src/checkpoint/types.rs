@@ -66,7 +66,8 @@ pub struct CheckpointDraft {
     pub agent_heads: Option<BTreeMap<String, AtomId>>,
     /// Environment entries over the run's own.
     pub environment: BTreeMap<String, String>,
-    /// The pipeline version, if not the run's (a run resumed by a newer version).
+    /// The pipeline version the writer runs, if not the previous checkpoint's (the run's, for
+    /// its first checkpoint): a run resumed by a newer version moves on with it.
     pub pipeline_version: Option<String>,
     /// Whether the pipeline has reached its end.
     pub is_terminal: bool,
@@ -108,7 +109,7 @@ impl CheckpointDraft {
         self
     }
 
-    /// Records the pipeline version the writer runs, instead of the run's.
+    /// Records the pipeline version the writer runs; later checkpoints carry it over.
     #[must_use]
     pub fn pipeline_version(mut self, version: impl Into<String>) -> Self {
         self.pipeline_version = Some(version.into());
