@@ -362,6 +362,19 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpointed_head_is_held_as_a_pin_is() {
+        // 1..=30 with snapshots at 20 and 30: an atom at 15 that a checkpoint names keeps the
+        // deltas below it, and is not released; unnamed, it goes.
+        let (parents, mut facts) = chain(30);
+        let without = decide_with(&parents, &facts, &[20, 30], 1);
+        assert!(without.released.contains(&15) && without.strip.contains(&15), "{without:?}");
+        facts.get_mut(&15).expect("atom").checkpointed = true;
+        let with = decide_with(&parents, &facts, &[20, 30], 1);
+        assert!(!with.released.contains(&15), "{with:?}");
+        assert!((1..=15).all(|id| !with.strip.contains(&id)), "{with:?}");
+    }
+
+    #[test]
     fn a_rolled_back_head_below_every_snapshot_keeps_its_history() {
         // The agent continues from 5; the snapshots at 10 and 20 are on the abandoned branch.
         let (parents, mut facts) = chain(20);
