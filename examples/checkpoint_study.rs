@@ -27,7 +27,25 @@ fn main() {
             started.elapsed()
         })
         .collect();
-    println!("write_checkpoint (synced): median {:?}", median(writes));
+    println!("write_checkpoint (synced), heads found on a run of {atoms} atoms: median {:?}", median(writes));
+    let named: Vec<Duration> = (0..50)
+        .map(|_| {
+            let started = Instant::now();
+            store.write_checkpoint(run, CheckpointDraft::at("agent", "p").head("agent", last)).expect("write");
+            started.elapsed()
+        })
+        .collect();
+    println!("write_checkpoint (synced), heads named: median {:?}", median(named));
+    let synced: Vec<Duration> = (0..50)
+        .map(|step| {
+            let started = Instant::now();
+            let output = AtomOutput::default();
+            store.record_atom(run, "other", &format!("sync-{step}"), &[], "", &output).expect("atom");
+            store.sync().expect("sync");
+            started.elapsed()
+        })
+        .collect();
+    println!("record_atom + sync, for comparison: median {:?}", median(synced));
     println!("load_latest_checkpoint, checkpoint newest of {atoms} atoms: {:?}", per_load(&store, run));
     record(&store, run, Some(last), atoms, 2);
     println!("load_latest_checkpoint, {atoms} atoms after it: {:?}", per_load(&store, run));
@@ -35,7 +53,7 @@ fn main() {
     for _ in 0..100 {
         assert_eq!(store.checkpoints(run, 10).expect("list").len(), 10);
     }
-    println!("checkpoints(run, 10) on a run of {} atoms: {:?}", 2 * atoms + 50, started.elapsed() / 100);
+    println!("checkpoints(run, 10) on a run of {} atoms: {:?}", 2 * atoms + 150, started.elapsed() / 100);
 }
 
 /// `count` atoms of one agent with small deltas, after `after`; returns the last.

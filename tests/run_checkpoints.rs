@@ -212,6 +212,13 @@ fn bad_input_is_refused_with_nothing_written_and_the_store_usable() {
     assert_eq!(store.log().next_lsn().get(), records.get() + 1, "only the rollback was written");
     assert!(store.checkpoints(run, 10).expect("list").is_empty());
     assert_eq!(store.write_checkpoint(run, CheckpointDraft::default().head("planner", mine[0])).expect("valid"), 1);
+    // By default each agent's newest completed atom on its current branch is its head.
+    let critic = steps(&store, run, "critic", Some(mine[0]), 2, 3);
+    let running = store.begin_atom(run, "critic", "thinking", &[critic[1]], "").expect("begin");
+    store.write_checkpoint(run, CheckpointDraft::default()).expect("default heads");
+    let heads = store.load_latest_checkpoint(run).expect("load").expect("checkpoint").agent_heads;
+    assert_eq!(heads, BTreeMap::from([("critic".to_owned(), critic[1]), ("planner".to_owned(), mine[0])]));
+    assert_ne!(heads["critic"], running);
 }
 
 /// The heads a checkpoint names, rebuilt now, by agent.

@@ -1,7 +1,7 @@
 //! Writing a run checkpoint: the sequence check, the heads, the committed side effects, and
 //! the control atom that holds it, under the control lock and the purge lock.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::checkpoint::CHECKPOINT_AGENT;
 use crate::checkpoint::codec::{self, checkpoint_key};
@@ -129,14 +129,24 @@ impl Store {
     }
 
     /// Each agent's newest completed atom that no rollback abandoned (the store's own agents
-    /// left out).
+    /// left out): the run's atoms walked from its newest back, until every agent has one.
     fn current_heads(&self, run: RunId) -> BTreeMap<String, u64> {
         let index = self.shared.index.read();
+        let Ok(run32) = u32::try_from(run.get()) else { return BTreeMap::new() };
+        let agents: HashSet<u32> = index.agent_ids.get(&run32).map_or_else(HashSet::new, |names| {
+            names.iter().filter(|(name, _)| !is_control_agent(name)).map(|(_, id)| *id).collect()
+        });
         let mut heads = BTreeMap::new();
-        for (atom, entry) in index.run_atoms(run) {
-            let agent = index.agent_name(entry.agent);
-            if entry.state == EntryState::Completed && !entry.abandoned && !is_control_agent(agent) {
-                heads.insert(agent.to_owned(), atom.get());
+        let mut found = HashSet::new();
+        let (from, to) = index.atom_span(run);
+        for at in (from..to).rev() {
+            if found.len() == agents.len() {
+                break;
+            }
+            let Some(entry) = index.atoms.get(at) else { continue };
+            let current = entry.run == run32 && entry.state == EntryState::Completed && !entry.abandoned;
+            if current && agents.contains(&entry.agent) && found.insert(entry.agent) {
+                heads.insert(index.agent_name(entry.agent).to_owned(), at as u64 + 1);
             }
         }
         heads
