@@ -115,6 +115,53 @@ mod tests {
         assert_eq!(key_sequence("migration/7/v2"), None);
     }
 
+    /// A checkpoint atom of run 1 whose result is `result`.
+    fn atom(key: &str, result: Vec<u8>) -> Atom {
+        Atom {
+            id: AtomId(9),
+            run: RunId(1),
+            agent: crate::checkpoint::CHECKPOINT_AGENT.into(),
+            key: key.into(),
+            parents: Vec::new(),
+            idempotency_key: String::new(),
+            status: crate::AtomStatus::Completed,
+            started_at_unix_us: 0,
+            ended_at_unix_us: Some(0),
+            output: Some(crate::AtomOutput { delta: crate::Delta::default(), result }),
+            error: None,
+            started_lsn: crate::Lsn::new(5),
+            abandoned: false,
+            delta_reclaimed: false,
+        }
+    }
+
+    #[test]
+    fn damaged_results_decode_to_a_checkpoint_or_a_typed_error() {
+        let mut body = proto::RunCheckpoint { sequence: 3, run: 1, position: "step-3".into(), ..Default::default() };
+        body.agent_heads.insert("planner".into(), 4);
+        body.shared_context.insert("plan".into(), b"fly tuesday".to_vec());
+        let bytes = encode(&body).expect("encode");
+        assert_eq!(decode(&atom("checkpoint/3", bytes.clone())).expect("decode").position, "step-3");
+        let refused = |result: Result<RunCheckpoint>| matches!(result, Err(Error::InconsistentLog { lsn: 5, .. }));
+        assert!(refused(decode(&atom("checkpoint/4", bytes.clone()))), "the key names another sequence");
+        let mut other_run = body.clone();
+        other_run.run = 2;
+        assert!(refused(decode(&atom("checkpoint/3", encode(&other_run).expect("encode")))));
+        for cut in 0..bytes.len() {
+            let _ = decode(&atom("checkpoint/3", bytes[..cut].to_vec()));
+        }
+        for at in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut flipped = bytes.clone();
+                flipped[at] ^= 1 << bit;
+                match decode(&atom("checkpoint/3", flipped)) {
+                    Ok(checkpoint) => assert_eq!((checkpoint.sequence, checkpoint.run), (3, RunId(1))),
+                    Err(error) => assert!(matches!(error, Error::InconsistentLog { .. }), "{error}"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn oversized_fields_are_refused_before_encoding() {
         let long = "x".repeat(CHECKPOINT_NAME_BYTES_MAX + 1);
