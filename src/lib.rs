@@ -48,8 +48,8 @@
 //! ```
 
 mod ab;
-pub mod codec;
 pub mod checkpoint;
+pub mod codec;
 pub mod config;
 pub use codec::context;
 pub mod error;

@@ -449,6 +449,7 @@ fn checkpoint_store(dir: &Path) {
         resume_hint: format!("resume at {position}"),
         side_effects_committed: vec!["trip-42#1/planner/step-1/book_flight".into()],
         written_at_unix_us: T0 + sequence * 1_000_000,
+        ..RunCheckpoint::default()
     };
     let records = [
         StoreRecord::RunCreated(RunCreated {

@@ -167,6 +167,19 @@ fn the_run_s_committed_side_effects_are_in_its_checkpoints() {
     let mut expected = vec![flight, hotel];
     expected.sort();
     assert_eq!(store.load_latest_checkpoint(run).expect("load").expect("c").side_effects_committed, expected);
+
+    // A checkpoint written while an effect is in flight leaves it to the next one.
+    let car = store.guarded(step, "book_car", |_| {
+        store.write_checkpoint(run, CheckpointDraft::default()).expect("checkpoint during the effect");
+        Ok(b"C".to_vec())
+    });
+    car.expect("effect");
+    let during = store.load_latest_checkpoint(run).expect("load").expect("c");
+    assert_eq!(during.side_effects_committed, expected, "the car was not booked yet");
+    store.write_checkpoint(run, CheckpointDraft::default()).expect("after");
+    expected.push(store.guard_key(step, "book_car").expect("key"));
+    expected.sort();
+    assert_eq!(store.load_latest_checkpoint(run).expect("load").expect("c").side_effects_committed, expected);
 }
 
 #[test]

@@ -100,6 +100,7 @@ pub(crate) fn decode(atom: &Atom) -> Result<RunCheckpoint> {
         resume_hint: body.resume_hint,
         side_effects_committed,
         written_at_unix_us: body.written_at_unix_us,
+        side_effects_from_lsn: body.side_effects_from_lsn,
     })
 }
 

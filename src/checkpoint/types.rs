@@ -40,6 +40,9 @@ pub struct RunCheckpoint {
     pub side_effects_committed: Vec<String>,
     /// When it was written, in microseconds since the Unix epoch.
     pub written_at_unix_us: u64,
+    /// Guard completions at or after this LSN may be missing from `side_effects_committed`
+    /// (their guards were in flight): the next checkpoint reads them (0: unknown).
+    pub side_effects_from_lsn: u64,
 }
 
 /// What a writer hands to [`Store::write_checkpoint`](crate::Store::write_checkpoint): the

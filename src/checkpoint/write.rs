@@ -152,20 +152,23 @@ impl Store {
         heads
     }
 
-    /// The guard keys of `run` whose effects completed: the previous checkpoint's, and those
-    /// completed since (the guards completed after it, read from the log; all of the run's
-    /// for the first checkpoint).
-    fn committed_side_effects(&self, run: RunId, previous: Option<&RunCheckpoint>) -> Result<Vec<String>> {
-        let (prefix, lsns) = {
+    /// The guard keys of `run` whose effects completed, and the LSN from which the next
+    /// checkpoint must look again: the previous checkpoint's keys, and those of the guards
+    /// completed at or after the LSN it left (the run's first atom's for the first checkpoint;
+    /// log rewrites keep LSNs). A guard in flight now completes after its start, and one not
+    /// yet indexed after `next_lsn`: the LSN left is the lowest of those.
+    fn committed_side_effects(&self, run: RunId, previous: Option<&RunCheckpoint>) -> Result<(Vec<String>, u64)> {
+        let next_lsn = self.shared.log.next_lsn().get();
+        let (prefix, lsns, from_next) = {
             let index = self.shared.index.read();
             let entry = index.run(run).ok_or_else(|| Error::UnknownRun { run: run.to_string() })?;
             let prefix = crate::store::guard::run_guard_prefix(&entry.name, run);
-            // Guards of the run complete after its first atom starts, and log rewrites keep LSNs.
-            let first_atom = index.run_atoms(run).next().map_or(u64::MAX, |(_, entry)| entry.started_lsn);
-            let since = previous.and_then(|p| index.atom(p.atom)).map_or(first_atom, |entry| entry.started_lsn);
-            let lsns: Vec<u64> =
-                index.guards.values().map(|guard| guard.completed_lsn).filter(|lsn| *lsn > since).collect();
-            (prefix, lsns)
+            let first_atom = index.run_atoms(run).next().map_or(next_lsn, |(_, entry)| entry.started_lsn);
+            let from = previous.map(|p| p.side_effects_from_lsn).filter(|lsn| *lsn != 0).unwrap_or(first_atom);
+            let guards = index.guards.values();
+            let lsns: Vec<u64> = guards.clone().map(|guard| guard.completed_lsn).filter(|lsn| *lsn >= from).collect();
+            let in_flight = guards.filter(|guard| guard.completed_lsn == 0 && guard.started_lsn != 0);
+            (prefix, lsns, in_flight.map(|guard| guard.started_lsn).fold(next_lsn, u64::min))
         };
         let mut keys: BTreeSet<String> =
             previous.map(|p| p.side_effects_committed.iter().cloned().collect()).unwrap_or_default();
@@ -176,7 +179,7 @@ impl Store {
                 keys.insert(done.key);
             }
         }
-        Ok(keys.into_iter().collect())
+        Ok((keys.into_iter().collect(), from_next))
     }
 
     /// The run's pipeline and environment, from its `RunCreated` record: the log is read up to
@@ -234,7 +237,7 @@ fn checkpoint_body(
     base: RunBase,
     draft: CheckpointDraft,
     heads: BTreeMap<String, u64>,
-    side_effects: Vec<String>,
+    (side_effects, side_effects_from_lsn): (Vec<String>, u64),
 ) -> proto::RunCheckpoint {
     let mut environment = base.environment;
     environment.extend(draft.environment);
@@ -252,5 +255,6 @@ fn checkpoint_body(
         resume_hint: draft.resume_hint,
         side_effects_committed: side_effects,
         written_at_unix_us: now_us(),
+        side_effects_from_lsn,
     }
 }
