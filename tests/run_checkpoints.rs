@@ -301,3 +301,22 @@ fn checkpoints_take_no_policy_snapshots() {
     steps(&store, run, "planner", None, 10, 1);
     assert_eq!(store.metrics().snapshot_writes, 1, "the caller's agents keep their policy");
 }
+
+#[test]
+fn a_draft_following_a_checkpoint_keeps_its_position_and_takes_fresh_heads() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("trip").pipeline("travel", "1")).expect("run");
+    let first = steps(&store, run, "planner", None, 2, 1);
+    let draft = CheckpointDraft::at("planner", "step-3").shared("plan", b"fly".to_vec()).pipeline_version("2");
+    store.write_checkpoint(run, draft.env("host", "a").resume_hint("book next")).expect("checkpoint");
+    let previous = store.load_latest_checkpoint(run).expect("load").expect("checkpoint");
+    assert_eq!(previous.agent_heads["planner"], first[1]);
+    let later = steps(&store, run, "planner", Some(first[1]), 3, 2);
+    store.write_checkpoint(run, CheckpointDraft::following(&previous).resume_hint("stopped")).expect("following");
+    let next = store.load_latest_checkpoint(run).expect("load").expect("checkpoint");
+    assert_eq!(next.sequence, 2);
+    assert_eq!((next.position.as_str(), next.pipeline_version.as_str()), ("step-3", "2"));
+    assert_eq!((next.shared_context, next.environment), (previous.shared_context, previous.environment));
+    assert_eq!((next.agent_heads["planner"], next.resume_hint.as_str()), (later[2], "stopped"));
+}

@@ -84,6 +84,43 @@ impl CheckpointDraft {
         Self { current_agent: agent.into(), position: position.into(), ..Self::default() }
     }
 
+    /// A draft that continues from `previous`: its agent, position, shared context, version,
+    /// environment and resume hint, with each agent's head taken afresh from the store. What a
+    /// process writes for each run in flight when it stops between steps:
+    ///
+    /// ```
+    /// # fn main() -> continuum::Result<()> {
+    /// use continuum::checkpoint::CheckpointDraft;
+    /// use continuum::{RunStatus, Store};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = Store::open(dir.path())?;
+    /// # let run = store.create_run(continuum::RunSpec::new("trip"))?;
+    /// # store.write_checkpoint(run, CheckpointDraft::at("planner", "step-2"))?;
+    /// for info in store.runs().into_iter().filter(|info| info.status == RunStatus::Running) {
+    ///     let draft = match store.load_latest_checkpoint(info.id)? {
+    ///         Some(previous) => CheckpointDraft::following(&previous),
+    ///         None => CheckpointDraft::default(),
+    ///     };
+    ///     store.write_checkpoint(info.id, draft.resume_hint("stopped by SIGTERM"))?;
+    /// }
+    /// assert_eq!(store.load_latest_checkpoint(run)?.map(|c| (c.sequence, c.position)), Some((2, "step-2".into())));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn following(previous: &RunCheckpoint) -> Self {
+        Self {
+            sequence: None,
+            current_agent: previous.current_agent.clone(),
+            position: previous.position.clone(),
+            shared_context: previous.shared_context.clone(),
+            agent_heads: None,
+            environment: previous.environment.clone(),
+            pipeline_version: Some(previous.pipeline_version.clone()),
+            is_terminal: previous.is_terminal,
+            resume_hint: previous.resume_hint.clone(),
+        }
+    }
+
     /// Asks for sequence `sequence` (refused unless greater than the run's newest).
     #[must_use]
     pub fn sequence(mut self, sequence: u64) -> Self {
