@@ -18,6 +18,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
+use continuum::checkpoint::RunCheckpoint;
 use continuum::codec::StoreRecord;
 use continuum::codec::proto::{self, Delta, state_change};
 use continuum::inspect::{self, SnapshotFile};
@@ -95,6 +96,16 @@ pub enum Command {
         #[arg(long)]
         at: Option<u64>,
     },
+    /// A run's checkpoints (by run id or name), newest first: sequence, position, pipeline
+    /// version, terminal or not, resume hint, committed side effects, agent heads, shared
+    /// context.
+    Checkpoints {
+        /// Run id or name.
+        run: String,
+        /// Show at most this many.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// Check every frame checksum of every segment (scanning past damage) and every snapshot's
     /// SHA-256; print each problem with its file and byte offset. Exit 0 when clean, 1 otherwise.
     Verify,
@@ -154,6 +165,7 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, Failure> {
         Command::Run { run } => run_tree(&store, &run, json, out)?,
         Command::Atom { atom } => atom_detail(&store, AtomId::from_raw(atom), json, out)?,
         Command::Context { run, agent, at } => context(&store, &run, &agent, at, json, out)?,
+        Command::Checkpoints { run, limit } => checkpoints(&store, &run, limit, json, out)?,
         Command::Verify => unreachable!("handled above"),
     }
     Ok(0)
@@ -1148,6 +1160,73 @@ fn verify(dir: &Path, json: bool, out: &mut dyn Write) -> Result<i32, Failure> {
 
 // ---------------------------------------------------------------------------------------------
 // formatting
+
+/// A run's checkpoints, newest first.
+fn checkpoints(store: &Store, run: &str, limit: Option<usize>, json: bool, out: &mut dyn Write) -> Result<(), Failure> {
+    let info = find_run(store, run)?;
+    let found = store.checkpoints(info.id, limit.unwrap_or(usize::MAX))?;
+    if json {
+        let listed: Vec<Value> = found.iter().map(checkpoint_json).collect();
+        let document = json!({ "run": info.id.get(), "name": info.name, "checkpoints": listed });
+        writeln!(out, "{}", serde_json::to_string_pretty(&document)?)?;
+        return Ok(());
+    }
+    writeln!(out, "run {} {:?}: {} checkpoints, newest first", info.id.get(), info.name, found.len())?;
+    for checkpoint in &found {
+        checkpoint_text(checkpoint, out)?;
+    }
+    Ok(())
+}
+
+fn checkpoint_text(checkpoint: &RunCheckpoint, out: &mut dyn Write) -> Result<(), Failure> {
+    let terminal = if checkpoint.is_terminal { "yes" } else { "no" };
+    writeln!(
+        out,
+        "#{}  {}  at {} / {}  version {} {}  terminal {terminal}  (atom {})",
+        checkpoint.sequence,
+        time(checkpoint.written_at_unix_us),
+        checkpoint.current_agent,
+        checkpoint.position,
+        checkpoint.pipeline,
+        checkpoint.pipeline_version,
+        checkpoint.atom.get(),
+    )?;
+    writeln!(out, "    resume hint: {}", checkpoint.resume_hint)?;
+    writeln!(out, "    side effects: {}", list_text(checkpoint.side_effects_committed.iter().cloned()))?;
+    let heads = checkpoint.agent_heads.iter().map(|(agent, atom)| format!("{agent} -> atom {}", atom.get()));
+    writeln!(out, "    heads: {}", list_text(heads))?;
+    let shared = checkpoint.shared_context.iter().map(|(key, value)| format!("{key} = {}", bytes_text(value, 40)));
+    writeln!(out, "    shared: {}", list_text(shared))?;
+    Ok(())
+}
+
+/// Items joined with commas, or `-` for none.
+fn list_text(items: impl Iterator<Item = String>) -> String {
+    let joined = items.collect::<Vec<_>>().join(", ");
+    if joined.is_empty() { "-".to_owned() } else { joined }
+}
+
+fn checkpoint_json(checkpoint: &RunCheckpoint) -> Value {
+    let heads: BTreeMap<&str, u64> =
+        checkpoint.agent_heads.iter().map(|(agent, atom)| (agent.as_str(), atom.get())).collect();
+    let shared: BTreeMap<&str, Value> =
+        checkpoint.shared_context.iter().map(|(key, value)| (key.as_str(), bytes_json(value))).collect();
+    json!({
+        "sequence": checkpoint.sequence,
+        "atom": checkpoint.atom.get(),
+        "written_at": time(checkpoint.written_at_unix_us),
+        "pipeline": checkpoint.pipeline,
+        "pipeline_version": checkpoint.pipeline_version,
+        "current_agent": checkpoint.current_agent,
+        "position": checkpoint.position,
+        "is_terminal": checkpoint.is_terminal,
+        "resume_hint": checkpoint.resume_hint,
+        "side_effects_committed": checkpoint.side_effects_committed,
+        "agent_heads": heads,
+        "environment": checkpoint.environment,
+        "shared_context": shared,
+    })
+}
 
 fn file_name(path: &Path) -> String {
     path.file_name().map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned())

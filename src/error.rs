@@ -280,6 +280,42 @@ pub enum Error {
         reason: String,
     },
 
+    /// A run checkpoint's sequence is not greater than the run's newest checkpoint's: a stale
+    /// writer cannot overwrite a newer checkpoint. Nothing was written.
+    #[error("checkpoint {sequence} of run {run} is stale: its newest checkpoint is {newest}")]
+    StaleCheckpoint {
+        /// The run.
+        run: u64,
+        /// The sequence the writer asked for.
+        sequence: u64,
+        /// The sequence of the run's newest checkpoint.
+        newest: u64,
+    },
+
+    /// No chain of registered migrations leads from a checkpoint's pipeline version to the
+    /// version asked for. Nothing was recorded.
+    #[error("no migration leads from pipeline version {from:?} to {to:?}")]
+    NoMigrationPath {
+        /// The checkpoint's version.
+        from: String,
+        /// The version asked for.
+        to: String,
+    },
+
+    /// A migration returned an error or panicked. Nothing was recorded; the stored checkpoint
+    /// is as it was.
+    #[error("the migration from pipeline version {from:?} to {to:?} failed: {message}")]
+    MigrationFailed {
+        /// The version the failed step migrates from.
+        from: String,
+        /// The version it migrates to.
+        to: String,
+        /// Its error, or the panic's message.
+        message: String,
+        /// Whether it panicked.
+        panicked: bool,
+    },
+
     /// A bound the on-disk format or the index sets (`limits.rs`) was reached: more atoms
     /// than atom ids, a segment rewritten more times than its generation counts, a file
     /// larger than its limit. Nothing was written; the store stays usable for what fits.
@@ -457,6 +493,16 @@ impl Error {
             Error::AtomExists { atom } => Error::AtomExists { atom: *atom },
             Error::InvalidTransition { atom, from, to } => Error::InvalidTransition { atom: *atom, from, to },
             Error::RunFinished { run } => Error::RunFinished { run: *run },
+            Error::StaleCheckpoint { run, sequence, newest } => {
+                Error::StaleCheckpoint { run: *run, sequence: *sequence, newest: *newest }
+            }
+            Error::NoMigrationPath { from, to } => Error::NoMigrationPath { from: from.clone(), to: to.clone() },
+            Error::MigrationFailed { from, to, message, panicked } => Error::MigrationFailed {
+                from: from.clone(),
+                to: to.clone(),
+                message: message.clone(),
+                panicked: *panicked,
+            },
             Error::AtomFailed { atom, message, retryable } => {
                 Error::AtomFailed { atom: *atom, message: message.clone(), retryable: *retryable }
             }

@@ -47,6 +47,7 @@
 //! # }
 //! ```
 
+pub mod checkpoint;
 pub mod codec;
 pub mod config;
 pub use codec::context;

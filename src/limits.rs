@@ -122,6 +122,20 @@ pub const SPARSE_INDEX_STRIDE_BYTES: u64 = 32 * 1024;
 /// Most bytes a segment reader fetches with one positioned read.
 pub const READ_CHUNK_BYTES_MAX: usize = 1024 * 1024;
 
+/// Largest encoded run checkpoint (the result of its control atom), in bytes.
+pub const CHECKPOINT_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Longest name in a run checkpoint (agent, position, resume hint, a key of a map, a version),
+/// in bytes.
+pub const CHECKPOINT_NAME_BYTES_MAX: usize = 4096;
+
+/// Most entries in each map or list of a run checkpoint (shared context, agent heads,
+/// environment, side effects).
+pub const CHECKPOINT_ENTRIES_MAX: usize = 65_536;
+
+/// Most migrations one chain applies (from a checkpoint's version to the one asked for).
+pub const MIGRATION_STEPS_MAX: usize = 256;
+
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
 const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);
@@ -136,3 +150,6 @@ const _: () = assert!(COMMIT_GROUP_BYTES_MAX >= 64 * 1024);
 // The atom table spans `ATOM_ID_MAX` entries in pages: its page list stays a few megabytes.
 const _: () = assert!(ATOM_ID_MAX <= u32::MAX as u64);
 const _: () = assert!(INDEX_SNAPSHOT_BYTES_MAX <= usize::MAX as u64);
+// A checkpoint and the start record around it fit in one record.
+const _: () = assert!(CHECKPOINT_BYTES_MAX * 2 <= RECORD_BYTES_MAX as usize);
+const _: () = assert!(CHECKPOINT_NAME_BYTES_MAX * 4 <= CHECKPOINT_BYTES_MAX);

@@ -48,6 +48,9 @@
 //! | `continuum_context_rebuild_atoms_total` | counter | | deltas those rebuilds applied |
 //! | `continuum_context_rebuild_seconds` | histogram | | their latency |
 //! | `continuum_atoms_skipped_total` | counter | | completed atoms `execute` did not run again |
+//! | `continuum_checkpoints_written_total` | counter | | run checkpoints written |
+//! | `continuum_checkpoints_stale_total` | counter | | run checkpoints refused as stale (a sequence not above the newest) |
+//! | `continuum_migrations_total` | counter | `outcome` | checkpoint loads that migrated (`applied`) or could not (`failed`: no chain, a step's error or panic) |
 //! | `continuum_compactions_total` | counter | | compaction runs |
 //! | `continuum_compaction_read_bytes_total` | counter | | bytes compaction read |
 //! | `continuum_compaction_written_bytes_total` | counter | | bytes compaction wrote |
@@ -350,6 +353,10 @@ struct StoreCounts {
     context_rebuild_atoms: Count,
     context_rebuild_ns: Spread,
     atoms_skipped: Count,
+    checkpoints_written: Count,
+    checkpoints_stale: Count,
+    migrations_applied: Count,
+    migrations_failed: Count,
     compactions: Count,
     compaction_bytes_read: Count,
     compaction_bytes_written: Count,
@@ -402,6 +409,20 @@ impl StoreCounts {
             ),
             context_rebuild_ns: r.seconds("continuum_context_rebuild_seconds", "Latency of context rebuilds."),
             atoms_skipped: count("continuum_atoms_skipped_total", "Completed atoms not executed again."),
+            checkpoints_written: count("continuum_checkpoints_written_total", "Run checkpoints written."),
+            checkpoints_stale: count("continuum_checkpoints_stale_total", "Run checkpoints refused as stale."),
+            migrations_applied: r.count_of(
+                "continuum_migrations_total",
+                Unit::Count,
+                "Checkpoint loads that migrated, or failed to.",
+                Some(("outcome", "applied")),
+            ),
+            migrations_failed: r.count_of(
+                "continuum_migrations_total",
+                Unit::Count,
+                "Checkpoint loads that migrated, or failed to.",
+                Some(("outcome", "failed")),
+            ),
             compactions: count("continuum_compactions_total", "Compaction runs."),
             compaction_bytes_read: bytes("continuum_compaction_read_bytes_total", "Bytes read by compaction."),
             compaction_bytes_written: bytes("continuum_compaction_written_bytes_total", "Bytes written by compaction."),
@@ -608,6 +629,21 @@ impl Metrics {
         self.store.atoms_skipped.add(1);
     }
 
+    /// A run checkpoint written.
+    pub(crate) fn record_checkpoint_written(&self) {
+        self.store.checkpoints_written.add(1);
+    }
+
+    /// A run checkpoint refused as stale.
+    pub(crate) fn record_stale_checkpoint(&self) {
+        self.store.checkpoints_stale.add(1);
+    }
+
+    /// A checkpoint load that migrated (`applied`) or failed to.
+    pub(crate) fn record_migration(&self, applied: bool) {
+        if applied { self.store.migrations_applied.add(1) } else { self.store.migrations_failed.add(1) }
+    }
+
     /// One compaction run: bytes it read, wrote, and gave back to the file system.
     pub(crate) fn record_compaction(&self, bytes_read: u64, bytes_written: u64, bytes_reclaimed: u64) {
         self.store.compactions.add(1);
@@ -662,6 +698,10 @@ impl Metrics {
             context_rebuild_atoms: store.context_rebuild_atoms.get(),
             context_rebuild_ns: store.context_rebuild_ns.snapshot(),
             atoms_skipped: store.atoms_skipped.get(),
+            checkpoints_written: store.checkpoints_written.get(),
+            checkpoints_stale: store.checkpoints_stale.get(),
+            migrations_applied: store.migrations_applied.get(),
+            migrations_failed: store.migrations_failed.get(),
             compactions: store.compactions.get(),
             compaction_bytes_read: store.compaction_bytes_read.get(),
             compaction_bytes_written: store.compaction_bytes_written.get(),
@@ -826,6 +866,14 @@ pub struct MetricsSnapshot {
     pub context_rebuild_ns: HistogramSnapshot,
     /// Completed atoms `execute` did not run again (their recorded output was returned).
     pub atoms_skipped: u64,
+    /// Run checkpoints written (`Store::write_checkpoint`).
+    pub checkpoints_written: u64,
+    /// Run checkpoints refused because their sequence was not above the run's newest.
+    pub checkpoints_stale: u64,
+    /// Checkpoint loads that migrated the state to another pipeline version.
+    pub migrations_applied: u64,
+    /// Checkpoint loads whose migration failed: no chain, a step's error or panic.
+    pub migrations_failed: u64,
     /// Compaction runs.
     pub compactions: u64,
     /// Bytes compaction read.

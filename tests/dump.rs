@@ -282,7 +282,7 @@ fn help_explains_every_command() {
     let store = golden_store();
     let (code, out, _) = dump(store.path(), &["--help"]);
     assert_eq!(code, 0);
-    for command in ["summary", "records", "runs", "run", "atom", "context", "verify", "--json"] {
+    for command in ["summary", "records", "runs", "run", "atom", "context", "checkpoints", "verify", "--json"] {
         assert!(out.contains(command), "--help does not mention {command}:\n{out}");
     }
     check_golden("help.txt", &out);
@@ -428,4 +428,81 @@ fn verify_fails_on_records_lost_from_the_end_of_the_log() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("recovery: RECORDS LOST"), "{out}");
     assert!(out.contains("LSNs 18..=19"), "{out}");
+}
+
+/// A store with one run, one agent atom and two checkpoints (the newest terminal), written
+/// record by record with fixed timestamps.
+fn checkpoint_store(dir: &Path) {
+    use continuum::codec::proto::RunCheckpoint;
+    use prost::Message;
+    let checkpoint = |sequence: u64, position: &str, terminal: bool| RunCheckpoint {
+        sequence,
+        run: 1,
+        pipeline: "travel-agent".into(),
+        pipeline_version: "1.3".into(),
+        current_agent: "planner".into(),
+        position: position.into(),
+        shared_context: [("plan".to_owned(), b"fly tuesday".to_vec())].into_iter().collect(),
+        agent_heads: [("planner".to_owned(), 1)].into_iter().collect(),
+        environment: [("model".to_owned(), "m-1".to_owned())].into_iter().collect(),
+        is_terminal: terminal,
+        resume_hint: format!("resume at {position}"),
+        side_effects_committed: vec!["trip-42#1/planner/step-1/book_flight".into()],
+        written_at_unix_us: T0 + sequence * 1_000_000,
+        ..RunCheckpoint::default()
+    };
+    let records = [
+        StoreRecord::RunCreated(RunCreated {
+            run: 1,
+            run_name: "trip-42".into(),
+            pipeline: "travel-agent".into(),
+            pipeline_version: "1.3".into(),
+            created_at_unix_us: T0,
+            ..RunCreated::default()
+        }),
+        started(1, 1, "planner", "step-1", &[], "", 0),
+        completed(1, Delta { messages: vec![message("user", "Paris")], ..Delta::default() }, "ok", 1),
+        started(2, 1, "continuum.checkpoint", "checkpoint/1", &[], "", 1000),
+        StoreRecord::AtomCompleted(AtomCompleted {
+            atom: 2,
+            delta: Some(Delta::default()),
+            result: checkpoint(1, "step-2", false).encode_to_vec(),
+            ended_at_unix_us: T0 + 1_000_000,
+        }),
+        started(3, 1, "continuum.checkpoint", "checkpoint/2", &[], "", 2000),
+        StoreRecord::AtomCompleted(AtomCompleted {
+            atom: 3,
+            delta: Some(Delta::default()),
+            result: checkpoint(2, "done", true).encode_to_vec(),
+            ended_at_unix_us: T0 + 2_000_000,
+        }),
+    ];
+    let log = Log::builder(dir).segment_bytes(SEGMENT_BYTES).open().expect("open the log");
+    for record in &records {
+        log.append(&continuum::inspect::encode_record(record)).expect("append");
+    }
+    log.close().expect("close the log");
+}
+
+#[test]
+fn checkpoints_are_listed_newest_first_in_text_and_json() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    checkpoint_store(dir.path());
+    let cases: &[(&str, &[&str], bool)] = &[
+        ("checkpoints.txt", &["checkpoints", "trip-42"], false),
+        ("checkpoints.json", &["checkpoints", "1", "--json"], true),
+    ];
+    for (name, args, json) in cases {
+        let (code, out, err) = dump(dir.path(), args);
+        assert_eq!(code, 0, "dump {args:?} failed: {err}");
+        if *json {
+            check_json(&out, false);
+        }
+        check_golden(name, &out);
+    }
+    let (code, out, _) = dump(dir.path(), &["checkpoints", "trip-42", "--limit", "1"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("#2 ") && !out.contains("#1 "), "{out}");
+    let (code, _, err) = dump(dir.path(), &["checkpoints", "no-such-run"]);
+    assert_eq!((code, err.contains("no-such-run")), (2, true), "{err}");
 }

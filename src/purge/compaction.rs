@@ -451,7 +451,9 @@ impl Store {
             segments: Vec::new(),
         };
         let graph = self.scan_graph(&mut plan)?;
-        let facts = self.entry_facts(&graph, &plan.dropped_runs);
+        // IMPORTANT: what the newest checkpoints name stays rebuildable (invariant 7).
+        let checkpointed = self.checkpointed_heads()?;
+        let facts = self.entry_facts(&graph, &plan.dropped_runs, &checkpointed);
         plan.decision = crate::purge::plan::decide(&PurgeInputs {
             parents: &graph.parents,
             facts: &facts,
@@ -512,7 +514,12 @@ impl Store {
 
     /// What the index knows of every atom of `graph` (an atom it no longer holds is left
     /// out: dead). Copied a chunk at a time, so that appends never wait long for the index.
-    fn entry_facts(&self, graph: &Graph, dropped_runs: &HashSet<u32>) -> HashMap<u64, AtomFacts> {
+    fn entry_facts(
+        &self,
+        graph: &Graph,
+        dropped_runs: &HashSet<u32>,
+        checkpointed: &HashSet<u64>,
+    ) -> HashMap<u64, AtomFacts> {
         const CHUNK: usize = 4096;
         let ids: Vec<u64> = graph.parents.keys().copied().collect();
         let mut facts = HashMap::with_capacity(ids.len());
@@ -525,6 +532,7 @@ impl Store {
                         completed: e.state == EntryState::Completed,
                         reclaimed: e.reclaimed,
                         pinned: e.pinned,
+                        checkpointed: checkpointed.contains(&id),
                         abandoned: e.abandoned,
                         released: e.released,
                         dropped: dropped_runs.contains(&e.run),

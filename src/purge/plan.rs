@@ -4,11 +4,11 @@
 //! From the atom DAG (every atom's parents), what the index knows of each atom, and the durable
 //! snapshots, one pass decides:
 //! - the **heads**: each agent's newest atom no rollback abandoned, where the agent continues;
-//! - the **snapshots kept**: every pinned atom's, and per agent the newest
-//!   `snapshots_per_agent` of the others. A snapshot of an atom a rollback abandoned does not
+//! - the **snapshots kept**: every held atom's (pinned, or an agent head its run's newest
+//!   checkpoint names), and per agent the newest `snapshots_per_agent` of the others. A snapshot of an atom a rollback abandoned does not
 //!   count, and goes;
 //! - the **deltas stripped**: a completed atom's delta goes once no *target*'s rebuild needs
-//!   it. Targets are the heads, the pinned atoms, and the atoms at or after their agent's oldest
+//!   it. Targets are the heads, the held atoms, and the atoms at or after their agent's oldest
 //!   kept snapshot. A target's rebuild starts from its oldest kept usable snapshot (all of its
 //!   history if it has none), so it needs the deltas of its ancestors above that snapshot;
 //! - the **atoms released**: after the round (its snapshots pruned, its deltas stripped), the
@@ -32,11 +32,20 @@ pub(crate) struct AtomFacts {
     /// It completed and compaction already reclaimed its delta.
     pub reclaimed: bool,
     pub pinned: bool,
+    /// The newest checkpoint of its run names it as an agent's head (`checkpoint/read.rs`).
+    pub checkpointed: bool,
     pub abandoned: bool,
     /// A round already released it.
     pub released: bool,
     /// Its run was dropped: nothing of it is live.
     pub dropped: bool,
+}
+
+impl AtomFacts {
+    /// Pinned, or named by its run's newest checkpoint: kept rebuildable as a head is.
+    pub fn held(&self) -> bool {
+        self.pinned || self.checkpointed
+    }
 }
 
 /// What one purge plan reads.
@@ -123,7 +132,7 @@ fn retain_snapshots(inputs: &PurgeInputs<'_>) -> (BTreeSet<u64>, Vec<u64>) {
         let Some(facts) = inputs.facts.get(&snapshot).filter(|_| inputs.parents.contains_key(&snapshot)) else {
             continue;
         };
-        if facts.pinned && !facts.dropped {
+        if facts.held() && !facts.dropped {
             kept.insert(snapshot);
             continue;
         }
@@ -186,7 +195,7 @@ fn strippable(inputs: &PurgeInputs<'_>, kept: &BTreeSet<u64>, heads: &HashSet<u6
         let Some(facts) = inputs.facts.get(&id) else { continue };
         let mut lowest = bound.remove(&id).unwrap_or(u64::MAX);
         let target_from = targets_from.get(&facts.agent).copied().unwrap_or(0);
-        let target = !facts.dropped && (id >= target_from || facts.pinned || heads.contains(&id));
+        let target = !facts.dropped && (id >= target_from || facts.held() || heads.contains(&id));
         if target {
             let start = usable.get(&id).and_then(|set| set.iter().min().copied()).unwrap_or(FROM_NOTHING);
             lowest = lowest.min(start);
@@ -236,7 +245,7 @@ fn rebuild_starts(inputs: &PurgeInputs<'_>, kept: &BTreeSet<u64>, strip: &BTreeS
 
 /// Whether `id` is a head or a pinned atom of a live run.
 fn is_target_kept_whole(inputs: &PurgeInputs<'_>, heads: &HashSet<u64>, id: u64) -> bool {
-    heads.contains(&id) || inputs.facts.get(&id).is_some_and(|facts| facts.pinned && !facts.dropped)
+    heads.contains(&id) || inputs.facts.get(&id).is_some_and(|facts| facts.held() && !facts.dropped)
 }
 
 /// The heads and pins the round's plan would no longer rebuild.
@@ -350,6 +359,19 @@ mod tests {
         let decision = decide_with(&parents, &facts, &[10], 2);
         assert!(decision.snapshots_kept.contains(&10), "{decision:?}");
         assert!(!decision.strip.contains(&11), "{decision:?}");
+    }
+
+    #[test]
+    fn a_checkpointed_head_is_held_as_a_pin_is() {
+        // 1..=30 with snapshots at 20 and 30: an atom at 15 that a checkpoint names keeps the
+        // deltas below it, and is not released; unnamed, it goes.
+        let (parents, mut facts) = chain(30);
+        let without = decide_with(&parents, &facts, &[20, 30], 1);
+        assert!(without.released.contains(&15) && without.strip.contains(&15), "{without:?}");
+        facts.get_mut(&15).expect("atom").checkpointed = true;
+        let with = decide_with(&parents, &facts, &[20, 30], 1);
+        assert!(!with.released.contains(&15), "{with:?}");
+        assert!((1..=15).all(|id| !with.strip.contains(&id)), "{with:?}");
     }
 
     #[test]

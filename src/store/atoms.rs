@@ -205,10 +205,13 @@ impl Store {
                 entry.started_lsn = lsns.first().get();
                 entry.ended_lsn = lsns.first().get() + 1;
                 entry.state = entry.state.transition(EntryState::Completed);
-                let agent = entry.agent;
+                let agent_id = entry.agent;
                 let own = index.run(run).and_then(|run| run.snapshot_policy);
                 drop(index);
-                self.after_completion(atom, agent, own.unwrap_or(self.shared.policies.snapshot));
+                // The store's own agents have empty contexts: nothing to snapshot.
+                if !crate::store::control::is_control_agent(agent) {
+                    self.after_completion(atom, agent_id, own.unwrap_or(self.shared.policies.snapshot));
+                }
                 Ok(atom)
             }
             Err(error) => {

@@ -252,6 +252,12 @@ impl GuardNames {
     }
 }
 
+/// What every guard key of the run `run` named `run_name` starts with (see
+/// [`Store::guard_key`]).
+pub(crate) fn run_guard_prefix(run_name: &str, run: RunId) -> String {
+    format!("{}#{}/", escaped(run_name), run.get())
+}
+
 /// `part` with `%`, `/` and `#` percent-escaped: the separators of a guard key cannot occur in
 /// its parts, so distinct parts make distinct keys. Parts without them are returned as they are.
 fn escaped(part: &str) -> std::borrow::Cow<'_, str> {
