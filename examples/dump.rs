@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 use continuum::codec::StoreRecord;
 use continuum::codec::proto::{self, Delta, state_change};
+use continuum::continuation::SuspendReason;
 use continuum::inspect::{self, SnapshotFile};
 use continuum::store::{RecordDecoder, RecordInfo};
 use continuum::{Atom, AtomId, AtomStatus, Context, Log, LogView, Lsn, RecoveryMode, RunId, RunStatus, Store};
@@ -722,6 +723,7 @@ fn status_text(status: &RunStatus) -> String {
         RunStatus::Finished { success: true, .. } => "succeeded".to_owned(),
         RunStatus::Finished { success: false, .. } => "failed".to_owned(),
         RunStatus::Dropped => "dropped".to_owned(),
+        RunStatus::Suspended { reason, .. } => format!("suspended ({})", reason_text(reason)),
     }
 }
 
@@ -1216,5 +1218,15 @@ fn duration(started_us: u64, ended_us: Option<u64>) -> String {
     match ended_us {
         Some(ended) if ended >= started_us => format!("took {:.1} ms", (ended - started_us) as f64 / 1000.0),
         _ => "unfinished".to_owned(),
+    }
+}
+
+fn reason_text(reason: &SuspendReason) -> String {
+    match reason {
+        SuspendReason::Approval => "approval".to_owned(),
+        SuspendReason::Timer { resume_at_unix_us } => format!("timer until {}", time(*resume_at_unix_us)),
+        SuspendReason::Budget { what } => format!("budget: {what}"),
+        SuspendReason::Requested { by } => format!("requested by {by}"),
+        SuspendReason::Deadline { at_unix_us } => format!("deadline {}", time(*at_unix_us)),
     }
 }

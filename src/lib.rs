@@ -50,6 +50,7 @@
 mod ab;
 pub mod codec;
 pub mod config;
+pub mod continuation;
 pub use codec::context;
 pub mod error;
 #[doc(hidden)]

@@ -122,6 +122,26 @@ pub const SPARSE_INDEX_STRIDE_BYTES: u64 = 32 * 1024;
 /// Most bytes a segment reader fetches with one positioned read.
 pub const READ_CHUNK_BYTES_MAX: usize = 1024 * 1024;
 
+/// Bytes of one name in a continuation (an agent, a tool call id, a tool name, who decided, a
+/// suspension reason's text), from a caller or from disk.
+pub const CONTINUATION_NAME_BYTES_MAX: usize = 1024;
+
+/// Bytes of one text in a continuation (a tool call's arguments, a decision's message or edited
+/// arguments), from a caller or from disk.
+pub const CONTINUATION_TEXT_BYTES_MAX: usize = 1024 * 1024;
+
+/// Levels of a continuation tree (agents and their sub-agents, all depths together).
+pub const CONTINUATION_LEVELS_MAX: usize = 256;
+
+/// Depth of a continuation tree (the root is depth 1).
+pub const CONTINUATION_DEPTH_MAX: usize = 16;
+
+/// Pending requests of one suspension (all levels together).
+pub const CONTINUATION_REQUESTS_MAX: usize = 1024;
+
+/// Bytes of one encoded suspension (the continuation tree a suspension atom's result holds).
+pub const CONTINUATION_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
 const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);
@@ -136,3 +156,6 @@ const _: () = assert!(COMMIT_GROUP_BYTES_MAX >= 64 * 1024);
 // The atom table spans `ATOM_ID_MAX` entries in pages: its page list stays a few megabytes.
 const _: () = assert!(ATOM_ID_MAX <= u32::MAX as u64);
 const _: () = assert!(INDEX_SNAPSHOT_BYTES_MAX <= usize::MAX as u64);
+const _: () = assert!(CONTINUATION_BYTES_MAX < RECORD_DECOMPRESSED_BYTES_MAX as usize);
+const _: () = assert!(CONTINUATION_TEXT_BYTES_MAX * 3 + CONTINUATION_NAME_BYTES_MAX * 4 < CONTINUATION_BYTES_MAX);
+const _: () = assert!(CONTINUATION_DEPTH_MAX <= CONTINUATION_LEVELS_MAX);

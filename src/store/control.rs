@@ -41,7 +41,6 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::record_atom`].
-    #[cfg_attr(not(test), expect(dead_code, reason = "continuations and run checkpoints record control atoms"))]
     pub(crate) fn record_control(
         &self,
         run: RunId,
@@ -56,7 +55,6 @@ impl Store {
     }
 
     /// Serializes the check-then-record sequences of control atoms within this process.
-    #[cfg_attr(not(test), expect(dead_code, reason = "continuations and run checkpoints hold it"))]
     pub(crate) fn control_lock(&self) -> MutexGuard<'_, ()> {
         self.shared.control.lock()
     }
