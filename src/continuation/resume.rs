@@ -86,7 +86,7 @@ impl Store {
         self.run_status(run)?;
         let Some(events) = self.latest_events(run)? else { return Ok(None) };
         let Some(resumed_at_unix_us) = events.resumed_at_unix_us else { return Ok(None) };
-        Ok(Some(resumed(&suspended_from(run, events), resumed_at_unix_us)))
+        Ok(Some(resumed(&suspended_from(run, events)?, resumed_at_unix_us)))
     }
 
     /// Runs the approved tool call `decided` (from [`Store::resume_suspended`] or

@@ -77,7 +77,13 @@ impl Store {
             root: stored.root,
             decided: Default::default(),
         };
-        self.shared.continuations.write().runs.insert(run.get(), suspended);
+        {
+            // The index first (the lock order): a run finished since the check stays out.
+            let index = self.shared.index.read();
+            if index.run(run).is_some_and(|entry| entry.status == RunStatus::Running) {
+                self.shared.continuations.write().runs.insert(run.get(), suspended);
+            }
+        }
         self.shared.log.metrics_handle().record_suspension();
         Ok(id)
     }
@@ -164,8 +170,11 @@ impl Store {
     pub(crate) fn latest_events(&self, run: RunId) -> Result<Option<LatestEvents>> {
         let mut decisions = Vec::new();
         let mut resumed_at_unix_us = None;
+        let mut lsn = 0;
         for atom in self.agent_history(run, CONTINUATION_AGENT).newest_first() {
-            let (id, event) = decode_atom(&atom?)?;
+            let atom = atom?;
+            lsn = atom.started_lsn.get();
+            let (id, event) = decode_atom(&atom)?;
             match event {
                 ContinuationEvent::Suspension(suspension) => {
                     decisions.reverse();
@@ -175,7 +184,7 @@ impl Store {
                 ContinuationEvent::Resumption { resumed_at_unix_us: at, .. } => {
                     if resumed_at_unix_us.is_some() || !decisions.is_empty() {
                         return Err(Error::InconsistentLog {
-                            lsn: 0,
+                            lsn,
                             reason: "a resumption follows another event of its suspension",
                         });
                     }
@@ -186,7 +195,7 @@ impl Store {
         if decisions.is_empty() && resumed_at_unix_us.is_none() {
             return Ok(None);
         }
-        Err(Error::InconsistentLog { lsn: 0, reason: "continuation events without their suspension" })
+        Err(Error::InconsistentLog { lsn, reason: "continuation events without their suspension" })
     }
 
     /// Rebuilds the table of suspended runs from the control atoms (at open): each running run
@@ -208,7 +217,7 @@ impl Store {
         for run in runs {
             let Some(events) = self.latest_events(run)? else { continue };
             if events.resumed_at_unix_us.is_none() {
-                table.runs.insert(run.get(), suspended_from(run, events));
+                table.runs.insert(run.get(), suspended_from(run, events)?);
             }
         }
         *self.shared.continuations.write() = table;
@@ -217,7 +226,11 @@ impl Store {
 }
 
 /// The table entry of a suspension read from the log.
-pub(crate) fn suspended_from(run: RunId, events: LatestEvents) -> Suspended {
+///
+/// # Errors
+/// [`Error::InconsistentLog`] for a decision on a request the suspension does not hold, or on
+/// another suspension.
+pub(crate) fn suspended_from(run: RunId, events: LatestEvents) -> Result<Suspended> {
     let (atom, suspension) = events.suspension;
     let mut suspended = Suspended {
         id: SuspensionId { run, number: suspension.number, atom },
@@ -227,12 +240,17 @@ pub(crate) fn suspended_from(run: RunId, events: LatestEvents) -> Suspended {
         decided: Default::default(),
     };
     for (atom, decision) in events.decisions {
-        if let Some(request) = suspended.request(&decision.tool_call_id).cloned() {
-            let decided = DecidedRequest { request, decision: decision.decision, atom };
-            suspended.decided.insert(decision.tool_call_id, decided);
-        }
+        let request = suspended.request(&decision.tool_call_id).cloned();
+        let Some(request) = request.filter(|_| decision.suspension == suspended.id.number) else {
+            return Err(Error::InconsistentLog {
+                lsn: 0,
+                reason: "a decision on a request its suspension does not hold",
+            });
+        };
+        let decided = DecidedRequest { request, decision: decision.decision, atom };
+        suspended.decided.insert(decision.tool_call_id, decided);
     }
-    suspended
+    Ok(suspended)
 }
 
 /// A continuation atom's id and decoded event.
