@@ -3,7 +3,7 @@
 //! after every process has exited if need be (`docs/ARCHITECTURE.md`, "Continuations").
 //!
 //! Built on control atoms (`store/control.rs`) of the agent [`CONTINUATION_AGENT`], each a
-//! [`ContinuationEvent`](encode::ContinuationEvent) in its result: `suspend/<n>` (the tree),
+//! `ContinuationEvent` message in its result: `suspend/<n>` (the tree),
 //! `decision/<n>/<tool call id>` (one per request: the key makes "decided once" durable),
 //! `resume/<n>`. The in-memory table of suspended runs (`table.rs`) is rebuilt from them at
 //! open.
