@@ -89,8 +89,9 @@ fn a_nested_tree_suspends_flattens_decides_by_level_and_resumes_after_reopen() {
     assert_eq!(authorize.decided[0].arguments(), r#"{"user":"ada","role":"user"}"#);
     assert_eq!(authorize.decided[1].decision.verdict, Verdict::Reject);
     assert_eq!(store.resumed(run).expect("resumed"), Some(resumed.clone()), "the resume reads back the same");
-    // The agent continues from its head: its context rebuilds and it takes atoms again.
-    store.rebuild_context(heads[2]).expect("context");
+    // Each agent continues from its head: the contexts rebuild and the run takes atoms again.
+    assert_eq!(resumed.heads(), heads);
+    assert!(store.rebuild_contexts(&resumed.heads()).into_iter().all(|rebuilt| rebuilt.is_ok()));
     store.record_atom(run, "authorize_account", "turn-2", &[heads[2]], "", &AtomOutput::default()).expect("atom");
     drop(store);
     let store = Store::open(dir.path()).expect("reopen");

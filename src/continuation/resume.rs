@@ -20,7 +20,8 @@ impl Store {
     /// decision. Works on a store reopened after every process exited: the suspension and its
     /// decisions are read back at open.
     ///
-    /// Each agent rebuilds its context with [`Store::rebuild_context`] of its head; an
+    /// Each agent rebuilds its context with [`Store::rebuild_context`] of its head (all of
+    /// them in one pass: [`Store::rebuild_contexts`] of [`Resumed::heads`]); an
     /// approved call runs with [`Store::run_approved`] (exactly once across crashes); a rejected
     /// one never runs. [`Store::resumed`] returns the same answer again, to a process that
     /// crashed after this returned.

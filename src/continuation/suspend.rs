@@ -25,7 +25,9 @@ impl Store {
     /// `docs/ARCHITECTURE.md`, "Continuations"). From then on the run's status is
     /// [`RunStatus::Suspended`] and it takes no new atom, rollback or fork
     /// ([`Error::RunSuspended`]) until [`Store::resume_suspended`]; atoms begun before still
-    /// complete. Every head must be an atom of the run and of its level's agent.
+    /// complete. Every head must be an atom of the run and of its level's agent; retention keeps
+    /// an agent's newest atom rebuildable, and an older head only if it is pinned
+    /// ([`Store::pin`]).
     ///
     /// # Example
     /// ```

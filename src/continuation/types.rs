@@ -330,6 +330,12 @@ impl Resumed {
         self.levels.iter().find(|level| level.path.iter().map(String::as_str).eq(path.iter().copied()))
     }
 
+    /// The heads of the levels that have one, depth first: rebuild every agent's context in one
+    /// shared pass with [`Store::rebuild_contexts`](crate::Store::rebuild_contexts).
+    pub fn heads(&self) -> Vec<AtomId> {
+        self.levels.iter().filter_map(|level| level.head).collect()
+    }
+
     /// Every decision, depth first.
     pub fn decided(&self) -> impl Iterator<Item = &DecidedRequest> {
         self.levels.iter().flat_map(|level| level.decided.iter())
