@@ -316,3 +316,54 @@ fn metrics_count_suspensions_decisions_and_resumes() {
     assert!(metrics.suspended_ns.sum >= 2_000_000, "suspended at least 2 ms: {:?}", metrics.suspended_ns);
     assert_eq!(metrics.suspension_resume_ns.count, 1);
 }
+
+#[test]
+fn a_suspension_and_its_decisions_survive_retention_and_compaction() {
+    use continuum::synthetic::Transcript;
+    use continuum::{RetentionPolicy, SnapshotPolicy};
+    let dir = tempfile::tempdir().expect("dir");
+    let open = || {
+        Store::builder(dir.path())
+            .segment_bytes(8 * 1024)
+            .background(false)
+            .snapshot_policy(SnapshotPolicy { every_atoms: 10, every: std::time::Duration::from_secs(3600) })
+            .retention(RetentionPolicy { snapshots_per_agent: 1, finished_run_age: Some(std::time::Duration::ZERO) })
+            .open()
+            .expect("open")
+    };
+    let store = open();
+    let chain = |store: &Store, run: RunId, agent: &str, atoms: u64| {
+        let mut parents = Vec::new();
+        for step in 0..atoms {
+            let output = AtomOutput { delta: Transcript::new(step).next_delta(300), result: vec![step as u8] };
+            parents = vec![store.record_atom(run, agent, &format!("s{step}"), &parents, "", &output).expect("atom")];
+        }
+        parents[0]
+    };
+    let old = store.create_run(RunSpec::new("old")).expect("run");
+    let waiting = store.create_run(RunSpec::new("waiting")).expect("run");
+    chain(&store, old, "worker", 30);
+    let head = chain(&store, waiting, "account", 25);
+    let tree = ContinuationLevel::new("account").head(head).request("a", "t", "{}").request("b", "t", "{}");
+    let id = store.suspend(waiting, &Continuation::new(SuspendReason::Approval, tree)).expect("suspend");
+    store.decide(waiting, "a", &Decision::approve("ada")).expect("decide");
+    chain(&store, old, "worker-2", 30);
+    store.finish_run(old, true, "done").expect("finish");
+    let report = store.compact().expect("compact");
+    assert_eq!(report.runs_dropped, 1, "{report:?}");
+    let check = |store: &Store| {
+        let view = store.suspension(waiting).expect("view").expect("still suspended");
+        assert_eq!(view.id, id);
+        assert_eq!(view.decided.len(), 1);
+        assert_eq!(view.pending[0].tool_call_id, "b");
+        store.rebuild_context(head).expect("the head rebuilds");
+    };
+    check(&store);
+    drop(store);
+    let store = open();
+    check(&store);
+    store.decide(waiting, "b", &Decision::reject("ada")).expect("decide");
+    let resumed = store.resume_suspended(waiting).expect("resume");
+    let approved = resumed.decided().find(|d| d.decision.approved()).expect("approved");
+    assert_eq!(store.run_approved(approved, |_| Ok(b"ran".to_vec())).expect("run"), b"ran");
+}
