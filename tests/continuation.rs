@@ -4,7 +4,8 @@
 //! resuming a run that is not suspended, suspending twice, empty and oversized fields) gives
 //! typed errors, writes nothing and leaves the store usable; a suspended run takes no atoms,
 //! rollbacks or forks; timers are due once their time passes; the table of suspended runs
-//! survives reopen, rollback and fork.
+//! survives reopen, rollback and fork; a suspension survives retention and compaction around
+//! it; concurrent suspends and decisions of one run take effect once.
 
 use continuum::continuation::{
     Continuation, ContinuationLevel, Decision, ReasonKind, SuspendReason, SuspendedFilter, Verdict,
@@ -366,4 +367,38 @@ fn a_suspension_and_its_decisions_survive_retention_and_compaction() {
     let resumed = store.resume_suspended(waiting).expect("resume");
     let approved = resumed.decided().find(|d| d.decision.approved()).expect("approved");
     assert_eq!(store.run_approved(approved, |_| Ok(b"ran".to_vec())).expect("run"), b"ran");
+}
+
+#[test]
+fn concurrent_suspends_and_decisions_of_one_run_take_effect_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("race")).expect("run");
+    let tree = || ContinuationLevel::new("agent").request("call", "pay", "{}");
+    let suspended: Vec<bool> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| scope.spawn(|| store.suspend(run, &Continuation::new(SuspendReason::Approval, tree())).is_ok()))
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("thread")).collect()
+    });
+    assert_eq!(suspended.iter().filter(|ok| **ok).count(), 1, "one suspension wins");
+    let verdicts: Vec<Result<Decision, Error>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let store = &store;
+                scope.spawn(move || {
+                    let decision =
+                        if i % 2 == 0 { Decision::approve(format!("p{i}")) } else { Decision::reject(format!("p{i}")) };
+                    store.decide(run, "call", &decision)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("thread")).collect()
+    });
+    assert_eq!(verdicts.iter().filter(|v| v.is_ok()).count(), 1, "one decision wins: {verdicts:?}");
+    assert!(verdicts.iter().filter_map(|v| v.as_ref().err()).all(|e| matches!(e, Error::AlreadyDecided { .. })));
+    let decided = store.suspension(run).expect("view").expect("suspended").decided;
+    assert_eq!(decided.len(), 1);
+    assert_eq!(Some(&decided[0].decision), verdicts.iter().find_map(|v| v.as_ref().ok()));
+    assert_eq!(store.metrics().decisions, 1);
 }
