@@ -402,3 +402,39 @@ fn concurrent_suspends_and_decisions_of_one_run_take_effect_once() {
     assert_eq!(Some(&decided[0].decision), verdicts.iter().find_map(|v| v.as_ref().ok()));
     assert_eq!(store.metrics().decisions, 1);
 }
+
+#[test]
+fn with_buffered_atoms_an_acknowledged_suspension_and_decision_survive_a_power_loss() {
+    use continuum::Durability;
+    use continuum::storage::sim::{CrashDamage, SimStorage};
+    let sim = SimStorage::new(3);
+    let open = || {
+        Store::builder(std::path::Path::new("/store"))
+            .storage(std::sync::Arc::new(sim.process()))
+            .atom_durability(Durability::Buffered)
+            .flush_interval(std::time::Duration::from_secs(3600))
+            .index_snapshot_after(u64::MAX)
+            .background(false)
+            .open()
+            .expect("open")
+    };
+    let store = open();
+    let run = store.create_run(RunSpec::new("buffered")).expect("run");
+    let other = store.create_run(RunSpec::new("other")).expect("run");
+    let tree = ContinuationLevel::new("agent").request("a", "t", "{}").request("b", "t", "{}");
+    store.suspend(run, &Continuation::new(SuspendReason::Approval, tree)).expect("suspend");
+    store.decide(run, "a", &Decision::approve("ada")).expect("decide");
+    // An atom of another run after them, buffered: the power loss takes it, never them.
+    store.record_atom(other, "agent", "s", &[], "", &AtomOutput::default()).expect("atom");
+    sim.crash(CrashDamage::ALL[0]);
+    drop(store);
+    let store = open();
+    assert!(store.run_atoms(other).is_empty(), "the power loss took the buffered atom");
+    let view = store.suspension(run).expect("view").expect("the suspension survived");
+    assert_eq!(view.decided.len(), 1, "the decision survived");
+    store.decide(run, "b", &Decision::approve("ada")).expect("decide");
+    store.resume_suspended(run).expect("resume");
+    sim.crash(CrashDamage::ALL[0]);
+    drop(store);
+    assert_eq!(open().run_status(run).expect("status"), RunStatus::Running, "the resume survived");
+}
