@@ -121,3 +121,33 @@ fn a_store_holding_a_broken_suspension_refuses_to_open_with_a_typed_error() {
     assert!(matches!(Store::open(dir.path()), Err(Error::InconsistentLog { .. })));
     assert!(matches!(Store::open_read_only(dir.path()), Err(Error::InconsistentLog { .. })));
 }
+
+#[test]
+fn every_byte_flip_and_truncation_of_a_stored_suspension_decodes_or_is_refused() {
+    let event = ContinuationEvent::Suspension(StoredSuspension {
+        number: 2,
+        reason: SuspendReason::Budget { what: "tokens".into() },
+        since_unix_us: 11,
+        root: tree(),
+    });
+    let bytes = encode::encode(&event);
+    for cut in 0..bytes.len() {
+        check_decodes_or_refused(&bytes[..cut]);
+    }
+    for at in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 1 << bit;
+            check_decodes_or_refused(&flipped);
+        }
+    }
+}
+
+/// `bytes` decode to an event that round-trips, or are refused with `InconsistentLog`.
+fn check_decodes_or_refused(bytes: &[u8]) {
+    match encode::decode(bytes, 5) {
+        Ok(event) => assert_eq!(encode::decode(&encode::encode(&event), 5).expect("round trip"), event),
+        Err(Error::InconsistentLog { lsn: 5, .. }) => {}
+        Err(error) => panic!("an untyped refusal: {error}"),
+    }
+}
