@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use crate::continuation::encode::{self, ContinuationEvent};
 use crate::continuation::suspend::{decode_atom, suspended_from};
-use crate::continuation::table::Suspended;
+use crate::continuation::table::{Suspended, find_request};
 use crate::continuation::types::{ApprovedCall, DecidedRequest, Resumed, ResumedLevel};
 use crate::continuation::{CONTINUATION_AGENT, TOOL_CALL_OPERATION, resumption_key, suspension_key};
 use crate::error::{Error, Result};
@@ -150,14 +150,7 @@ impl Store {
                 reason: "a suspension key names another event",
             });
         };
-        let suspended = Suspended {
-            id: crate::continuation::SuspensionId { run: atom.run, number: suspension.number, atom: decided.atom },
-            reason: suspension.reason,
-            since_unix_us: suspension.since_unix_us,
-            root: suspension.root,
-            decided: Default::default(),
-        };
-        let request = suspended.request(&stored.tool_call_id).cloned().ok_or(Error::InconsistentLog {
+        let request = find_request(&suspension.root, &stored.tool_call_id).cloned().ok_or(Error::InconsistentLog {
             lsn: atom.started_lsn.get(),
             reason: "a decision on a request its suspension does not hold",
         })?;

@@ -29,13 +29,7 @@ pub(crate) struct Suspended {
 impl Suspended {
     /// The request named `tool_call_id`, if the tree holds it.
     pub fn request(&self, tool_call_id: &str) -> Option<&PendingRequest> {
-        let mut found = None;
-        self.root.walk(&mut Vec::new(), &mut |level, _| {
-            if found.is_none() {
-                found = level.resume_request.iter().find(|request| request.tool_call_id == tool_call_id);
-            }
-        });
-        found
+        find_request(&self.root, tool_call_id)
     }
 
     /// Every request, depth first.
@@ -85,4 +79,15 @@ impl Suspended {
             root: self.tree(),
         }
     }
+}
+
+/// The request of `root`'s tree named `tool_call_id`, if it holds one.
+pub(crate) fn find_request<'a>(root: &'a ContinuationLevel, tool_call_id: &str) -> Option<&'a PendingRequest> {
+    let mut found = None;
+    root.walk(&mut Vec::new(), &mut |level, _| {
+        if found.is_none() {
+            found = level.resume_request.iter().find(|request| request.tool_call_id == tool_call_id);
+        }
+    });
+    found
 }
