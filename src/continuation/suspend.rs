@@ -133,6 +133,14 @@ impl Store {
         problem.map_or(Ok(()), |reason| Err(Error::InvalidArgument { reason }))
     }
 
+    /// Whether the run's newest continuation event is a resumption (one atom read).
+    fn newest_event_is_a_resumption(&self, run: RunId) -> Result<bool> {
+        let Some(newest) = self.agent_history(run, CONTINUATION_AGENT).newest_first().limit(1).next() else {
+            return Ok(false);
+        };
+        Ok(matches!(decode_atom(&newest?)?.1, ContinuationEvent::Resumption { .. }))
+    }
+
     /// The number of the run's newest suspension (0 if it never suspended).
     fn latest_suspension_number(&self, run: RunId) -> Result<u64> {
         let Some(newest) = self.agent_history(run, CONTINUATION_AGENT).newest_first().limit(1).next() else {
@@ -173,7 +181,9 @@ impl Store {
         let mut decisions = Vec::new();
         let mut resumed_at_unix_us = None;
         let mut lsn = 0;
-        for atom in self.agent_history(run, CONTINUATION_AGENT).newest_first() {
+        // A suspension's events: itself, a decision per request at most, its resumption.
+        let events_max = crate::limits::CONTINUATION_REQUESTS_MAX + 2;
+        for atom in self.agent_history(run, CONTINUATION_AGENT).newest_first().limit(events_max) {
             let atom = atom?;
             lsn = atom.started_lsn.get();
             let (id, event) = decode_atom(&atom)?;
@@ -217,6 +227,9 @@ impl Store {
         };
         let mut table = crate::continuation::table::Suspensions::default();
         for run in runs {
+            if self.newest_event_is_a_resumption(run)? {
+                continue;
+            }
             let Some(events) = self.latest_events(run)? else { continue };
             if events.resumed_at_unix_us.is_none() {
                 table.runs.insert(run.get(), suspended_from(run, events)?);
