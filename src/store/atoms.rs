@@ -34,8 +34,9 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::UnknownRun`], [`Error::RunFinished`], [`Error::RunSuspended`],
-    /// [`Error::InvalidParent`], [`Error::AtomExists`], [`Error::KeyCollision`], [`Error::LimitExceeded`] once the atom ids
-    /// run out, [`Error::InvalidArgument`] for an agent name the store keeps for its own
+    /// [`Error::InvalidParent`], [`Error::AtomExists`], [`Error::KeyCollision`],
+    /// [`Error::LimitExceeded`] once the atom ids run out, [`Error::InvalidArgument`] for an
+    /// agent name the store keeps for its own
     /// ([`CONTROL_AGENT_PREFIX`](crate::CONTROL_AGENT_PREFIX)), and the log's append errors. A
     /// refused transition leaves the log untouched.
     pub fn begin_atom(
