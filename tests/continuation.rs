@@ -217,9 +217,11 @@ fn a_suspended_run_takes_no_atoms_rollbacks_or_forks_until_resumed() {
     let store = Store::open(dir.path()).expect("open");
     let (run, heads) = talk_run(&store, "paused");
     let turn2 = store.record_atom(run, "hr", "turn-2", &[heads[0]], "", &AtomOutput::default()).expect("atom");
+    let in_flight = store.begin_atom(run, "account", "turn-2", &[heads[1]], "").expect("begin");
     let wait = SuspendReason::Requested { by: "operator".into() };
     store.suspend(run, &Continuation::new(wait, ContinuationLevel::new("hr").head(turn2))).expect("suspend");
     let out = AtomOutput::default();
+    store.complete_atom(in_flight, &out).expect("an atom begun before the suspension completes");
     let suspended = |result: continuum::Result<AtomId>| matches!(result, Err(Error::RunSuspended { .. }));
     assert!(suspended(store.record_atom(run, "hr", "turn-3", &[turn2], "", &out)));
     assert!(suspended(store.begin_atom(run, "hr", "turn-3", &[turn2], "")));
