@@ -21,6 +21,7 @@ use clap::{Parser, Subcommand};
 use continuum::checkpoint::RunCheckpoint;
 use continuum::codec::StoreRecord;
 use continuum::codec::proto::{self, Delta, state_change};
+use continuum::continuation::{ContinuationLevel, Decision, SuspendReason, SuspendedFilter, SuspendedRun};
 use continuum::inspect::{self, SnapshotFile};
 use continuum::store::{RecordDecoder, RecordInfo};
 use continuum::{Atom, AtomId, AtomStatus, Context, Log, LogView, Lsn, RecoveryMode, RunId, RunStatus, Store};
@@ -106,6 +107,10 @@ pub enum Command {
         #[arg(long)]
         limit: Option<usize>,
     },
+    /// Suspended runs: why and since when, their pending requests with the agent path that
+    /// asks, the decisions taken (who, when, approve or reject), and the continuation tree of
+    /// each (every agent level with the atom it continues from).
+    Suspended,
     /// Check every frame checksum of every segment (scanning past damage) and every snapshot's
     /// SHA-256; print each problem with its file and byte offset. Exit 0 when clean, 1 otherwise.
     Verify,
@@ -166,6 +171,7 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<i32, Failure> {
         Command::Atom { atom } => atom_detail(&store, AtomId::from_raw(atom), json, out)?,
         Command::Context { run, agent, at } => context(&store, &run, &agent, at, json, out)?,
         Command::Checkpoints { run, limit } => checkpoints(&store, &run, limit, json, out)?,
+        Command::Suspended => suspended(&store, json, out)?,
         Command::Verify => unreachable!("handled above"),
     }
     Ok(0)
@@ -276,6 +282,7 @@ fn record_totals(log: LogView<'_>, decode: Decode<'_>) -> Result<RecordTotals, F
 struct StoreFacts {
     runs: usize,
     running: usize,
+    suspended: usize,
     finished: usize,
     dropped: usize,
     agents: usize,
@@ -298,11 +305,13 @@ fn store_facts(store: &Store) -> Result<StoreFacts, Failure> {
         atoms.abandoned += counts.abandoned;
     }
     let running = runs.iter().filter(|run| run.status == RunStatus::Running).count();
+    let suspended = runs.iter().filter(|run| matches!(run.status, RunStatus::Suspended { .. })).count();
     let dropped = runs.iter().filter(|run| run.status == RunStatus::Dropped).count();
     Ok(StoreFacts {
         runs: runs.len(),
         running,
-        finished: runs.len() - running - dropped,
+        suspended,
+        finished: runs.len() - running - suspended - dropped,
         dropped,
         agents,
         atoms,
@@ -370,7 +379,8 @@ fn summary_json(summary: &Summary, log: LogView<'_>, dir: &Path) -> Value {
         })).collect::<Vec<_>>(),
         "snapshots": summary.snapshots.iter().map(|f| snapshot_json(dir, f)).collect::<Vec<_>>(),
         "recovery": recovery_json(dir, log.recovery_report()),
-        "runs": facts.map(|f| json!({"total": f.runs, "running": f.running, "finished": f.finished, "dropped": f.dropped})),
+        "runs": facts.map(|f| json!({"total": f.runs, "running": f.running, "suspended": f.suspended,
+            "finished": f.finished, "dropped": f.dropped})),
         "agents": facts.map(|f| f.agents),
         "atoms": facts.map(|f| f.atoms.json()),
         "index_snapshot": facts.map(|f| json!({
@@ -416,7 +426,11 @@ fn summary_text(summary: &Summary, log: LogView<'_>, dir: &Path, out: &mut dyn W
     write_recovery(dir, log.recovery_report(), out)?;
     match &summary.store {
         Some(f) => {
-            writeln!(out, "runs: {} ({} running, {} finished, {} dropped)", f.runs, f.running, f.finished, f.dropped)?;
+            let (runs, running, suspended, finished, dropped) = (f.runs, f.running, f.suspended, f.finished, f.dropped);
+            writeln!(
+                out,
+                "runs: {runs} ({running} running, {suspended} suspended, {finished} finished, {dropped} dropped)"
+            )?;
             writeln!(out, "agents: {}", f.agents)?;
             writeln!(out, "atoms: {}", f.atoms.text())?;
             writeln!(out, "index snapshot: {}", index_snapshot_text(&f.index_snapshot))?;
@@ -734,6 +748,7 @@ fn status_text(status: &RunStatus) -> String {
         RunStatus::Finished { success: true, .. } => "succeeded".to_owned(),
         RunStatus::Finished { success: false, .. } => "failed".to_owned(),
         RunStatus::Dropped => "dropped".to_owned(),
+        RunStatus::Suspended { reason, .. } => format!("suspended ({})", reason_text(reason)),
     }
 }
 
@@ -1296,4 +1311,106 @@ fn duration(started_us: u64, ended_us: Option<u64>) -> String {
         Some(ended) if ended >= started_us => format!("took {:.1} ms", (ended - started_us) as f64 / 1000.0),
         _ => "unfinished".to_owned(),
     }
+}
+
+fn reason_text(reason: &SuspendReason) -> String {
+    match reason {
+        SuspendReason::Approval => "approval".to_owned(),
+        SuspendReason::Timer { resume_at_unix_us } => format!("timer until {}", time(*resume_at_unix_us)),
+        SuspendReason::Budget { what } => format!("budget: {what}"),
+        SuspendReason::Requested { by } => format!("requested by {by}"),
+        SuspendReason::Deadline { at_unix_us } => format!("deadline {}", time(*at_unix_us)),
+    }
+}
+
+/// The suspended runs, oldest suspension first: one block of text each, or one JSON object per
+/// line.
+fn suspended(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), Failure> {
+    for run in store.suspended_runs(&SuspendedFilter::default()) {
+        if json {
+            writeln!(out, "{}", serde_json::to_string(&suspended_json(&run))?)?;
+            continue;
+        }
+        writeln!(
+            out,
+            "{} {:?}  suspension {}  {}  since {}  ({} pending, {} decided)",
+            run.id.run,
+            run.run_name,
+            run.id.number,
+            reason_text(&run.reason),
+            time(run.since_unix_us),
+            run.pending.len(),
+            run.decided.len()
+        )?;
+        write_level(&run.root, 1, out)?;
+    }
+    Ok(())
+}
+
+/// One level of a continuation tree and its requests, indented by `depth`, then its children.
+fn write_level(level: &ContinuationLevel, depth: usize, out: &mut dyn Write) -> Result<(), Failure> {
+    let indent = "  ".repeat(depth);
+    let head = level.head.map_or("no head".to_owned(), |atom| format!("head {atom}"));
+    writeln!(out, "{indent}{}  {head}", level.agent)?;
+    for request in &level.resume_request {
+        let decided = level.processed.iter().find(|d| d.request.tool_call_id == request.tool_call_id);
+        let state = decided.map_or("pending".to_owned(), |d| decision_text(&d.decision));
+        let (id, tool, arguments) = (&request.tool_call_id, &request.tool_name, &request.arguments);
+        writeln!(out, "{indent}  ? {id} {tool}({arguments})  [{}]  {state}", request.path.join(" > "))?;
+    }
+    for child in &level.children {
+        write_level(child, depth + 1, out)?;
+    }
+    Ok(())
+}
+
+fn decision_text(decision: &Decision) -> String {
+    let verdict = if decision.approved() { "approved" } else { "rejected" };
+    let mut text = format!("{verdict} by {} at {}", decision.decided_by, time(decision.decided_at_unix_us));
+    if let Some(arguments) = &decision.edited_arguments {
+        text.push_str(&format!(" with arguments {arguments}"));
+    }
+    if let Some(message) = &decision.message {
+        text.push_str(&format!(": {message:?}"));
+    }
+    text
+}
+
+fn suspended_json(run: &SuspendedRun) -> Value {
+    json!({
+        "run": run.id.run.get(), "name": run.run_name, "suspension": run.id.number, "atom": run.id.atom.get(),
+        "reason": reason_json(&run.reason), "since_unix_us": run.since_unix_us,
+        "pending": run.pending.iter().map(|r| json!({"tool_call_id": r.tool_call_id, "tool_name": r.tool_name,
+            "arguments": r.arguments, "path": r.path})).collect::<Vec<_>>(),
+        "decided": run.decided.iter().map(|d| json!({"tool_call_id": d.request.tool_call_id,
+            "path": d.request.path, "decision": decision_json(&d.decision), "atom": d.atom.get()})).collect::<Vec<_>>(),
+        "tree": level_json(&run.root),
+    })
+}
+
+fn reason_json(reason: &SuspendReason) -> Value {
+    match reason {
+        SuspendReason::Approval => json!({"kind": "approval"}),
+        SuspendReason::Timer { resume_at_unix_us } => json!({"kind": "timer", "resume_at_unix_us": resume_at_unix_us}),
+        SuspendReason::Budget { what } => json!({"kind": "budget", "what": what}),
+        SuspendReason::Requested { by } => json!({"kind": "requested", "by": by}),
+        SuspendReason::Deadline { at_unix_us } => json!({"kind": "deadline", "at_unix_us": at_unix_us}),
+    }
+}
+
+fn decision_json(decision: &Decision) -> Value {
+    json!({"approved": decision.approved(), "decided_by": decision.decided_by,
+        "decided_at_unix_us": decision.decided_at_unix_us, "message": decision.message,
+        "edited_arguments": decision.edited_arguments})
+}
+
+fn level_json(level: &ContinuationLevel) -> Value {
+    json!({
+        "agent": level.agent, "head": level.head.map(AtomId::get),
+        "resume_request": level.resume_request.iter().map(|r| json!({"tool_call_id": r.tool_call_id,
+            "tool_name": r.tool_name, "arguments": r.arguments})).collect::<Vec<_>>(),
+        "processed": level.processed.iter().map(|d| json!({"tool_call_id": d.request.tool_call_id,
+            "decision": decision_json(&d.decision)})).collect::<Vec<_>>(),
+        "children": level.children.iter().map(level_json).collect::<Vec<_>>(),
+    })
 }

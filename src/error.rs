@@ -170,6 +170,63 @@ pub enum Error {
         run: u64,
     },
 
+    /// The run is suspended ([`Store::suspend`](crate::Store::suspend)): it takes no new
+    /// atoms, rollbacks or forks, and cannot be suspended again, until it is resumed.
+    #[error("run {run} is suspended (suspension {suspension}); resume it first")]
+    RunSuspended {
+        /// The run.
+        run: u64,
+        /// The number of its suspension.
+        suspension: u64,
+    },
+
+    /// The call needs a suspended run and this run is not suspended.
+    #[error("run {run} is not suspended")]
+    NotSuspended {
+        /// The run.
+        run: u64,
+    },
+
+    /// No pending request of the run's current suspension has this tool call id.
+    #[error("run {run} has no pending request {request:?}")]
+    UnknownRequest {
+        /// The run.
+        run: u64,
+        /// The tool call id asked for.
+        request: String,
+    },
+
+    /// The request was decided before, differently; the recorded decision stands.
+    #[error("request {request:?} of run {run} was already {} by {decided_by:?}", if *approved { "approved" } else { "rejected" })]
+    AlreadyDecided {
+        /// The run.
+        run: u64,
+        /// The tool call id.
+        request: String,
+        /// Whether the recorded decision approved it.
+        approved: bool,
+        /// Who took the recorded decision.
+        decided_by: String,
+    },
+
+    /// The run cannot resume while requests wait for a decision.
+    #[error("run {run} has undecided requests: {open:?}")]
+    UndecidedRequests {
+        /// The run.
+        run: u64,
+        /// The tool call ids still open.
+        open: Vec<String>,
+    },
+
+    /// The request was rejected: its tool call never runs.
+    #[error("request {request:?} of run {run} was rejected; its tool call never runs")]
+    RequestRejected {
+        /// The run.
+        run: u64,
+        /// The tool call id.
+        request: String,
+    },
+
     /// An atom's work failed (now, or for good in an earlier attempt).
     #[error("atom {atom} failed: {message}")]
     AtomFailed {
@@ -503,6 +560,17 @@ impl Error {
                 message: message.clone(),
                 panicked: *panicked,
             },
+            Error::RunSuspended { run, suspension } => Error::RunSuspended { run: *run, suspension: *suspension },
+            Error::NotSuspended { run } => Error::NotSuspended { run: *run },
+            Error::UnknownRequest { run, request } => Error::UnknownRequest { run: *run, request: request.clone() },
+            Error::AlreadyDecided { run, request, approved, decided_by } => Error::AlreadyDecided {
+                run: *run,
+                request: request.clone(),
+                approved: *approved,
+                decided_by: decided_by.clone(),
+            },
+            Error::UndecidedRequests { run, open } => Error::UndecidedRequests { run: *run, open: open.clone() },
+            Error::RequestRejected { run, request } => Error::RequestRejected { run: *run, request: request.clone() },
             Error::AtomFailed { atom, message, retryable } => {
                 Error::AtomFailed { atom: *atom, message: message.clone(), retryable: *retryable }
             }

@@ -96,6 +96,16 @@ pub fn decode_record(data: &[u8]) {
     }
 }
 
+/// Decodes `data` as a continuation control atom's result (`docs/FORMAT.md` §8a). Must never
+/// panic; an event that decodes is within the bounds of `limits.rs` and encodes and decodes to
+/// itself.
+pub fn continuation_event(data: &[u8]) {
+    use crate::continuation::encode;
+    if let Ok(event) = encode::decode(data, 1) {
+        assert_eq!(encode::decode(&encode::encode(&event), 1).ok(), Some(event), "a decoded event round-trips");
+    }
+}
+
 /// Checks replay's zero-copy readers against prost on arbitrary bytes: the first byte picks
 /// what the rest is (3: an encoded `Delta`, as `Store::record_atom_encoded` takes it; any other
 /// value modulo 3 — 0: an `AtomCompleted` body, 1: an `AtomStarted` body, 2: a snapshot's
@@ -369,7 +379,37 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     }
     seeds.push(("index_snapshot", "seed-0".to_owned(), index_snapshot_body()));
     seeds.extend(fold_seeds());
+    seeds.extend(continuation_seeds());
     seeds
+}
+
+/// A suspension with a nested tree, a decision and a resumption, encoded.
+fn continuation_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    use crate::continuation::encode::{self, ContinuationEvent, StoredDecision, StoredSuspension};
+    use crate::continuation::{ContinuationLevel, Decision, SuspendReason};
+    let mut root = ContinuationLevel::new("hr").child(
+        ContinuationLevel::new("account").head(crate::AtomId::from_raw(2)).request("call-7", "authorize_account", "{}"),
+    );
+    encode::fill_paths(&mut root, &mut Vec::new());
+    let events = [
+        ContinuationEvent::Suspension(StoredSuspension {
+            number: 1,
+            reason: SuspendReason::Timer { resume_at_unix_us: 5 },
+            since_unix_us: 1,
+            root,
+        }),
+        ContinuationEvent::Decision(StoredDecision {
+            suspension: 1,
+            tool_call_id: "call-7".into(),
+            decision: Decision::approve("ada").message("ok").edited_arguments("{\"a\":1}"),
+        }),
+        ContinuationEvent::Resumption { suspension: 1, resumed_at_unix_us: 9 },
+    ];
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, event)| ("continuation_event", format!("seed-{i}"), encode::encode(event)))
+        .collect()
 }
 
 /// The body of the index snapshot of a small store with two runs, a failed and a running

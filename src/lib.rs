@@ -25,6 +25,10 @@
 //! # }
 //! ```
 //!
+//! A run can also stop on purpose and resume later, in another process: [`continuation`]
+//! suspends it with a tree of its agents and the tool calls that wait for approval, records
+//! each decision durably, and runs an approved call exactly once after the resume.
+//!
 //! Underneath is the [`Log`]: a write-ahead log of segment files with group commit, a CRC on
 //! every batch, crash recovery and prefix truncation. `docs/ARCHITECTURE.md` explains the
 //! design and `docs/FORMAT.md` every byte on disk.
@@ -50,6 +54,7 @@
 pub mod checkpoint;
 pub mod codec;
 pub mod config;
+pub mod continuation;
 pub use codec::context;
 pub mod error;
 #[doc(hidden)]

@@ -135,6 +135,25 @@ pub const CHECKPOINT_ENTRIES_MAX: usize = 65_536;
 
 /// Most migrations one chain applies (from a checkpoint's version to the one asked for).
 pub const MIGRATION_STEPS_MAX: usize = 256;
+/// Bytes of one name in a continuation (an agent, a tool call id, a tool name, who decided, a
+/// suspension reason's text), from a caller or from disk.
+pub const CONTINUATION_NAME_BYTES_MAX: usize = 1024;
+
+/// Bytes of one text in a continuation (a tool call's arguments, a decision's message or edited
+/// arguments), from a caller or from disk.
+pub const CONTINUATION_TEXT_BYTES_MAX: usize = 1024 * 1024;
+
+/// Levels of a continuation tree (agents and their sub-agents, all depths together).
+pub const CONTINUATION_LEVELS_MAX: usize = 256;
+
+/// Depth of a continuation tree (the root is depth 1).
+pub const CONTINUATION_DEPTH_MAX: usize = 16;
+
+/// Pending requests of one suspension (all levels together).
+pub const CONTINUATION_REQUESTS_MAX: usize = 1024;
+
+/// Bytes of one encoded suspension (the continuation tree a suspension atom's result holds).
+pub const CONTINUATION_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
@@ -153,3 +172,6 @@ const _: () = assert!(INDEX_SNAPSHOT_BYTES_MAX <= usize::MAX as u64);
 // A checkpoint and the start record around it fit in one record.
 const _: () = assert!(CHECKPOINT_BYTES_MAX * 2 <= RECORD_BYTES_MAX as usize);
 const _: () = assert!(CHECKPOINT_NAME_BYTES_MAX * 4 <= CHECKPOINT_BYTES_MAX);
+const _: () = assert!(CONTINUATION_BYTES_MAX < RECORD_DECOMPRESSED_BYTES_MAX as usize);
+const _: () = assert!(CONTINUATION_TEXT_BYTES_MAX * 3 + CONTINUATION_NAME_BYTES_MAX * 4 < CONTINUATION_BYTES_MAX);
+const _: () = assert!(CONTINUATION_DEPTH_MAX <= CONTINUATION_LEVELS_MAX);

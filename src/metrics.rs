@@ -51,6 +51,11 @@
 //! | `continuum_checkpoints_written_total` | counter | | run checkpoints written |
 //! | `continuum_checkpoints_stale_total` | counter | | run checkpoints refused as stale (a sequence not above the newest) |
 //! | `continuum_migrations_total` | counter | `outcome` | checkpoint loads that migrated (`applied`) or could not (`failed`: no chain, a step's error or panic) |
+//! | `continuum_suspensions_total` | counter | | runs suspended (`Store::suspend`) |
+//! | `continuum_decisions_total` | counter | | decisions recorded on pending requests (an idempotent repeat is not counted) |
+//! | `continuum_resumes_total` | counter | | suspended runs resumed |
+//! | `continuum_suspended_seconds` | histogram | | time a resumed run spent suspended (suspension to resumption, wall clock) |
+//! | `continuum_suspension_resume_seconds` | histogram | | time to resume: latency of `Store::resume_suspended` |
 //! | `continuum_compactions_total` | counter | | compaction runs |
 //! | `continuum_compaction_read_bytes_total` | counter | | bytes compaction read |
 //! | `continuum_compaction_written_bytes_total` | counter | | bytes compaction wrote |
@@ -361,6 +366,11 @@ struct StoreCounts {
     compaction_bytes_read: Count,
     compaction_bytes_written: Count,
     compaction_bytes_reclaimed: Count,
+    suspensions: Count,
+    decisions: Count,
+    resumes: Count,
+    suspended_ns: Spread,
+    suspension_resume_ns: Spread,
 }
 
 impl StoreCounts {
@@ -429,6 +439,14 @@ impl StoreCounts {
             compaction_bytes_reclaimed: bytes(
                 "continuum_compaction_reclaimed_bytes_total",
                 "Bytes compaction gave back to the file system.",
+            ),
+            suspensions: count("continuum_suspensions_total", "Runs suspended."),
+            decisions: count("continuum_decisions_total", "Decisions recorded on pending requests."),
+            resumes: count("continuum_resumes_total", "Suspended runs resumed."),
+            suspended_ns: r.seconds("continuum_suspended_seconds", "Time resumed runs spent suspended."),
+            suspension_resume_ns: r.seconds(
+                "continuum_suspension_resume_seconds",
+                "Time to resume a suspended run (latency of resume_suspended).",
             ),
         }
     }
@@ -625,6 +643,23 @@ impl Metrics {
     }
 
     /// An `execute` that returned a recorded output instead of running a completed atom again.
+    /// A run suspended.
+    pub(crate) fn record_suspension(&self) {
+        self.store.suspensions.add(1);
+    }
+
+    /// A decision recorded.
+    pub(crate) fn record_decision(&self) {
+        self.store.decisions.add(1);
+    }
+
+    /// A run resumed after `suspended_us` suspended; the resume took `latency`.
+    pub(crate) fn record_resume(&self, suspended_us: u64, latency: Duration) {
+        self.store.resumes.add(1);
+        self.store.suspended_ns.record(suspended_us.saturating_mul(1000));
+        self.store.suspension_resume_ns.record(nanos(latency));
+    }
+
     pub(crate) fn record_atom_skipped(&self) {
         self.store.atoms_skipped.add(1);
     }
@@ -702,6 +737,11 @@ impl Metrics {
             checkpoints_stale: store.checkpoints_stale.get(),
             migrations_applied: store.migrations_applied.get(),
             migrations_failed: store.migrations_failed.get(),
+            suspensions: store.suspensions.get(),
+            decisions: store.decisions.get(),
+            resumes: store.resumes.get(),
+            suspended_ns: store.suspended_ns.snapshot(),
+            suspension_resume_ns: store.suspension_resume_ns.snapshot(),
             compactions: store.compactions.get(),
             compaction_bytes_read: store.compaction_bytes_read.get(),
             compaction_bytes_written: store.compaction_bytes_written.get(),
@@ -874,6 +914,16 @@ pub struct MetricsSnapshot {
     pub migrations_applied: u64,
     /// Checkpoint loads whose migration failed: no chain, a step's error or panic.
     pub migrations_failed: u64,
+    /// Runs suspended.
+    pub suspensions: u64,
+    /// Decisions recorded on pending requests.
+    pub decisions: u64,
+    /// Suspended runs resumed.
+    pub resumes: u64,
+    /// Time resumed runs spent suspended (suspension to resumption).
+    pub suspended_ns: HistogramSnapshot,
+    /// Time to resume: latency of `Store::resume_suspended`.
+    pub suspension_resume_ns: HistogramSnapshot,
     /// Compaction runs.
     pub compactions: u64,
     /// Bytes compaction read.

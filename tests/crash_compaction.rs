@@ -134,7 +134,7 @@ fn check(store: &Store, w: &World, context: &str) {
                 assert_eq!(atom.output.expect("output").result, format!("r{i}").into_bytes(), "{context}");
             }
         }
-        RunStatus::Running => panic!("{context}: the finished run is running again"),
+        RunStatus::Running | RunStatus::Suspended { .. } => panic!("{context}: the finished run is running again"),
     }
 }
 

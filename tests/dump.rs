@@ -15,6 +15,10 @@ use std::path::{Path, PathBuf};
 
 use continuum::codec::StoreRecord;
 use continuum::codec::proto::{
+    ApprovalReason, ContinuationEvent, ContinuationLevel, DecisionRecord, PendingToolCall, Resumption, SuspendReason,
+    Suspension, continuation_event, suspend_reason,
+};
+use continuum::codec::proto::{
     AtomCompleted, AtomFailed, AtomStarted, AtomsAbandoned, ChatMessage, Delta, GuardCompleted, GuardStarted,
     IntermediateResult, RunCreated, RunTerminal, StateChange, ToolCall, ToolOutput, state_change,
 };
@@ -197,6 +201,135 @@ fn build_store(dir: &Path) {
     drop(store);
 }
 
+/// A continuation event as a control atom's result.
+fn event(event: continuation_event::Event) -> Vec<u8> {
+    use prost::Message;
+    ContinuationEvent { event: Some(event) }.encode_to_vec()
+}
+
+/// A control atom's completion: an empty delta, `result`.
+fn control_completed(atom: u64, result: Vec<u8>, at_ms: u64) -> StoreRecord {
+    StoreRecord::AtomCompleted(AtomCompleted {
+        atom,
+        delta: Some(Delta::default()),
+        result,
+        ended_at_unix_us: T0 + at_ms * 1000,
+    })
+}
+
+/// The store of the suspended-runs golden tests, with fixed times: the talk's run (hr →
+/// account → authorize_account) suspended for approval of two calls, one approved with edited
+/// arguments; a run waiting on a timer; a run suspended and resumed.
+fn build_suspended_store(dir: &Path) {
+    let run = |run: u64, name: &str| {
+        StoreRecord::RunCreated(RunCreated {
+            run,
+            run_name: name.into(),
+            created_at_unix_us: T0,
+            ..RunCreated::default()
+        })
+    };
+    let call = |id: &str, name: &str, arguments: &str| PendingToolCall {
+        tool_call_id: id.into(),
+        tool_name: name.into(),
+        arguments: arguments.into(),
+    };
+    let level = |agent: &str, head: u64, calls: Vec<PendingToolCall>, children: Vec<ContinuationLevel>| {
+        ContinuationLevel { agent: agent.into(), head_atom: head, resume_request: calls, children }
+    };
+    let suspension = |number: u64, reason: suspend_reason::Reason, at_ms: u64, root: ContinuationLevel| {
+        event(continuation_event::Event::Suspension(Suspension {
+            number,
+            reason: Some(SuspendReason { reason: Some(reason) }),
+            since_unix_us: T0 + at_ms * 1000,
+            root: Some(root),
+        }))
+    };
+    let tree = level(
+        "hr",
+        1,
+        vec![],
+        vec![level(
+            "account",
+            2,
+            vec![],
+            vec![level(
+                "authorize_account",
+                3,
+                vec![
+                    call("call-7", "authorize_account", r#"{"user":"ada","role":"admin"}"#),
+                    call("call-8", "grant_vpn", r#"{"user":"ada"}"#),
+                ],
+                vec![],
+            )],
+        )],
+    );
+    let approval = suspend_reason::Reason::Approval(ApprovalReason {});
+    let decision = event(continuation_event::Event::Decision(DecisionRecord {
+        suspension: 1,
+        tool_call_id: "call-7".into(),
+        approved: true,
+        message: Some("as a user, not an admin".into()),
+        edited_arguments: Some(r#"{"user":"ada","role":"user"}"#.into()),
+        decided_by: "it-lead".into(),
+        decided_at_unix_us: T0 + 20_000,
+    }));
+    let timer = suspend_reason::Reason::TimerResumeAtUnixUs(T0 + 3_600_000_000);
+    let agent = "continuum.continuation";
+    let resumption =
+        event(continuation_event::Event::Resumption(Resumption { suspension: 1, resumed_at_unix_us: T0 + 40_000 }));
+    let records = vec![
+        run(1, "onboarding"),
+        started(1, 1, "hr", "turn-1", &[], "", 1),
+        completed(1, Delta::default(), "delegate", 2),
+        started(2, 1, "account", "turn-1", &[1], "", 3),
+        completed(2, Delta::default(), "delegate", 4),
+        started(3, 1, "authorize_account", "turn-1", &[2], "", 5),
+        completed(3, Delta::default(), "needs approval", 6),
+        started(4, 1, agent, "suspend/1", &[], "", 10),
+        control_completed(4, suspension(1, approval.clone(), 10, tree), 10),
+        started(5, 1, agent, "decision/1/call-7", &[], "", 20),
+        control_completed(5, decision, 20),
+        run(2, "reminder"),
+        started(6, 2, agent, "suspend/1", &[], "", 30),
+        control_completed(6, suspension(1, timer, 30, level("scheduler", 0, vec![], vec![])), 30),
+        run(3, "resumed"),
+        started(7, 3, agent, "suspend/1", &[], "", 35),
+        control_completed(7, suspension(1, approval, 35, level("a", 0, vec![call("c", "t", "{}")], vec![])), 35),
+        started(8, 3, agent, "resume/1", &[], "", 40),
+        control_completed(8, resumption, 40),
+    ];
+    let log = Log::builder(dir).segment_bytes(SEGMENT_BYTES).open().expect("open the log");
+    for record in &records {
+        log.append(&continuum::inspect::encode_record(record)).expect("append");
+    }
+    log.close().expect("close the log");
+}
+
+#[test]
+fn golden_outputs_of_suspended_runs() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    build_suspended_store(dir.path());
+    let cases: &[(&str, &[&str], Option<bool>)] = &[
+        ("suspended.txt", &["suspended"], None),
+        ("suspended.jsonl", &["suspended", "--json"], Some(true)),
+        ("runs-suspended.txt", &["runs"], None),
+        ("summary-suspended.json", &["summary", "--json"], Some(false)),
+    ];
+    for (name, args, json) in cases {
+        let (code, out, err) = dump(dir.path(), args);
+        assert_eq!(code, 0, "dump {args:?} failed: {err}");
+        if let Some(lines) = json {
+            check_json(&out, *lines);
+        }
+        check_golden(name, &out);
+    }
+    let (_, text, _) = dump(dir.path(), &["suspended"]);
+    assert!(text.contains("hr > account > authorize_account"), "the path of a nested request:\n{text}");
+    assert!(text.contains("approved by it-lead"), "{text}");
+    assert!(!text.contains("\"resumed\""), "a resumed run is not suspended:\n{text}");
+}
+
 /// A fresh golden store in a temporary directory.
 fn golden_store() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -282,7 +415,9 @@ fn help_explains_every_command() {
     let store = golden_store();
     let (code, out, _) = dump(store.path(), &["--help"]);
     assert_eq!(code, 0);
-    for command in ["summary", "records", "runs", "run", "atom", "context", "checkpoints", "verify", "--json"] {
+    for command in
+        ["summary", "records", "runs", "run", "atom", "context", "checkpoints", "suspended", "verify", "--json"]
+    {
         assert!(out.contains(command), "--help does not mention {command}:\n{out}");
     }
     check_golden("help.txt", &out);

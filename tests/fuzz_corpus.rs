@@ -62,6 +62,13 @@ fn index_fold_corpus_folds_alike_on_one_thread_and_pipelined() {
     eprintln!("index_fold: {count} inputs");
 }
 
+#[test]
+fn continuation_event_corpus_never_panics() {
+    let count = replay("continuation_event", continuum::fuzz::continuation_event);
+    assert!(count >= 3, "the continuation_event corpus must hold its seeds");
+    eprintln!("continuation_event: {count} inputs");
+}
+
 /// Writes the hand-made seeds. Run with `cargo test --test fuzz_corpus -- --ignored` after a
 /// format change, then commit `fuzz/corpus/`.
 #[test]

@@ -35,6 +35,7 @@ from continuum.errors import (
     ReadOnlyError,
     LimitExceededError,
     RunFinishedError,
+    RunSuspendedError,
     UnknownAtomError,
     UnknownRunError,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "ReadOnlyError",
     "LimitExceededError",
     "RunFinishedError",
+    "RunSuspendedError",
     "Store",
     "UnknownAtomError",
     "UnknownRunError",

@@ -40,9 +40,15 @@ class Context(TypedDict):
     state: dict[str, bytes]
 
 class RunStatus(TypedDict, total=False):
-    status: Literal["running", "finished", "dropped"]
+    status: Literal["running", "suspended", "finished", "dropped"]
     success: bool
     resume_hint: str
+    reason: Literal["approval", "timer", "budget", "requested", "deadline"]
+    since_unix_us: int
+    resume_at_unix_us: int
+    what: str
+    by: str
+    at_unix_us: int
 
 class RunInfo(TypedDict):
     id: int

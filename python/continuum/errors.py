@@ -54,6 +54,11 @@ class RunFinishedError(Error):
     """The run has finished; it takes no new atoms."""
 
 
+class RunSuspendedError(Error):
+    """The run is suspended (``run``, its ``suspension`` number); it takes no new atoms until
+    it is resumed."""
+
+
 class UnknownRunError(Error, LookupError):
     """No run has this id or name (``run``)."""
 
@@ -131,6 +136,7 @@ __all__ = [
     "ReadOnlyError",
     "LimitExceededError",
     "RunFinishedError",
+    "RunSuspendedError",
     "UnknownAtomError",
     "UnknownRunError",
 ]

@@ -248,8 +248,10 @@ pub(crate) fn atom_to_py(py: Python<'_>, atom: Atom) -> PyResult<PyAtom> {
     })
 }
 
-/// A run's status as a dict: `status` ("running", "finished" or "dropped"), and for a
-/// finished run `success` and `resume_hint`.
+/// A run's status as a dict: `status` ("running", "suspended", "finished" or "dropped"); for a
+/// finished run `success` and `resume_hint`; for a suspended one `reason` (approval, timer,
+/// budget, requested, deadline), `since_unix_us` and the reason's detail (`resume_at_unix_us`,
+/// `what`, `by`, `at_unix_us`).
 pub(crate) fn run_status_to_py<'py>(py: Python<'py>, status: &RunStatus) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     match status {
@@ -260,6 +262,11 @@ pub(crate) fn run_status_to_py<'py>(py: Python<'py>, status: &RunStatus) -> PyRe
             dict.set_item("resume_hint", resume_hint)?;
         }
         RunStatus::Dropped => dict.set_item("status", "dropped")?,
+        RunStatus::Suspended { reason, since_unix_us } => {
+            dict.set_item("status", "suspended")?;
+            dict.set_item("since_unix_us", since_unix_us)?;
+            suspend_reason_to_py(&dict, reason)?;
+        }
     }
     Ok(dict)
 }
@@ -358,4 +365,28 @@ pub(crate) fn metrics_to_py<'py>(py: Python<'py>, metrics: &MetricsSnapshot) -> 
     }
     dict.set_item("errors", errors)?;
     Ok(dict)
+}
+
+/// Sets `reason` and the reason's detail on a suspended run's status dict.
+fn suspend_reason_to_py(dict: &Bound<'_, PyDict>, reason: &continuum::continuation::SuspendReason) -> PyResult<()> {
+    use continuum::continuation::SuspendReason;
+    match reason {
+        SuspendReason::Approval => dict.set_item("reason", "approval"),
+        SuspendReason::Timer { resume_at_unix_us } => {
+            dict.set_item("reason", "timer")?;
+            dict.set_item("resume_at_unix_us", resume_at_unix_us)
+        }
+        SuspendReason::Budget { what } => {
+            dict.set_item("reason", "budget")?;
+            dict.set_item("what", what)
+        }
+        SuspendReason::Requested { by } => {
+            dict.set_item("reason", "requested")?;
+            dict.set_item("by", by)
+        }
+        SuspendReason::Deadline { at_unix_us } => {
+            dict.set_item("reason", "deadline")?;
+            dict.set_item("at_unix_us", at_unix_us)
+        }
+    }
 }

@@ -44,6 +44,9 @@ fn classify(error: &Error) -> (&'static str, Vec<(&'static str, Fact)>) {
             vec![("atom", Int(*atom)), ("from_status", Str((*from).to_owned())), ("to_status", Str((*to).to_owned()))],
         ),
         Error::RunFinished { run } => ("RunFinishedError", vec![("run", Int(*run))]),
+        Error::RunSuspended { run, suspension } => {
+            ("RunSuspendedError", vec![("run", Int(*run)), ("suspension", Int(*suspension))])
+        }
         Error::AtomFailed { atom, message, retryable } => (
             "AtomFailedError",
             vec![("atom", Int(*atom)), ("message", Str(message.clone())), ("retryable", Bool(*retryable))],

@@ -283,8 +283,9 @@ impl PyStore {
         Ok(self.handle(py)?.run_id(name).map(RunId::get))
     }
 
-    /// The run's status as a dict: ``{"status": "running" | "finished" | "dropped"}``, with
-    /// ``success`` and ``resume_hint`` for a finished run.
+    /// The run's status as a dict: ``{"status": "running" | "suspended" | "finished" |
+    /// "dropped"}``, with ``success`` and ``resume_hint`` for a finished run, ``reason`` and
+    /// ``since_unix_us`` (and the reason's detail) for a suspended one.
     fn run_status<'py>(&self, py: Python<'py>, run: u64) -> PyResult<Bound<'py, PyDict>> {
         let status = self.call(py, |store| store.run_status(RunId::from_raw(run)))?;
         convert::run_status_to_py(py, &status)

@@ -33,9 +33,10 @@ impl Store {
     /// branch of `parents` ([`Error::AtomExists`]).
     ///
     /// # Errors
-    /// [`Error::UnknownRun`], [`Error::RunFinished`], [`Error::InvalidParent`],
-    /// [`Error::AtomExists`], [`Error::KeyCollision`], [`Error::LimitExceeded`] once the atom ids
-    /// run out, [`Error::InvalidArgument`] for an agent name the store keeps for its own
+    /// [`Error::UnknownRun`], [`Error::RunFinished`], [`Error::RunSuspended`],
+    /// [`Error::InvalidParent`], [`Error::AtomExists`], [`Error::KeyCollision`],
+    /// [`Error::LimitExceeded`] once the atom ids run out, [`Error::InvalidArgument`] for an
+    /// agent name the store keeps for its own
     /// ([`CONTROL_AGENT_PREFIX`](crate::CONTROL_AGENT_PREFIX)), and the log's append errors. A
     /// refused transition leaves the log untouched.
     pub fn begin_atom(
@@ -252,6 +253,11 @@ impl Store {
         let run_entry = index.run(run).ok_or_else(|| unknown_run(run))?;
         if run_entry.status != RunStatus::Running {
             return Err(Error::RunFinished { run: run.0 });
+        }
+        if !crate::is_control_agent(agent)
+            && let Some(suspended) = self.shared.continuations.read().runs.get(&run.0)
+        {
+            return Err(Error::RunSuspended { run: run.0, suspension: suspended.id.number });
         }
         let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
         for parent in parents {

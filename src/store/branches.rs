@@ -24,12 +24,16 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::UnknownAtom`] if `to` is not an atom of that run and agent;
-    /// [`Error::InvalidArgument`] for one of the store's own agents;
+    /// [`Error::RunSuspended`] while the run is suspended; [`Error::InvalidArgument`] for one of
+    /// the store's own agents;
     /// [`Error::HistoryReclaimed`] if retention reclaimed `to`'s history and it has no snapshot
     /// (nothing could continue from it: it can no longer be a parent); the log's errors.
     pub fn rollback(&self, run: RunId, agent: &str, to: AtomId, reason: &str) -> Result<Vec<AtomId>> {
         // The store's own agents never roll back: a checkpoint's sequence is never reused.
         crate::store::control::check_caller_agent(agent)?;
+        if let Some(suspended) = self.shared.continuations.read().runs.get(&run.0) {
+            return Err(Error::RunSuspended { run: run.0, suspension: suspended.id.number });
+        }
         // No compaction round plans from the heads before this rollback and marks after it.
         let _purge = self.shared.purge.lock();
         let (run32, agent_id) = {

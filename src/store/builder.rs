@@ -170,6 +170,7 @@ impl StoreBuilder {
         });
         let shared = Arc::new(Shared::new(log?, self.policies, false, Some(index_snapshot))?);
         shared.ensure_ballast();
+        Store::view(Arc::clone(&shared)).load_suspensions()?;
         let index_snapshot_writer = Mutex::new(Shared::write_pending_index_snapshot(&shared));
         let worker = if self.background { Some(crate::purge::background::Worker::start(&shared)?) } else { None };
         Ok(Store { worker, shared, owner: true, index_snapshot_writer })

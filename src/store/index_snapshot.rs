@@ -565,7 +565,8 @@ fn get_state(input: &mut Reader<'_>) -> Option<FoldState> {
 fn put_run(out: &mut Writer, run: &RunEntry) {
     out.bytes(run.name.as_bytes());
     match &run.status {
-        RunStatus::Running => out.byte(0),
+        // The index never holds a suspension (control atoms do, `Store::load_suspensions`).
+        RunStatus::Running | RunStatus::Suspended { .. } => out.byte(0),
         RunStatus::Finished { success, resume_hint } => {
             out.byte(1 + u8::from(*success));
             out.bytes(resume_hint.as_bytes());

@@ -101,7 +101,9 @@ impl StoreBuilder {
         // refuses, and the listing goes on.
         let shared = Arc::new(Shared::new(self.log.open_read_only()?, self.policies, true, None)?);
         // No background thread: it would write policy snapshots and compact.
-        Ok(Store::view(shared))
+        let store = Store::view(shared);
+        store.load_suspensions()?;
+        Ok(store)
     }
 }
 
@@ -129,7 +131,8 @@ impl Store {
         (1..=index.runs.len() as u64)
             .filter_map(|id| {
                 let entry = index.run(RunId(id))?;
-                Some(RunInfo { id: RunId(id), name: entry.name.clone(), status: entry.status.clone() })
+                let status = self.overlaid_status(RunId(id), &entry.status);
+                Some(RunInfo { id: RunId(id), name: entry.name.clone(), status })
             })
             .collect()
     }

@@ -258,6 +258,8 @@ pub(crate) struct Shared {
     /// Held across a check of a run's control atoms and the control atom it decides to record
     /// (`store/control.rs`).
     pub(crate) control: Mutex<()>,
+    /// The suspended runs (`continuation/table.rs`). Taken after `index` when both are held.
+    pub(crate) continuations: RwLock<crate::continuation::table::Suspensions>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.
     pub(crate) closing: std::sync::atomic::AtomicBool,
     /// Compaction rounds completed since open, and the last one's report.
@@ -439,7 +441,7 @@ impl Store {
     }
 }
 
-fn unknown_run(run: RunId) -> Error {
+pub(crate) fn unknown_run(run: RunId) -> Error {
     Error::UnknownRun { run: run.to_string() }
 }
 

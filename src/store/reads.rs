@@ -90,7 +90,7 @@ impl Store {
     /// [`Error::UnknownRun`].
     pub fn resume(&self, run: RunId) -> Result<ResumeReport> {
         let index = self.shared.index.read();
-        let status = index.run(run).ok_or_else(|| unknown_run(run))?.status.clone();
+        let status = self.overlaid_status(run, &index.run(run).ok_or_else(|| unknown_run(run))?.status);
         let mut agents: Vec<(u32, AgentResume)> = Vec::new();
         for (atom, entry) in index.run_atoms(run).filter(|(_, entry)| !entry.abandoned) {
             let at = match agents.iter().position(|(id, _)| *id == entry.agent) {

@@ -59,18 +59,37 @@ impl Store {
     /// # Errors
     /// [`Error::UnknownRun`].
     pub fn run_status(&self, run: RunId) -> Result<RunStatus> {
-        let index = self.shared.index.read();
-        index.run(run).map(|entry| entry.status.clone()).ok_or_else(|| unknown_run(run))
+        let status =
+            self.shared.index.read().run(run).map(|entry| entry.status.clone()).ok_or_else(|| unknown_run(run))?;
+        Ok(self.overlaid_status(run, &status))
     }
 
-    /// Marks a run finished, with a human-readable hint for whoever resumes or debugs it.
+    /// The status the index keeps for `run` (running, finished, dropped), with its suspension
+    /// if it is suspended (the index keeps none: suspensions are control atoms).
+    pub(crate) fn overlaid_status(&self, run: RunId, indexed: &RunStatus) -> RunStatus {
+        if *indexed != RunStatus::Running {
+            return indexed.clone();
+        }
+        match self.shared.continuations.read().runs.get(&run.get()) {
+            Some(suspended) => {
+                RunStatus::Suspended { reason: suspended.reason.clone(), since_unix_us: suspended.since_unix_us }
+            }
+            None => RunStatus::Running,
+        }
+    }
+
+    /// Marks a run finished, with a human-readable hint for whoever resumes or debugs it. A
+    /// suspended run can be finished (abandoning its suspension: its undecided requests are
+    /// never decided, its approved calls stay runnable through
+    /// [`Store::run_approved`](crate::Store::run_approved)).
     ///
     /// # Errors
     /// [`Error::UnknownRun`], [`Error::RunFinished`], the log's append errors.
     pub fn finish_run(&self, run: RunId, success: bool, resume_hint: &str) -> Result<()> {
         // One end per run: ends take turns (with creations), outside the index lock.
         let _runs = self.shared.runs_changing.lock();
-        if self.run_status(run)? != RunStatus::Running {
+        let indexed = self.shared.index.read().run(run).map(|entry| entry.status.clone());
+        if indexed.ok_or_else(|| unknown_run(run))? != RunStatus::Running {
             return Err(Error::RunFinished { run: run.0 });
         }
         let ended_at_unix_us = now_us();
@@ -85,6 +104,7 @@ impl Store {
             entry.status = RunStatus::Finished { success, resume_hint: resume_hint.to_owned() };
             entry.ended_at_unix_us = ended_at_unix_us;
         }
+        self.shared.continuations.write().runs.remove(&run.get());
         Ok(())
     }
 }

@@ -34,6 +34,16 @@ pub enum RunStatus {
         /// What a human needs to know to resume or diagnose it.
         resume_hint: String,
     },
+    /// Suspended on purpose ([`Store::suspend`](crate::Store::suspend)) until
+    /// [`Store::resume_suspended`](crate::Store::resume_suspended): distinct from running and
+    /// from crashed (a crashed run is `Running` with an atom left running). It takes no new
+    /// atoms meanwhile.
+    Suspended {
+        /// Why.
+        reason: crate::continuation::SuspendReason,
+        /// Since when, in microseconds since the Unix epoch.
+        since_unix_us: u64,
+    },
     /// Finished, then dropped by retention (`RetentionPolicy::finished_run_age`): its atoms,
     /// guards and snapshots are gone. Its name is free for a new run.
     Dropped,
