@@ -14,8 +14,10 @@
 //! - `suspend.rs`: suspending, reading a suspension, loading the table at open;
 //! - `decide.rs`: deciding a request;
 //! - `resume.rs`: resuming, and running an approved call through its guard;
-//! - `listing.rs`: finding suspended runs and due timers.
+//! - `listing.rs`: finding suspended runs and due timers;
+//! - `deadline.rs`: running against a hard deadline, suspending ahead of it.
 
+mod deadline;
 mod decide;
 pub(crate) mod encode;
 mod listing;
@@ -27,6 +29,7 @@ pub mod types;
 #[cfg(test)]
 mod tests;
 
+pub use deadline::{DEADLINE_ROOT, DeadlineOutcome, DeadlineStep, DeadlineWatch};
 pub use types::{
     ApprovedCall, Continuation, ContinuationLevel, DecidedRequest, Decision, PendingRequest, ReasonKind, Resumed,
     ResumedLevel, SuspendReason, SuspendedFilter, SuspendedRun, SuspensionId, Verdict,
