@@ -1,0 +1,242 @@
+"""How ``ContinuumSaver`` stores a channel version in a checkpoint's delta, and reads it back
+from a fold of deltas. Pure: it transforms values and bytes, and calls no store.
+
+A channel version is the state key ``channel:<name>``, whose value packs three parts: the
+version (its JSON), a kind and data. The kind is
+
+- a type of the saver's ``serde`` (``dumps_typed``): the data is the whole value;
+- ``empty``: the channel has no value (data empty);
+- ``continuum-list``: a list stored element by element; the data is its length ``n`` in ASCII
+  decimal, and element ``i < n`` is the state key ``element:<name>:<i>`` of the same fold,
+  holding ``pack(type, bytes)`` of ``serde.dumps_typed(element)``.
+
+``put`` writes a list's elements only from the first position where it differs from the
+channel's list in the parent checkpoint's fold: a list that grew by one message costs one
+element and the record, whatever its length. Every other value is written whole. Element keys
+past a list's length are stale and never read.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import continuum
+
+CHANNEL_PREFIX = "channel:"
+ELEMENT_PREFIX = "element:"
+EMPTY = b"empty"
+LIST = b"continuum-list"
+LIST_LENGTH_DIGITS_MAX = 10
+# Types whose objects cannot change: the very object serialized before needs no new dump.
+_IMMUTABLE = (str, bytes, int, float, bool, type(None))
+# Stands for an element object the saver did not serialize itself (read from the store).
+_UNKNOWN = object()
+
+Dump = Callable[[Any], tuple[bytes, bytes]]
+
+
+def pack(*parts: bytes) -> bytes:
+    """Length-prefixed concatenation (u32 little-endian lengths)."""
+    return b"".join(struct.pack("<I", len(part)) + part for part in parts)
+
+
+def unpack(data: bytes) -> list[bytes]:
+    """The parts ``pack`` joined."""
+    parts, at = [], 0
+    while at < len(data):
+        (length,) = struct.unpack_from("<I", data, at)
+        at += 4
+        parts.append(data[at : at + length])
+        at += length
+    return parts
+
+
+def first_part(data: bytes) -> bytes:
+    """The first part ``pack`` joined, without copying the others."""
+    (length,) = struct.unpack_from("<I", data, 0)
+    return data[4 : 4 + length]
+
+
+def version_key(version: Any) -> bytes:
+    """A channel version as stored: its JSON."""
+    return json.dumps(version).encode()
+
+
+def element_key(channel: str, index: int) -> str:
+    """The state key of element ``index`` of a list channel."""
+    return f"{ELEMENT_PREFIX}{channel}:{index}"
+
+
+@dataclass(frozen=True)
+class StoredList:
+    """A list channel's value as one fold holds it: each element's ``pack(type, bytes)``, and
+    the objects the saver serialized them from (``_UNKNOWN`` where it read them)."""
+
+    elements: tuple[bytes, ...]
+    objects: tuple[Any, ...]
+
+
+def encode(
+    channel: str, version: Any, value: Any, base: Optional[StoredList], dump: Dump
+) -> tuple[dict[str, bytes], Optional[StoredList]]:
+    """The state entries that store ``value`` as the channel's ``version``, given the list
+    ``base`` the parent's fold holds for the channel (None if it holds no list), and the
+    list the new fold holds (None for a value written whole)."""
+    if type(value) is not list:
+        kind, data = dump(value)
+        return {CHANNEL_PREFIX + channel: pack(version_key(version), kind, data)}, None
+    elements, shared = _serialize(value, base, dump)
+    state = {CHANNEL_PREFIX + channel: pack(version_key(version), LIST, str(len(elements)).encode())}
+    for index in range(shared, len(elements)):
+        state[element_key(channel, index)] = elements[index]
+    return state, StoredList(tuple(elements), tuple(value))
+
+
+def _serialize(value: list[Any], base: Optional[StoredList], dump: Dump) -> tuple[list[bytes], int]:
+    """Each element's ``pack(type, bytes)``, and how many leading ones equal ``base``'s. An
+    element of an immutable type that is the very object ``base`` was serialized from reuses
+    its bytes; any other is serialized and compared byte for byte."""
+    elements: list[bytes] = []
+    shared = 0
+    base_elements = base.elements if base is not None else ()
+    base_objects = base.objects if base is not None else ()
+    for index, item in enumerate(value):
+        if index == shared and index < len(base_elements):
+            if item is base_objects[index] and type(item) in _IMMUTABLE:
+                elements.append(base_elements[index])
+                shared += 1
+                continue
+            packed = pack(*dump(item))
+            if packed == base_elements[index]:
+                elements.append(base_elements[index])
+                shared += 1
+                continue
+            elements.append(packed)
+            continue
+        elements.append(pack(*dump(item)))
+    return elements, shared
+
+
+class Fold:
+    """The channels of a fold of deltas: each channel's record, and each list channel's
+    elements by position (None where the fold holds none). Never changed once built: ``apply``
+    returns a new fold that shares the element lists it does not change."""
+
+    __slots__ = ("records", "elements")
+
+    def __init__(self, records: dict[str, bytes], elements: dict[str, list[Optional[bytes]]]) -> None:
+        self.records = records
+        self.elements = elements
+
+    @classmethod
+    def of_state(cls, state: Mapping[str, Optional[bytes]]) -> Fold:
+        """The fold of a context's ``state`` (``Store.rebuild_context``)."""
+        return EMPTY_FOLD.apply(state)
+
+    @classmethod
+    def merged(cls, folds: Iterable[Fold]) -> Fold:
+        """Folds merged in order, a later one's keys over an earlier one's."""
+        records: dict[str, bytes] = {}
+        elements: dict[str, list[Optional[bytes]]] = {}
+        for fold in folds:
+            records.update(fold.records)
+            for channel, items in fold.elements.items():
+                if channel not in elements:
+                    elements[channel] = items
+                    continue
+                merged = list(elements[channel]) + [None] * (len(items) - len(elements[channel]))
+                for index, item in enumerate(items):
+                    if item is not None:
+                        merged[index] = item
+                elements[channel] = merged
+        return cls(records, elements)
+
+    def apply(self, delta: Mapping[str, Optional[bytes]]) -> Fold:
+        """This fold with a delta's state entries applied (None deletes a key)."""
+        records = dict(self.records)
+        writes: dict[str, list[tuple[int, Optional[bytes]]]] = {}
+        for key, value in delta.items():
+            if key.startswith(CHANNEL_PREFIX):
+                channel = key[len(CHANNEL_PREFIX) :]
+                if value is None:
+                    records.pop(channel, None)
+                else:
+                    records[channel] = value
+            elif key.startswith(ELEMENT_PREFIX):
+                channel, _, index = key[len(ELEMENT_PREFIX) :].rpartition(":")
+                if index.isdigit():
+                    writes.setdefault(channel, []).append((int(index), value))
+        elements = dict(self.elements)
+        for channel, entries in writes.items():
+            items = list(elements.get(channel, ()))
+            for index, value in entries:
+                if index >= len(items):
+                    items.extend([None] * (index + 1 - len(items)))
+                items[index] = value
+            elements[channel] = items
+        return Fold(records, elements)
+
+    def record(self, channel: str) -> Optional[bytes]:
+        """The channel's record: ``pack(version, kind, data)``."""
+        return self.records.get(channel)
+
+    def list_elements(self, channel: str, length: bytes) -> list[bytes]:
+        """The first ``length`` (ASCII decimal, from a ``continuum-list`` record) elements of a
+        list channel. Raises ``CorruptionError`` if the length is malformed or an element is
+        missing."""
+        if not length.isdigit() or len(length) > LIST_LENGTH_DIGITS_MAX:
+            raise continuum.CorruptionError(f"channel {channel!r}: list length {length[:32]!r} is not a number")
+        count = int(length)
+        items = self.elements.get(channel, [])
+        if len(items) < count or any(item is None for item in items[:count]):
+            raise continuum.CorruptionError(f"channel {channel!r}: the fold lacks elements of its {count}-element list")
+        return items[:count]  # type: ignore[return-value]
+
+    def stored_list(self, channel: str) -> Optional[StoredList]:
+        """The channel's list as ``encode`` takes it for a base; None if it holds no list."""
+        record = self.records.get(channel)
+        if record is None:
+            return None
+        _, kind, data = unpack(record)
+        if kind != LIST:
+            return None
+        elements = tuple(self.list_elements(channel, data))
+        return StoredList(elements, (_UNKNOWN,) * len(elements))
+
+
+EMPTY_FOLD = Fold({}, {})
+
+
+class ListMemory:
+    """The list channels of the checkpoint each (run, namespace) was last put with, so that the
+    next ``put`` finds its parent's lists without a store call. Holds ``capacity`` entries,
+    the least recently used dropped first; an entry names the checkpoint's atom it is true of,
+    so a ``put`` with another parent does not use it."""
+
+    def __init__(self, capacity: int = 128) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[tuple[int, str], tuple[int, dict[str, StoredList]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, run: int, agent: str, atom: int) -> Optional[dict[str, StoredList]]:
+        """The list channels as of ``atom``, if they are the ones remembered."""
+        with self._lock:
+            entry = self._entries.get((run, agent))
+            if entry is None or entry[0] != atom:
+                return None
+            self._entries.move_to_end((run, agent))
+            return entry[1]
+
+    def set(self, run: int, agent: str, atom: int, lists: dict[str, StoredList]) -> None:
+        """Remembers the list channels as of ``atom``."""
+        with self._lock:
+            self._entries[(run, agent)] = (atom, lists)
+            self._entries.move_to_end((run, agent))
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
