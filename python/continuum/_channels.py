@@ -18,7 +18,9 @@ past a list's length are stale and never read.
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import struct
 import threading
 from collections import OrderedDict
@@ -63,6 +65,7 @@ def first_part(data: bytes) -> bytes:
     return data[4 : 4 + length]
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def version_key(version: Any) -> bytes:
     """A channel version as stored: its JSON."""
     return json.dumps(version).encode()
@@ -71,6 +74,42 @@ def version_key(version: Any) -> bytes:
 def element_key(channel: str, index: int) -> str:
     """The state key of element ``index`` of a list channel."""
     return f"{ELEMENT_PREFIX}{channel}:{index}"
+
+
+class Element:
+    """A list element as a fold holds it: its ``pack(type, bytes)``, and its value once
+    ``load_elements`` has deserialized it (then shared by every list of the fold's family
+    that holds this element)."""
+
+    __slots__ = ("packed", "value")
+
+    def __init__(self, packed: bytes) -> None:
+        self.packed = packed
+
+
+_VALUE = operator.attrgetter("value")
+
+
+def load_elements(elements: list[Element], load: Callable[[bytes, bytes], Any]) -> list[Any]:
+    """A new list of the elements' values, deserializing only those not loaded yet."""
+    try:
+        return list(map(_VALUE, elements))
+    except AttributeError:
+        for element in elements:
+            if not hasattr(element, "value"):
+                element.value = load(*_element_parts(element.packed))
+        return list(map(_VALUE, elements))
+
+
+def _element_parts(packed: bytes) -> tuple[bytes, bytes]:
+    """An element's (type, bytes). Raises ``CorruptionError`` unless it is two parts."""
+    try:
+        parts = unpack(packed)
+    except struct.error:
+        parts = []
+    if len(parts) != 2 or sum(len(part) for part in parts) + 8 != len(packed):
+        raise continuum.CorruptionError(f"a list element of {len(packed)} bytes is not a (type, bytes) pair")
+    return parts[0], parts[1]
 
 
 @dataclass(frozen=True)
@@ -126,11 +165,12 @@ def _serialize(value: list[Any], base: Optional[StoredList], dump: Dump) -> tupl
 class Fold:
     """The channels of a fold of deltas: each channel's record, and each list channel's
     elements by position (None where the fold holds none). Never changed once built: ``apply``
-    returns a new fold that shares the element lists it does not change."""
+    returns a new fold that shares the element lists it does not change, and the ``Element``s
+    of those it does."""
 
     __slots__ = ("records", "elements")
 
-    def __init__(self, records: dict[str, bytes], elements: dict[str, list[Optional[bytes]]]) -> None:
+    def __init__(self, records: dict[str, bytes], elements: dict[str, list[Optional[Element]]]) -> None:
         self.records = records
         self.elements = elements
 
@@ -143,7 +183,7 @@ class Fold:
     def merged(cls, folds: Iterable[Fold]) -> Fold:
         """Folds merged in order, a later one's keys over an earlier one's."""
         records: dict[str, bytes] = {}
-        elements: dict[str, list[Optional[bytes]]] = {}
+        elements: dict[str, list[Optional[Element]]] = {}
         for fold in folds:
             records.update(fold.records)
             for channel, items in fold.elements.items():
@@ -160,7 +200,7 @@ class Fold:
     def apply(self, delta: Mapping[str, Optional[bytes]]) -> Fold:
         """This fold with a delta's state entries applied (None deletes a key)."""
         records = dict(self.records)
-        writes: dict[str, list[tuple[int, Optional[bytes]]]] = {}
+        writes: dict[str, list[tuple[int, Optional[Element]]]] = {}
         for key, value in delta.items():
             if key.startswith(CHANNEL_PREFIX):
                 channel = key[len(CHANNEL_PREFIX) :]
@@ -171,7 +211,7 @@ class Fold:
             elif key.startswith(ELEMENT_PREFIX):
                 channel, _, index = key[len(ELEMENT_PREFIX) :].rpartition(":")
                 if index.isdigit():
-                    writes.setdefault(channel, []).append((int(index), value))
+                    writes.setdefault(channel, []).append((int(index), None if value is None else Element(value)))
         elements = dict(self.elements)
         for channel, entries in writes.items():
             items = list(elements.get(channel, ()))
@@ -186,17 +226,17 @@ class Fold:
         """The channel's record: ``pack(version, kind, data)``."""
         return self.records.get(channel)
 
-    def list_elements(self, channel: str, length: bytes) -> list[bytes]:
+    def list_elements(self, channel: str, length: bytes) -> list[Element]:
         """The first ``length`` (ASCII decimal, from a ``continuum-list`` record) elements of a
         list channel. Raises ``CorruptionError`` if the length is malformed or an element is
         missing."""
         if not length.isdigit() or len(length) > LIST_LENGTH_DIGITS_MAX:
             raise continuum.CorruptionError(f"channel {channel!r}: list length {length[:32]!r} is not a number")
         count = int(length)
-        items = self.elements.get(channel, [])
-        if len(items) < count or any(item is None for item in items[:count]):
+        items = self.elements.get(channel, [])[:count]
+        if len(items) < count or None in items:
             raise continuum.CorruptionError(f"channel {channel!r}: the fold lacks elements of its {count}-element list")
-        return items[:count]  # type: ignore[return-value]
+        return items  # type: ignore[return-value]
 
     def stored_list(self, channel: str) -> Optional[StoredList]:
         """The channel's list as ``encode`` takes it for a base; None if it holds no list."""
@@ -206,7 +246,7 @@ class Fold:
         _, kind, data = unpack(record)
         if kind != LIST:
             return None
-        elements = tuple(self.list_elements(channel, data))
+        elements = tuple(element.packed for element in self.list_elements(channel, data))
         return StoredList(elements, (_UNKNOWN,) * len(elements))
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any, Optional
 
 import continuum
-from continuum._channels import CHANNEL_PREFIX, EMPTY_FOLD, Fold, first_part, unpack, version_key
+from continuum._channels import CHANNEL_PREFIX, EMPTY_FOLD, Fold, first_part, version_key
 
 NS_PREFIX = "ns:"
 WRITES_PREFIX = "writes:"
@@ -23,7 +23,6 @@ class ThreadHistory:
         self._folds: dict[int, Optional[Fold]] = {}
         self._versions: dict[tuple[str, str, bytes], tuple[bytes, Fold]] = {}
         self._writes: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
-        self._loaded: dict[int, Any] = {}
         for atom in atoms:
             if atom.status != "completed" or atom.abandoned or atom.result is None:
                 continue
@@ -61,14 +60,6 @@ class ThreadHistory:
     def writes(self, checkpoint_ns: str, checkpoint_id: str) -> list[bytes]:
         """The results of a checkpoint's write atoms, in their sequence order."""
         return [result for _, result in sorted(self._writes.get((checkpoint_ns, checkpoint_id), []))]
-
-    def load_element(self, packed: bytes, load: Any) -> Any:
-        """A list element's value, deserialized once per history: every row of one ``list``
-        that holds the same stored element gets the same object."""
-        key = id(packed)
-        if key not in self._loaded:
-            self._loaded[key] = load(*unpack(packed))
-        return self._loaded[key]
 
 
 __all__ = ["NS_PREFIX", "WRITES_PREFIX", "ThreadHistory"]

@@ -53,7 +53,18 @@ from langgraph.checkpoint.base import (
 
 import continuum
 from continuum._channels import CHANNEL_PREFIX as _CHANNEL_PREFIX
-from continuum._channels import EMPTY, EMPTY_FOLD, LIST, Fold, ListMemory, StoredList, encode, first_part, version_key
+from continuum._channels import (
+    EMPTY,
+    EMPTY_FOLD,
+    LIST,
+    Fold,
+    ListMemory,
+    StoredList,
+    encode,
+    first_part,
+    load_elements,
+    version_key,
+)
 from continuum._channels import pack as _pack
 from continuum._channels import unpack as _unpack
 from continuum._thread_history import NS_PREFIX as _NS_PREFIX
@@ -227,9 +238,6 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def _load(self, kind: bytes, data: bytes) -> Any:
         return self.serde.loads_typed((kind.decode(), data))
 
-    def _load_element(self, packed: bytes) -> Any:
-        return self._load(*_unpack(packed))
-
     # Writing.
 
     def put(
@@ -393,8 +401,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
             return self._tuple(run, thread_id, checkpoint_ns, atom)
 
         def values(checkpoint: Checkpoint) -> dict[str, Any]:
-            return self._values(fold, checkpoint, partial(history.version, checkpoint_ns),
-                                partial(history.load_element, load=self._load))
+            return self._values(fold, checkpoint, partial(history.version, checkpoint_ns))
 
         return self._build_tuple(thread_id, checkpoint_ns, atom, values, history.writes(checkpoint_ns, atom.key))
 
@@ -424,7 +431,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
             if not checkpoint.get("channel_versions"):
                 return {}
             fold = Fold.of_state(self.store.rebuild_context(atom.id)["state"])
-            return self._values(fold, checkpoint, partial(self._channel_version, run, checkpoint_ns), self._load_element)
+            return self._values(fold, checkpoint, partial(self._channel_version, run, checkpoint_ns))
 
         return self._build_tuple(thread_id, checkpoint_ns, atom, values, self._write_results(run, checkpoint_ns, atom.key))
 
@@ -453,12 +460,13 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         fold: Fold,
         checkpoint: Checkpoint,
         find_version: Callable[[str, Any], Optional[tuple[bytes, Fold]]],
-        load_element: Callable[[bytes], Any],
     ) -> dict[str, Any]:
         """The checkpoint's channel values: each channel's version from ``fold`` (the fold of
         its ancestry), else from ``find_version`` (a version stored off the ancestry: a
         checkpoint put without its parent, or versions shared across branches), whose list
-        elements are read from the fold it was written in."""
+        elements are read from the fold it was written in. A list's elements are deserialized
+        once per fold family: the rows of one ``list`` share them, each row with a list of its
+        own."""
         values: dict[str, Any] = {}
         for channel, version in checkpoint.get("channel_versions", {}).items():
             record, where = fold.record(channel), fold
@@ -469,7 +477,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
                 record, where = found
             _, kind, data = _unpack(record)
             if kind == LIST:
-                values[channel] = [load_element(packed) for packed in where.list_elements(channel, data)]
+                values[channel] = load_elements(where.list_elements(channel, data), self._load)
             elif kind != EMPTY:
                 values[channel] = self._load(kind, data)
         return values
@@ -496,6 +504,8 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         """A checkpoint's writes from its write atoms' results: an ordinary write keeps the
         first value of its (task id, index), a special channel's the last; in
         ``writes_sort_key`` order."""
+        if not results:
+            return []
         kept: dict[tuple[str, int], tuple[str, str, str, bytes, bytes]] = {}
         for result in results:
             parts = _unpack(result)

@@ -234,7 +234,13 @@ def _damaged_thread(store: continuum.Store, record: bytes, elements: dict[str, b
 
 @pytest.mark.parametrize(
     "length, elements",
-    [(b"2", {"element:messages:0": pack(b"msgpack", b"\xa1a")}), (b"x1", {}), (b"99999999999", {})],
+    [
+        (b"2", {"element:messages:0": pack(b"msgpack", b"\xa1a")}),
+        (b"x1", {}),
+        (b"99999999999", {}),
+        (b"1", {"element:messages:0": pack(b"msgpack")}),
+        (b"1", {"element:messages:0": pack(b"msgpack", b"\xa1a")[:-3]}),
+    ],
 )
 def test_a_damaged_list_record_is_a_corruption_error(
     store: continuum.Store, length: bytes, elements: dict[str, bytes]
