@@ -28,6 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
 import continuum
 
 CHANNEL_PREFIX = "channel:"
@@ -40,7 +43,6 @@ _IMMUTABLE = (str, bytes, int, float, bool, type(None))
 # Stands for an element object the saver did not serialize itself (read from the store).
 _UNKNOWN = object()
 
-Dump = Callable[[Any], tuple[bytes, bytes]]
 
 
 def pack(*parts: bytes) -> bytes:
@@ -112,54 +114,113 @@ def _element_parts(packed: bytes) -> tuple[bytes, bytes]:
     return parts[0], parts[1]
 
 
+class ElementCodec:
+    """A saver's ``serde`` for list elements: the bytes stored (``pack(type, bytes)``), and the
+    bytes that compare two elements. Those are the stored bytes, except under an
+    ``EncryptedSerializer``, whose output differs at every call: there they are what its inner
+    serde makes of the element, before encryption."""
+
+    def __init__(self, serde: SerializerProtocol) -> None:
+        self._serde = serde
+        self._plain = serde.serde if isinstance(serde, EncryptedSerializer) else None
+
+    @property
+    def keys_are_stored(self) -> bool:
+        """Whether an element's comparison bytes are its stored bytes."""
+        return self._plain is None
+
+    def whole(self, value: Any) -> tuple[bytes, bytes]:
+        """A value's ``(type, bytes)``, as stored."""
+        kind, data = self._serde.dumps_typed(value)
+        return kind.encode(), data
+
+    def stored(self, item: Any) -> bytes:
+        """The element's stored bytes."""
+        return pack(*self.whole(item))
+
+    def key(self, item: Any) -> bytes:
+        """The element's comparison bytes."""
+        if self._plain is None:
+            return self.stored(item)
+        kind, data = self._plain.dumps_typed(item)
+        return pack(kind.encode(), data)
+
+    def key_of_stored(self, packed: bytes) -> bytes:
+        """The comparison bytes of a stored element (deserialized and serialized again by the
+        inner serde, under encryption)."""
+        if self._plain is None:
+            return packed
+        kind, data = _element_parts(packed)
+        return self.key(self._serde.loads_typed((kind.decode(), data)))
+
+
 @dataclass(frozen=True)
 class StoredList:
-    """A list channel's value as one fold holds it: each element's ``pack(type, bytes)``, and
-    the objects the saver serialized them from (``_UNKNOWN`` where it read them)."""
+    """A list channel's value as one fold holds it: each element's stored bytes and its
+    comparison bytes (``ElementCodec``), the objects the saver serialized them from
+    (``_UNKNOWN`` where it read them), and how many leading objects are of immutable types."""
 
     elements: tuple[bytes, ...]
+    keys: tuple[bytes, ...]
     objects: tuple[Any, ...]
+    immutable: int = 0
 
 
 def encode(
-    channel: str, version: Any, value: Any, base: Optional[StoredList], dump: Dump
+    channel: str, version: Any, value: Any, base: Optional[StoredList], codec: ElementCodec
 ) -> tuple[dict[str, bytes], Optional[StoredList]]:
     """The state entries that store ``value`` as the channel's ``version``, given the list
     ``base`` the parent's fold holds for the channel (None if it holds no list), and the
     list the new fold holds (None for a value written whole)."""
     if type(value) is not list:
-        kind, data = dump(value)
-        return {CHANNEL_PREFIX + channel: pack(version_key(version), kind, data)}, None
-    elements, shared = _serialize(value, base, dump)
+        return {CHANNEL_PREFIX + channel: pack(version_key(version), *codec.whole(value))}, None
+    identical = _identical_prefix(value, base)
+    elements, keys, shared = _serialize(value, base, codec, identical)
     state = {CHANNEL_PREFIX + channel: pack(version_key(version), LIST, str(len(elements)).encode())}
     for index in range(shared, len(elements)):
         state[element_key(channel, index)] = elements[index]
-    return state, StoredList(tuple(elements), tuple(value))
+    stored = tuple(elements)
+    return state, StoredList(stored, stored if codec.keys_are_stored else tuple(keys), tuple(value),
+                             _immutable_prefix(value, identical))
 
 
-def _serialize(value: list[Any], base: Optional[StoredList], dump: Dump) -> tuple[list[bytes], int]:
-    """Each element's ``pack(type, bytes)``, and how many leading ones equal ``base``'s. An
-    element of an immutable type that is the very object ``base`` was serialized from reuses
-    its bytes; any other is serialized and compared byte for byte."""
-    elements: list[bytes] = []
-    shared = 0
+def _identical_prefix(value: list[Any], base: Optional[StoredList]) -> int:
+    """How many leading elements are the very objects of immutable types that ``base`` was
+    serialized from (all of ``base``'s immutable prefix, or none): their bytes are ``base``'s."""
+    count = min(base.immutable, len(value)) if base is not None else 0
+    if count and all(map(operator.is_, value[:count], base.objects[:count])):  # type: ignore[union-attr]
+        return count
+    return 0
+
+
+def _immutable_prefix(value: list[Any], known: int) -> int:
+    """How many leading elements are of immutable types, given that the first ``known`` are."""
+    count = known
+    while count < len(value) and type(value[count]) in _IMMUTABLE:
+        count += 1
+    return count
+
+
+def _serialize(
+    value: list[Any], base: Optional[StoredList], codec: ElementCodec, identical: int
+) -> tuple[list[bytes], list[bytes], int]:
+    """Each element's stored and comparison bytes, and how many leading elements equal
+    ``base``'s: the ``identical`` first reuse ``base``'s bytes, the others are serialized and
+    compared byte for byte, and an equal one keeps ``base``'s stored bytes."""
     base_elements = base.elements if base is not None else ()
-    base_objects = base.objects if base is not None else ()
-    for index, item in enumerate(value):
-        if index == shared and index < len(base_elements):
-            if item is base_objects[index] and type(item) in _IMMUTABLE:
-                elements.append(base_elements[index])
-                shared += 1
-                continue
-            packed = pack(*dump(item))
-            if packed == base_elements[index]:
-                elements.append(base_elements[index])
-                shared += 1
-                continue
-            elements.append(packed)
+    base_keys = base.keys if base is not None else ()
+    elements, keys = list(base_elements[:identical]), list(base_keys[:identical])
+    shared = identical
+    for index in range(identical, len(value)):
+        key = codec.key(value[index])
+        if index == shared and index < len(base_keys) and key == base_keys[index]:
+            elements.append(base_elements[index])
+            keys.append(base_keys[index])
+            shared += 1
             continue
-        elements.append(pack(*dump(item)))
-    return elements, shared
+        elements.append(key if codec.keys_are_stored else codec.stored(value[index]))
+        keys.append(key)
+    return elements, keys, shared
 
 
 class Fold:
@@ -238,7 +299,7 @@ class Fold:
             raise continuum.CorruptionError(f"channel {channel!r}: the fold lacks elements of its {count}-element list")
         return items  # type: ignore[return-value]
 
-    def stored_list(self, channel: str) -> Optional[StoredList]:
+    def stored_list(self, channel: str, codec: ElementCodec) -> Optional[StoredList]:
         """The channel's list as ``encode`` takes it for a base; None if it holds no list."""
         record = self.records.get(channel)
         if record is None:
@@ -247,7 +308,8 @@ class Fold:
         if kind != LIST:
             return None
         elements = tuple(element.packed for element in self.list_elements(channel, data))
-        return StoredList(elements, (_UNKNOWN,) * len(elements))
+        keys = elements if codec.keys_are_stored else tuple(map(codec.key_of_stored, elements))
+        return StoredList(elements, keys, (_UNKNOWN,) * len(elements))
 
 
 EMPTY_FOLD = Fold({}, {})

@@ -57,6 +57,7 @@ from continuum._channels import (
     EMPTY,
     EMPTY_FOLD,
     LIST,
+    ElementCodec,
     Fold,
     ListMemory,
     StoredList,
@@ -283,9 +284,10 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         list channels ``base``, and the list channels as of the new checkpoint."""
         state: dict[str, bytes] = {}
         lists = dict(base)
+        codec = ElementCodec(self.serde)
         for channel, version in new_versions.items():
             if channel in values:
-                entries, stored = encode(channel, version, values[channel], base.get(channel), self._dump)
+                entries, stored = encode(channel, version, values[channel], base.get(channel), codec)
             else:
                 entries, stored = {_CHANNEL_PREFIX + channel: _pack(version_key(version), EMPTY, b"")}, None
             state.update(entries)
@@ -302,7 +304,8 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         if remembered is not None:
             return remembered
         fold = Fold.of_state(self.store.rebuild_context(parent)["state"])
-        lists = {channel: stored for channel in fold.records if (stored := fold.stored_list(channel)) is not None}
+        codec = ElementCodec(self.serde)
+        lists = {channel: stored for channel in fold.records if (stored := fold.stored_list(channel, codec)) is not None}
         self._lists.set(run, agent, parent, lists)
         return lists
 

@@ -95,32 +95,44 @@ def test_listed_rows_share_elements_and_never_change_what_get_tuple_reads(store:
 
 
 class _XorCipher:
-    """A toy cipher (``CipherProtocol``): enough to see that every stored element is encrypted."""
+    """A toy cipher (``CipherProtocol``) with a random nonce, as real ones have: the same
+    plaintext encrypts to different bytes at every call."""
 
     def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
-        return "xor", bytes(byte ^ 0x5A for byte in plaintext)
+        nonce = random.randrange(1, 256)
+        return "xor", bytes([nonce]) + bytes(byte ^ nonce for byte in plaintext)
 
     def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
         assert ciphername == "xor"
-        return bytes(byte ^ 0x5A for byte in ciphertext)
+        return bytes(byte ^ ciphertext[0] for byte in ciphertext[1:])
 
 
-def test_an_encrypting_serde_encrypts_every_element(store: continuum.Store) -> None:
-    saver = ContinuumSaver(store, serde=EncryptedSerializer(_XorCipher()))
-    configs = _chat(saver, "secret", 5)
-    run = store.run_id("langgraph:secret")
-    for atom in store.agent_atoms(run, "ns:"):
-        for key, value in store.atom(atom).delta["state"].items():
-            assert b"xxxxxxxx" not in value, key
-            if key.startswith("element:"):
-                assert b"+xor" in value, key
-    listed = list(saver.list({"configurable": {"thread_id": "secret"}}))
-    assert [row.checkpoint["channel_values"]["messages"][-1]["text"][:5] for row in listed] == [
-        f"{step:05}" for step in reversed(range(5))
-    ]
-    latest = saver.get_tuple(configs[-1])
-    assert latest is not None
-    assert len(latest.checkpoint["channel_values"]["messages"]) == 5
+def test_an_encrypting_serde_encrypts_every_element_and_still_writes_only_new_ones(
+    store_dir: pathlib.Path,
+) -> None:
+    serde = EncryptedSerializer(_XorCipher())
+    with continuum.Store(store_dir) as store:
+        configs = _chat(ContinuumSaver(store, serde=serde), "secret", 30)
+    with continuum.Store(store_dir) as store:
+        saver = ContinuumSaver(store, serde=serde)
+        resumed = saver.get_tuple(configs[-1])
+        assert resumed is not None
+        messages = resumed.checkpoint["channel_values"]["messages"] + [{"role": "user", "text": "x" * 100}]
+        checkpoint = {**empty_checkpoint(), "channel_values": {"messages": messages},
+                      "channel_versions": {"messages": 31, "turn": 30}}
+        configs.append(saver.put(configs[-1], checkpoint, {"step": 30}, {"messages": 31}))
+        run = store.run_id("langgraph:secret")
+        for atom in store.agent_atoms(run, "ns:"):
+            for key, value in store.atom(atom).delta["state"].items():
+                assert b"xxxxxxxx" not in value, key
+                if key.startswith("element:"):
+                    assert b"+xor" in value, key
+        assert max(_delta_bytes(store, "secret")) < MESSAGE_BYTES + 200
+        listed = list(saver.list({"configurable": {"thread_id": "secret"}}))
+        assert [len(row.checkpoint["channel_values"]["messages"]) for row in listed] == list(range(31, 0, -1))
+        latest = saver.get_tuple(configs[-1])
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["messages"] == messages
 
 
 def _element(rng: random.Random, step: int) -> Any:
