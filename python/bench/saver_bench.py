@@ -6,7 +6,8 @@ is the whole list) and updates two small channels.
     .venv/bin/pip install -r python/bench/requirements.txt
     .venv/bin/python python/bench/saver_bench.py [--dir DIR]
 
-Reports, as ratios measured in this one run: ``put`` p50 at 100, 300 and 1,000 steps;
+The savers run in lockstep (one put of each in turn), so that they share the moments of a
+shared, noisy disk. Reports, as ratios measured in this one run: ``put`` p50 at 100, 300 and 1,000 steps;
 ``list`` of a 300-checkpoint thread; bytes on disk at 100, 300 and 1,000 steps; checkpoints
 per second from 16 Python threads (one thread id each); and the Python layer's own time per
 ``put`` (the saver's p50 less the store's p50 recording the same atoms with ``record_atom``,
@@ -129,10 +130,14 @@ def message(step: int) -> str:
 
 def chat(saver: BaseCheckpointSaver, thread_id: str, steps: int) -> list[float]:
     """Puts ``steps`` checkpoints of the chat pattern; each put's seconds."""
+    return list(chat_steps(saver, thread_id, steps))
+
+
+def chat_steps(saver: BaseCheckpointSaver, thread_id: str, steps: int) -> Iterator[float]:
+    """Puts the chat pattern's checkpoints one per iteration, yielding each put's seconds."""
     config: dict[str, Any] = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
     messages: list[str] = []
     versions: dict[str, Any] = {}
-    seconds = []
     for step in range(steps):
         messages = messages + [message(step)]
         changed = {name: saver.get_next_version(versions.get(name), None) for name in ("messages", "turn", "status")}
@@ -142,8 +147,7 @@ def chat(saver: BaseCheckpointSaver, thread_id: str, steps: int) -> list[float]:
         checkpoint["channel_versions"] = dict(versions)
         started = time.perf_counter()
         config = saver.put(config, checkpoint, {"source": "loop", "step": step}, changed)
-        seconds.append(time.perf_counter() - started)
-    return seconds
+        yield time.perf_counter() - started
 
 
 def raw_chat(store: continuum.Store, steps: int) -> list[float]:
@@ -211,34 +215,56 @@ def threaded(saver: BaseCheckpointSaver) -> float:
 
 
 def list_seconds(saver: BaseCheckpointSaver) -> float:
-    """Median seconds of 5 ``list`` calls over the 300-checkpoint thread."""
-    config = {"configurable": {"thread_id": "chat"}}
-    runs = []
-    for _ in range(5):
-        started = time.perf_counter()
-        assert len(list(saver.list(config))) == 300
-        runs.append(time.perf_counter() - started)
-    return statistics.median(runs)
+    """Seconds of one ``list`` call over the 300-checkpoint thread."""
+    started = time.perf_counter()
+    assert len(list(saver.list({"configurable": {"thread_id": "chat"}}))) == 300
+    return time.perf_counter() - started
 
 
-def measure(name: str, peer: Peer, root: pathlib.Path) -> dict[str, Any]:
-    figures: dict[str, Any] = {}
-    warm_up = root / f"{name}-warm-up"
-    warm_up.mkdir()
-    with peer.open(warm_up) as saver:
-        chat(saver, "warm-up", 50)
+def open_all(peers: dict[str, Peer], root: pathlib.Path, label: str, stack: contextlib.ExitStack) -> dict[str, Any]:
+    """Every peer's saver in a directory of its own, ``<name>-<label>``, open until ``stack`` closes."""
+    savers = {}
+    for name, peer in peers.items():
+        directory = root / f"{name}-{label}"
+        directory.mkdir()
+        savers[name] = stack.enter_context(peer.open(directory))
+    return savers
+
+
+def lockstep(peers: dict[str, Peer], root: pathlib.Path, label: str, steps: int) -> dict[str, list[float]]:
+    """The chat pattern on every peer in turn, one put each per round, so that all of them see
+    the same moments of a shared, noisy disk; each peer's put seconds. At 300 steps, also 5
+    rounds of ``list``, each peer in turn (the key ``list``)."""
+    seconds: dict[str, list[float]] = {name: [] for name in peers}
+    with contextlib.ExitStack() as stack:
+        savers = open_all(peers, root, label, stack)
+        loops = {name: chat_steps(saver, "chat", steps) for name, saver in savers.items()}
+        for _ in range(steps):
+            for name, loop in loops.items():
+                seconds[name].append(next(loop))
+        if steps == 300:
+            for _ in range(5):
+                for name, saver in savers.items():
+                    seconds.setdefault(f"list {name}", []).append(list_seconds(saver))
+    return seconds
+
+
+def measure(peers: dict[str, Peer], root: pathlib.Path) -> dict[str, dict[str, Any]]:
+    """Every figure of every peer: puts and lists in lockstep, the 16 threads one peer after another."""
+    figures: dict[str, dict[str, Any]] = {name: {} for name in peers}
+    lockstep(peers, root, "warm-up", 50)
     for steps in STEPS:
-        directory = root / f"{name}-{steps}"
+        seconds = lockstep(peers, root, str(steps), steps)
+        for name, peer in peers.items():
+            figures[name][f"put_p50_{steps}"] = statistics.median(seconds[name])
+            if steps == 300:
+                figures[name]["list_300"] = statistics.median(seconds[f"list {name}"])
+            figures[name][f"bytes_{steps}"] = peer.size(root / f"{name}-{steps}")
+    for name, peer in peers.items():
+        directory = root / f"{name}-threads"
         directory.mkdir()
         with peer.open(directory) as saver:
-            figures[f"put_p50_{steps}"] = statistics.median(chat(saver, "chat", steps))
-            if steps == 300:
-                figures["list_300"] = list_seconds(saver)
-        figures[f"bytes_{steps}"] = peer.size(directory)
-    directory = root / f"{name}-threads"
-    directory.mkdir()
-    with peer.open(directory) as saver:
-        figures["threads_per_s"] = threaded(saver)
+            figures[name]["threads_per_s"] = threaded(saver)
     return figures
 
 
@@ -292,7 +318,7 @@ def main() -> None:
         peers["memory"] = Peer(memory_saver, lambda directory: 0)
         root = pathlib.Path(temporary)
         syncs = [fdatasync_p50(root)]
-        results = {name: measure(name, peer, root) for name, peer in peers.items()}
+        results = measure(peers, root)
         syncs.append(fdatasync_p50(root))
         raw = root / "raw"
         raw.mkdir()

@@ -316,29 +316,34 @@ EMPTY_FOLD = Fold({}, {})
 
 
 class ListMemory:
-    """The list channels of the checkpoint each (run, namespace) was last put with, so that the
-    next ``put`` finds its parent's lists without a store call. Holds ``capacity`` entries,
-    the least recently used dropped first; an entry names the checkpoint's atom it is true of,
-    so a ``put`` with another parent does not use it."""
+    """The checkpoint each (run, namespace) was last put with (its atom and id) and its list
+    channels, so that the next ``put`` finds its parent without a store call. Holds
+    ``capacity`` entries, the least recently used dropped first; an entry names the atom it is
+    true of, so a ``put`` with another parent does not use it. Atoms are never changed, and a
+    run's id is never reused, so an entry never goes stale."""
 
     def __init__(self, capacity: int = 128) -> None:
         self._capacity = capacity
-        self._entries: OrderedDict[tuple[int, str], tuple[int, dict[str, StoredList]]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, str], tuple[int, str, dict[str, StoredList]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, run: int, agent: str, atom: int) -> Optional[dict[str, StoredList]]:
         """The list channels as of ``atom``, if they are the ones remembered."""
+        entry = self.last(run, agent)
+        return entry[2] if entry is not None and entry[0] == atom else None
+
+    def last(self, run: int, agent: str) -> Optional[tuple[int, str, dict[str, StoredList]]]:
+        """The remembered checkpoint: (atom, checkpoint id, list channels)."""
         with self._lock:
             entry = self._entries.get((run, agent))
-            if entry is None or entry[0] != atom:
-                return None
-            self._entries.move_to_end((run, agent))
-            return entry[1]
+            if entry is not None:
+                self._entries.move_to_end((run, agent))
+            return entry
 
-    def set(self, run: int, agent: str, atom: int, lists: dict[str, StoredList]) -> None:
-        """Remembers the list channels as of ``atom``."""
+    def set(self, run: int, agent: str, atom: int, checkpoint_id: str, lists: dict[str, StoredList]) -> None:
+        """Remembers the list channels as of ``atom``, the checkpoint ``checkpoint_id``."""
         with self._lock:
-            self._entries[(run, agent)] = (atom, lists)
+            self._entries[(run, agent)] = (atom, checkpoint_id, lists)
             self._entries.move_to_end((run, agent))
             while len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)

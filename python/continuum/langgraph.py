@@ -255,14 +255,14 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         agent = _NS_PREFIX + checkpoint_ns
         run, parent = self._run(thread_id, create=False), None
         if parent_id:
-            parent = self.store.atom_by_key(run, agent, parent_id) if run is not None else None
+            parent = self._parent_atom(run, agent, parent_id) if run is not None else None
             if parent is None:
                 raise continuum.InvalidArgumentError(
                     f"parent checkpoint {parent_id} is not in thread {thread_id!r}, namespace {checkpoint_ns!r}"
                 )
         stored = dict(checkpoint)
         values = stored.pop("channel_values", {})
-        base = self._parent_lists(run, agent, parent) if run is not None and parent is not None else {}
+        base = self._parent_lists(run, agent, parent, parent_id) if run is not None and parent is not None else {}
         state, lists = self._encode_channels(values, new_versions, base)
         result = _pack(*self._dump(stored), *self._dump(get_checkpoint_metadata(config, metadata)),
                        (parent_id or "").encode())
@@ -274,8 +274,15 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         except continuum.ConflictError:
             # The checkpoint is stored already: a checkpoint id names one checkpoint.
             return _config(thread_id, checkpoint_ns, checkpoint["id"])
-        self._lists.set(run, agent, atom, lists)
+        self._lists.set(run, agent, atom, checkpoint["id"], lists)
         return _config(thread_id, checkpoint_ns, checkpoint["id"])
+
+    def _parent_atom(self, run: int, agent: str, parent_id: str) -> Optional[int]:
+        """The atom of checkpoint ``parent_id``: the one last put, else looked up by key."""
+        last = self._lists.last(run, agent)
+        if last is not None and last[1] == parent_id:
+            return last[0]
+        return self.store.atom_by_key(run, agent, parent_id)
 
     def _encode_channels(
         self, values: dict[str, Any], new_versions: ChannelVersions, base: dict[str, StoredList]
@@ -297,7 +304,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
                 lists[channel] = stored
         return state, lists
 
-    def _parent_lists(self, run: int, agent: str, parent: int) -> dict[str, StoredList]:
+    def _parent_lists(self, run: int, agent: str, parent: int, parent_id: str) -> dict[str, StoredList]:
         """The list channels as of the parent checkpoint's atom: remembered from the ``put``
         that recorded it, else read from its rebuilt context."""
         remembered = self._lists.get(run, agent, parent)
@@ -306,7 +313,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         fold = Fold.of_state(self.store.rebuild_context(parent)["state"])
         codec = ElementCodec(self.serde)
         lists = {channel: stored for channel in fold.records if (stored := fold.stored_list(channel, codec)) is not None}
-        self._lists.set(run, agent, parent, lists)
+        self._lists.set(run, agent, parent, parent_id, lists)
         return lists
 
     def put_writes(
