@@ -268,7 +268,14 @@ def measure(peers: dict[str, Peer], root: pathlib.Path) -> dict[str, dict[str, A
     return figures
 
 
-def report(results: dict[str, dict[str, Any]], saver_p50: float, store_p50: float, syncs: list[float]) -> None:
+def segment_bytes(directory: pathlib.Path) -> int:
+    """Bytes the store's log segments take on disk (its snapshots left out)."""
+    return sum(path.stat().st_blocks * 512 for path in directory.rglob("*.seg"))
+
+
+def report(
+    results: dict[str, dict[str, Any]], saver_p50: float, store_p50: float, syncs: list[float], segments: list[int]
+) -> None:
     ours = results["continuum"]
     peers = [name for name in results if name != "continuum"]
     print("| figure | " + " | ".join(results) + " | " + " | ".join(f"continuum / {name}" for name in peers) + " |")
@@ -283,7 +290,8 @@ def report(results: dict[str, dict[str, Any]], saver_p50: float, store_p50: floa
     growth = [ours[f"bytes_{steps}"] for steps in STEPS]
     per_step = [size / steps for size, steps in zip(growth, STEPS)]
     print(f"continuum bytes at {' / '.join(map(str, STEPS))} steps: {' / '.join(map(str, growth))} "
-          f"({' / '.join(f'{size:.0f}' for size in per_step)} bytes per step)")
+          f"({' / '.join(f'{size:.0f}' for size in per_step)} bytes per step); its log segments alone "
+          f"{' / '.join(f'{size / steps:.0f}' for size, steps in zip(segments, STEPS))} bytes per step")
 
 
 def postgres_server() -> contextlib.AbstractContextManager[Optional[str]]:
@@ -320,12 +328,13 @@ def main() -> None:
         syncs = [fdatasync_p50(root)]
         results = measure(peers, root)
         syncs.append(fdatasync_p50(root))
+        segments = [segment_bytes(root / f"continuum-{steps}") for steps in STEPS]
         raw = root / "raw"
         raw.mkdir()
         saver_p50, store_p50 = python_layer(raw, 300)
     print(f"finished {datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC, load average {os.getloadavg()[0]:.2f}; "
           "seconds and bytes, then ratios\n")
-    report(results, saver_p50, store_p50, syncs)
+    report(results, saver_p50, store_p50, syncs, segments)
 
 
 if __name__ == "__main__":
