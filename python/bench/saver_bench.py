@@ -1,21 +1,30 @@
-"""ContinuumSaver against SqliteSaver (synchronous=FULL) and InMemorySaver on the chat
-pattern: one thread, each step appends a ~500-byte message to ``messages`` (whose value, as
-in LangGraph's ``MessagesState``, is the whole list) and updates two small channels.
+"""ContinuumSaver against SqliteSaver (synchronous=FULL), PostgresSaver (a local server with
+fsync=on, synchronous_commit=on) and InMemorySaver on the chat pattern: one thread, each step
+appends a ~500-byte message to ``messages`` (whose value, as in LangGraph's ``MessagesState``,
+is the whole list) and updates two small channels.
 
-    .venv/bin/pip install langgraph-checkpoint-sqlite==3.1.2
+    .venv/bin/pip install -r python/bench/requirements.txt
     .venv/bin/python python/bench/saver_bench.py [--dir DIR]
 
-Reports, as ratios measured in this one run: ``put`` p50 at 100, 300 and 1,000 steps;
-``list`` of a 300-checkpoint thread; bytes on disk after a clean close at 100, 300 and 1,000
-steps; checkpoints per second from 16 Python threads (one thread id each); and the Python
-layer's own time per ``put`` (the saver's p50 less the store's p50 recording the same atoms
-with ``record_atom``, both without fsync). Not part of the test command.
+The savers run in lockstep (one put of each in turn), so that they share the moments of a
+shared, noisy disk. Reports, as ratios measured in this one run: ``put`` p50 at 100, 300 and 1,000 steps;
+``list`` of a 300-checkpoint thread; bytes on disk at 100, 300 and 1,000 steps; checkpoints
+per second from 16 Python threads (one thread id each); and the Python layer's own time per
+``put`` (the saver's p50 less the store's p50 recording the same atoms with ``record_atom``,
+both without fsync). Bytes are the files' allocated blocks after a clean close; for
+PostgreSQL, the saver's tables with their indexes and TOAST (``pg_total_relation_size``; the
+WAL is not counted). The script starts its own PostgreSQL server (``initdb`` and ``postgres``
+on PATH; ``_postgres.py``) and stops it by its process id at the end; without them, or
+without ``langgraph-checkpoint-postgres``, the PostgreSQL column is skipped with a message.
+Not part of the test command.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import datetime
 import os
 import pathlib
 import random
@@ -25,19 +34,33 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Optional
 
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import continuum
+from continuum._channels import pack, version_key
 from continuum.langgraph import ContinuumSaver
 
 STEPS = (100, 300, 1000)
 WORDS = "the agent booked a flight to berlin and asked the user whether the hotel near the station fits".split()
 THREADS, THREAD_STEPS = 16, 100
 Factory = Callable[[pathlib.Path], contextlib.AbstractContextManager[BaseCheckpointSaver]]
+
+
+def disk_bytes(directory: pathlib.Path) -> int:
+    """Bytes the directory's files take on disk (allocated blocks, as du counts them)."""
+    return sum(path.stat().st_blocks * 512 for path in directory.rglob("*") if path.is_file())
+
+
+@dataclasses.dataclass
+class Peer:
+    """A saver to measure: how to open one in a directory, and the bytes it then takes."""
+
+    open: Factory
+    size: Callable[[pathlib.Path], int] = disk_bytes
 
 
 @contextlib.contextmanager
@@ -63,7 +86,37 @@ def memory_saver(directory: pathlib.Path) -> Iterator[BaseCheckpointSaver]:
     yield InMemorySaver()
 
 
-SAVERS: dict[str, Factory] = {"continuum": continuum_saver, "sqlite": sqlite_saver, "memory": memory_saver}
+def postgres_peer(conninfo: str) -> Peer:
+    """PostgresSaver on a pool of ``THREADS`` connections, a fresh database per directory."""
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    def database(directory: pathlib.Path) -> str:
+        return "bench_" + directory.name.replace("-", "_")
+
+    @contextlib.contextmanager
+    def open_saver(directory: pathlib.Path) -> Iterator[BaseCheckpointSaver]:
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{database(directory)}"')
+        options = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+        url = conninfo.replace("dbname=postgres", f"dbname={database(directory)}")
+        with ConnectionPool(url, min_size=1, max_size=THREADS, kwargs=options) as pool:
+            saver = PostgresSaver(pool)  # type: ignore[arg-type]
+            saver.setup()
+            yield saver
+
+    def size(directory: pathlib.Path) -> int:
+        url = conninfo.replace("dbname=postgres", f"dbname={database(directory)}")
+        with psycopg.connect(url) as connection:
+            row = connection.execute(
+                "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    return Peer(open_saver, size)
 
 
 def message(step: int) -> str:
@@ -77,10 +130,14 @@ def message(step: int) -> str:
 
 def chat(saver: BaseCheckpointSaver, thread_id: str, steps: int) -> list[float]:
     """Puts ``steps`` checkpoints of the chat pattern; each put's seconds."""
+    return list(chat_steps(saver, thread_id, steps))
+
+
+def chat_steps(saver: BaseCheckpointSaver, thread_id: str, steps: int) -> Iterator[float]:
+    """Puts the chat pattern's checkpoints one per iteration, yielding each put's seconds."""
     config: dict[str, Any] = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
     messages: list[str] = []
     versions: dict[str, Any] = {}
-    seconds = []
     for step in range(steps):
         messages = messages + [message(step)]
         changed = {name: saver.get_next_version(versions.get(name), None) for name in ("messages", "turn", "status")}
@@ -90,36 +147,60 @@ def chat(saver: BaseCheckpointSaver, thread_id: str, steps: int) -> list[float]:
         checkpoint["channel_versions"] = dict(versions)
         started = time.perf_counter()
         config = saver.put(config, checkpoint, {"source": "loop", "step": step}, changed)
+        yield time.perf_counter() - started
+
+
+def raw_chat(store: continuum.Store, steps: int) -> list[float]:
+    """Records the atoms the saver records for ``chat``'s steps (one new message element, two
+    small channels, the checkpoint and its metadata) with ``record_atom``; each call's seconds."""
+    serde = InMemorySaver().serde
+    run, parent, seconds = store.create_run("raw"), [], []
+    for step in range(steps):
+        state = {
+            "channel:messages": pack(version_key(step + 1), b"continuum-list", str(step + 1).encode()),
+            f"element:messages:{step}": pack(*(part if isinstance(part, bytes) else part.encode()
+                                               for part in serde.dumps_typed(message(step)))),
+        }
+        for name, value in (("turn", step), ("status", f"ok {step}")):
+            kind, data = serde.dumps_typed(value)
+            state[f"channel:{name}"] = pack(version_key(step + 1), kind.encode(), data)
+        checkpoint_kind, checkpoint_data = serde.dumps_typed(empty_checkpoint())
+        metadata_kind, metadata_data = serde.dumps_typed({"source": "loop", "step": step})
+        result = pack(checkpoint_kind.encode(), checkpoint_data, metadata_kind.encode(), metadata_data, b"parent")
+        started = time.perf_counter()
+        parent = [store.record_atom(run, "ns:", f"{step:08}", parent, result, {"state": state}, f"{step:08}")]
         seconds.append(time.perf_counter() - started)
     return seconds
 
 
-def disk_bytes(directory: pathlib.Path) -> int:
-    """Bytes the directory's files take on disk (allocated blocks, as du counts them)."""
-    return sum(path.stat().st_blocks * 512 for path in directory.rglob("*") if path.is_file())
-
-
 def python_layer(directory: pathlib.Path, steps: int) -> tuple[float, float]:
-    """p50 seconds per put of the saver and of the Rust store recording the same atoms (same
-    serializer, same sizes) with ``record_atom``, both with ``durability="none"``, so that
-    the difference is the Python layer's own time, not the disk's."""
+    """p50 seconds per put of the saver and of the Rust store recording the same atoms, both
+    with ``durability="none"``, so that the difference is the Python layer's own time, not the
+    disk's."""
     with ContinuumSaver.from_path(directory / "saver", durability="none") as saver:
         saver_p50 = statistics.median(chat(saver, "chat", steps))
-    serde = InMemorySaver().serde
     with continuum.Store(directory / "raw", durability="none") as store:
-        run = store.create_run("raw")
-        messages: list[str] = []
-        parent: list[int] = []
+        store_p50 = statistics.median(raw_chat(store, steps))
+    return saver_p50, store_p50
+
+
+def fdatasync_p50(directory: pathlib.Path, count: int = 200) -> float:
+    """p50 seconds of the cheapest durable write: 512 bytes written in place into a
+    preallocated file, then ``fdatasync``; the floor under every durable ``put``."""
+    path = directory / "fdatasync"
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(descriptor, b"\0" * 4096 * count, 0)
+        os.fsync(descriptor)
         seconds = []
-        for step in range(steps):
-            messages = messages + [message(step)]
-            state = {f"channel:{name}": serde.dumps_typed(value)[1]
-                     for name, value in (("messages", messages), ("turn", step), ("status", f"ok {step}"))}
-            result = serde.dumps_typed(empty_checkpoint())[1]
+        for index in range(count):
             started = time.perf_counter()
-            parent = [store.record_atom(run, "ns:", f"{step:08}", parent, result, {"state": state}, f"{step:08}")]
+            os.pwrite(descriptor, b"x" * 512, index * 4096)
+            os.fdatasync(descriptor)
             seconds.append(time.perf_counter() - started)
-    return saver_p50, statistics.median(seconds)
+    finally:
+        os.close(descriptor)
+    return statistics.median(seconds)
 
 
 def threaded(saver: BaseCheckpointSaver) -> float:
@@ -133,55 +214,127 @@ def threaded(saver: BaseCheckpointSaver) -> float:
     return THREADS * THREAD_STEPS / (time.perf_counter() - started)
 
 
-def measure(name: str, factory: Factory, root: pathlib.Path) -> dict[str, Any]:
-    figures: dict[str, Any] = {}
-    warm_up = root / f"{name}-warm-up"
-    warm_up.mkdir()
-    with factory(warm_up) as saver:
-        chat(saver, "warm-up", 50)
-    for steps in STEPS:
-        directory = root / f"{name}-{steps}"
+def list_seconds(saver: BaseCheckpointSaver) -> float:
+    """Seconds of one ``list`` call over the 300-checkpoint thread."""
+    started = time.perf_counter()
+    assert len(list(saver.list({"configurable": {"thread_id": "chat"}}))) == 300
+    return time.perf_counter() - started
+
+
+def open_all(peers: dict[str, Peer], root: pathlib.Path, label: str, stack: contextlib.ExitStack) -> dict[str, Any]:
+    """Every peer's saver in a directory of its own, ``<name>-<label>``, open until ``stack`` closes."""
+    savers = {}
+    for name, peer in peers.items():
+        directory = root / f"{name}-{label}"
         directory.mkdir()
-        with factory(directory) as saver:
-            figures[f"put_p50_{steps}"] = statistics.median(chat(saver, "chat", steps))
+        savers[name] = stack.enter_context(peer.open(directory))
+    return savers
+
+
+def lockstep(peers: dict[str, Peer], root: pathlib.Path, label: str, steps: int) -> dict[str, list[float]]:
+    """The chat pattern on every peer in turn, one put each per round, so that all of them see
+    the same moments of a shared, noisy disk; each peer's put seconds. At 300 steps, also 5
+    rounds of ``list``, each peer in turn (the key ``list``)."""
+    seconds: dict[str, list[float]] = {name: [] for name in peers}
+    with contextlib.ExitStack() as stack:
+        savers = open_all(peers, root, label, stack)
+        loops = {name: chat_steps(saver, "chat", steps) for name, saver in savers.items()}
+        for _ in range(steps):
+            for name, loop in loops.items():
+                seconds[name].append(next(loop))
+        if steps == 300:
+            for _ in range(5):
+                for name, saver in savers.items():
+                    seconds.setdefault(f"list {name}", []).append(list_seconds(saver))
+    return seconds
+
+
+def measure(peers: dict[str, Peer], root: pathlib.Path) -> dict[str, dict[str, Any]]:
+    """Every figure of every peer: puts and lists in lockstep, the 16 threads one peer after another."""
+    figures: dict[str, dict[str, Any]] = {name: {} for name in peers}
+    lockstep(peers, root, "warm-up", 50)
+    for steps in STEPS:
+        seconds = lockstep(peers, root, str(steps), steps)
+        for name, peer in peers.items():
+            figures[name][f"put_p50_{steps}"] = statistics.median(seconds[name])
             if steps == 300:
-                config = {"configurable": {"thread_id": "chat"}}
-                runs = []
-                for _ in range(5):
-                    started = time.perf_counter()
-                    assert len(list(saver.list(config))) == 300
-                    runs.append(time.perf_counter() - started)
-                figures["list_300"] = statistics.median(runs)
-        figures[f"bytes_{steps}"] = disk_bytes(directory)
-    directory = root / f"{name}-threads"
-    directory.mkdir()
-    with factory(directory) as saver:
-        figures["threads_per_s"] = threaded(saver)
+                figures[name]["list_300"] = statistics.median(seconds[f"list {name}"])
+            figures[name][f"bytes_{steps}"] = peer.size(root / f"{name}-{steps}")
+    for name, peer in peers.items():
+        directory = root / f"{name}-threads"
+        directory.mkdir()
+        with peer.open(directory) as saver:
+            figures[name]["threads_per_s"] = threaded(saver)
     return figures
+
+
+def segment_bytes(directory: pathlib.Path) -> int:
+    """Bytes the store's log segments take on disk (its snapshots left out)."""
+    return sum(path.stat().st_blocks * 512 for path in directory.rglob("*.seg"))
+
+
+def report(
+    results: dict[str, dict[str, Any]], saver_p50: float, store_p50: float, syncs: list[float], segments: list[int]
+) -> None:
+    ours = results["continuum"]
+    peers = [name for name in results if name != "continuum"]
+    print("| figure | " + " | ".join(results) + " | " + " | ".join(f"continuum / {name}" for name in peers) + " |")
+    print("|---" * (1 + len(results) + len(peers)) + "|")
+    for key in ours:
+        cells = [f"{results[name][key]:.6g}" for name in results]
+        ratios = [f"{ours[key] / results[name][key]:.3f}" if results[name][key] else "" for name in peers]
+        print(f"| {key} | " + " | ".join(cells + ratios) + " |")
+    print(f"\nfdatasync of 512 bytes in place, p50 before / after the savers: {syncs[0] * 1e3:.3f} / {syncs[1] * 1e3:.3f} ms")
+    print(f"without fsync, 300 steps: saver put p50 {saver_p50 * 1e6:.1f} us, store record_atom p50 "
+          f"{store_p50 * 1e6:.1f} us: the Python layer's own time per put {(saver_p50 - store_p50) * 1e6:.1f} us")
+    growth = [ours[f"bytes_{steps}"] for steps in STEPS]
+    per_step = [size / steps for size, steps in zip(growth, STEPS)]
+    print(f"continuum bytes at {' / '.join(map(str, STEPS))} steps: {' / '.join(map(str, growth))} "
+          f"({' / '.join(f'{size:.0f}' for size in per_step)} bytes per step); its log segments alone "
+          f"{' / '.join(f'{size / steps:.0f}' for size, steps in zip(segments, STEPS))} bytes per step")
+
+
+def postgres_server() -> contextlib.AbstractContextManager[Optional[str]]:
+    """The PostgreSQL server's connection string for the block, or None (with the reason
+    printed) where none can be started."""
+    import _postgres
+
+    reason = _postgres.missing()
+    if reason is None:
+        try:
+            import langgraph.checkpoint.postgres  # noqa: F401
+            import psycopg_pool  # noqa: F401
+        except ImportError as error:
+            reason = f"{error.name} is not installed (pip install -r python/bench/requirements.txt)"
+    if reason is not None:
+        print(f"PostgresSaver skipped: {reason}")
+        return contextlib.nullcontext()
+    return _postgres.server()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=pathlib.Path, default=None, help="where the stores go (default: a temporary directory)")
     arguments = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=arguments.dir) as temporary:
+    started = datetime.datetime.now(datetime.timezone.utc)
+    print(f"saver_bench {started:%Y-%m-%d %H:%M} UTC on {os.uname().sysname}, {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    peers = {"continuum": Peer(continuum_saver), "sqlite": Peer(sqlite_saver)}
+    with postgres_server() as conninfo, tempfile.TemporaryDirectory(dir=arguments.dir) as temporary:
+        if conninfo is not None:
+            peers["postgres"] = postgres_peer(conninfo)
+        peers["memory"] = Peer(memory_saver, lambda directory: 0)
         root = pathlib.Path(temporary)
-        results = {name: measure(name, factory, root) for name, factory in SAVERS.items()}
+        syncs = [fdatasync_p50(root)]
+        results = measure(peers, root)
+        syncs.append(fdatasync_p50(root))
+        segments = [segment_bytes(root / f"continuum-{steps}") for steps in STEPS]
         raw = root / "raw"
         raw.mkdir()
         saver_p50, store_p50 = python_layer(raw, 300)
-    ours, sqlite, memory = results["continuum"], results["sqlite"], results["memory"]
-    print(f"saver_bench on {os.uname().sysname}, {os.cpu_count()} cores; seconds and bytes, then ratios\n")
-    print("| figure | continuum | sqlite (FULL) | memory | continuum / sqlite | continuum / memory |")
-    print("|---|---|---|---|---|---|")
-    for key in ours:
-        print(f"| {key} | {ours[key]:.6g} | {sqlite[key]:.6g} | {memory[key]:.6g} | "
-              f"{ours[key] / sqlite[key]:.3f} | {ours[key] / memory[key] if memory[key] else float('nan'):.3f} |")
-    print(f"\nwithout fsync, 300 steps: saver put p50 {saver_p50 * 1e6:.1f} us, store record_atom p50 "
-          f"{store_p50 * 1e6:.1f} us: the Python layer's own time per put {(saver_p50 - store_p50) * 1e6:.1f} us")
-    print("PostgresSaver: not measured (no server is started by this script)")
-    growth = [ours[f"bytes_{steps}"] for steps in STEPS]
-    print(f"continuum bytes 100 -> 300 -> 1000 steps: {growth[0]} -> {growth[1]} -> {growth[2]}")
+    print(f"finished {datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC, load average {os.getloadavg()[0]:.2f}; "
+          "seconds and bytes, then ratios\n")
+    report(results, saver_p50, store_p50, syncs, segments)
 
 
 if __name__ == "__main__":

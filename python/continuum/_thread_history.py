@@ -3,54 +3,25 @@ needs of every checkpoint, without a store call per checkpoint. Pure: it reads a
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Iterable
 from typing import Any, Optional
 
 import continuum
+from continuum._channels import CHANNEL_PREFIX, EMPTY_FOLD, Fold, first_part, version_key
 
 NS_PREFIX = "ns:"
 WRITES_PREFIX = "writes:"
-CHANNEL_PREFIX = "channel:"
-
-
-def pack(*parts: bytes) -> bytes:
-    """Length-prefixed concatenation (u32 little-endian lengths)."""
-    return b"".join(struct.pack("<I", len(part)) + part for part in parts)
-
-
-def unpack(data: bytes) -> list[bytes]:
-    """The parts ``pack`` joined."""
-    parts, at = [], 0
-    while at < len(data):
-        (length,) = struct.unpack_from("<I", data, at)
-        at += 4
-        parts.append(data[at : at + length])
-        at += length
-    return parts
-
-
-def first_part(data: bytes) -> bytes:
-    """The first part ``pack`` joined, without copying the others."""
-    (length,) = struct.unpack_from("<I", data, 0)
-    return data[4 : 4 + length]
-
-
-def version_key(version: Any) -> bytes:
-    """A channel version as stored: its JSON."""
-    return json.dumps(version).encode()
 
 
 class ThreadHistory:
-    """A thread's checkpoints by namespace (oldest first), the channel state at each (the
-    fold of the deltas along its parents), every stored channel version, and the writes of
-    each checkpoint."""
+    """A thread's checkpoints by namespace (oldest first), the channels at each (the fold of
+    the deltas along its parents), every stored channel version with the fold it was written
+    in, and the writes of each checkpoint."""
 
     def __init__(self, atoms: Iterable[continuum.Atom]) -> None:
         self.checkpoints: dict[str, list[continuum.Atom]] = {}
-        self._states: dict[int, Optional[dict[str, bytes]]] = {}
-        self._versions: dict[tuple[str, str, bytes], bytes] = {}
+        self._folds: dict[int, Optional[Fold]] = {}
+        self._versions: dict[tuple[str, str, bytes], tuple[bytes, Fold]] = {}
         self._writes: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
         for atom in atoms:
             if atom.status != "completed" or atom.abandoned or atom.result is None:
@@ -65,30 +36,30 @@ class ThreadHistory:
     def _add_checkpoint(self, checkpoint_ns: str, atom: continuum.Atom) -> None:
         self.checkpoints.setdefault(checkpoint_ns, []).append(atom)
         delta = None if atom.delta_reclaimed else (atom.delta or {}).get("state", {})
-        parents = [self._states.get(parent) for parent in atom.parents]
-        if delta is None or any(state is None for state in parents):
-            self._states[atom.id] = None  # Not foldable from this pass: rebuilt by the store.
+        parents = [self._folds.get(parent) for parent in atom.parents]
+        if delta is None or any(fold is None for fold in parents):
+            self._folds[atom.id] = None  # Not foldable from this pass: rebuilt by the store.
             return
-        state: dict[str, bytes] = {}
-        for parent in parents:
-            state.update(parent or {})
-        for key, value in delta.items():
-            if value is None:
-                state.pop(key, None)
-            else:
-                state[key] = value
-                self._versions[(checkpoint_ns, key, first_part(value))] = value
-        self._states[atom.id] = state
+        base = parents[0] if len(parents) == 1 else Fold.merged(parents) if parents else EMPTY_FOLD
+        fold = base.apply(delta)  # type: ignore[union-attr]
+        for key, record in delta.items():
+            if key.startswith(CHANNEL_PREFIX) and record is not None:
+                self._versions[(checkpoint_ns, key[len(CHANNEL_PREFIX) :], first_part(record))] = (record, fold)
+        self._folds[atom.id] = fold
 
-    def state(self, atom: int) -> Optional[dict[str, bytes]]:
-        """The channel state as of a checkpoint's atom; None if the store must rebuild it (a
+    def fold(self, atom: int) -> Optional[Fold]:
+        """The channels as of a checkpoint's atom; None if the store must rebuild them (a
         delta compaction reclaimed, or a parent outside the thread's run)."""
-        return self._states.get(atom)
+        return self._folds.get(atom)
 
-    def version(self, checkpoint_ns: str, channel: str, version: Any) -> Optional[bytes]:
-        """The newest stored value of a channel's version in the namespace."""
-        return self._versions.get((checkpoint_ns, CHANNEL_PREFIX + channel, version_key(version)))
+    def version(self, checkpoint_ns: str, channel: str, version: Any) -> Optional[tuple[bytes, Fold]]:
+        """The newest stored record of a channel's version in the namespace, with the fold its
+        list elements are read from."""
+        return self._versions.get((checkpoint_ns, channel, version_key(version)))
 
     def writes(self, checkpoint_ns: str, checkpoint_id: str) -> list[bytes]:
         """The results of a checkpoint's write atoms, in their sequence order."""
         return [result for _, result in sorted(self._writes.get((checkpoint_ns, checkpoint_id), []))]
+
+
+__all__ = ["NS_PREFIX", "WRITES_PREFIX", "ThreadHistory"]

@@ -5,10 +5,13 @@ Each LangGraph thread is a continuum run (``langgraph:<thread_id>``, or the run 
 namespace an agent of it (``ns:<checkpoint_ns>``), and each checkpoint one atom of that
 agent, recorded durably in one batch by ``put``, whose parent is the atom of the checkpoint's
 parent. The atom's result holds the checkpoint (without its channel values) and its
-metadata; its delta sets one state key per channel named in ``new_versions``, holding that
-version's value. A channel's value is thus stored once per version, and the context the store
-rebuilds at a checkpoint's atom (the fold of the deltas along its ancestry) holds the value of
-every channel as of that checkpoint. Pending writes are atoms of the agent
+metadata; its delta sets one state key per channel named in ``new_versions``
+(``channel:<name>``), holding that version's value, and the context the store rebuilds at a
+checkpoint's atom (the fold of the deltas along its ancestry) holds the value of every channel
+as of that checkpoint. A list is stored element by element (``continuum/_channels.py``): the
+version's key holds its length, and the delta sets ``element:<name>:<i>`` only from the first
+position where the list differs from the parent checkpoint's, so a message list that grows by
+one message costs the step that one message. Pending writes are atoms of the agent
 ``writes:<checkpoint_ns>``, keyed ``<checkpoint_id>/<n>``. Values go through the saver's
 ``serde``: the store sees only opaque ``(type, bytes)`` pairs. ``prune`` and
 ``delete_for_runs`` copy what a thread keeps into a fresh run and switch the thread to it
@@ -49,17 +52,29 @@ from langgraph.checkpoint.base import (
 )
 
 import continuum
-from continuum._thread_history import CHANNEL_PREFIX as _CHANNEL_PREFIX
+from continuum._channels import CHANNEL_PREFIX as _CHANNEL_PREFIX
+from continuum._channels import (
+    EMPTY,
+    EMPTY_FOLD,
+    LIST,
+    ElementCodec,
+    Fold,
+    ListMemory,
+    StoredList,
+    encode,
+    first_part,
+    load_elements,
+    version_key,
+)
+from continuum._channels import pack as _pack
+from continuum._channels import unpack as _unpack
 from continuum._thread_history import NS_PREFIX as _NS_PREFIX
 from continuum._thread_history import WRITES_PREFIX as _WRITES_PREFIX
-from continuum._thread_history import ThreadHistory, first_part, version_key
-from continuum._thread_history import pack as _pack
-from continuum._thread_history import unpack as _unpack
+from continuum._thread_history import ThreadHistory
 
 _RUN_PREFIX = "langgraph:"
 _GENERATION_PREFIX = "langgraph-gen"
 _THREADS_RUN = "langgraph-threads"
-_EMPTY = "empty"
 
 
 def _configurable(config: RunnableConfig) -> dict[str, Any]:
@@ -132,6 +147,7 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         self.store = store
         self._threads_run_id: Optional[int] = None
         self._generation_lock = threading.Lock()
+        self._lists = ListMemory()
 
     @classmethod
     @contextmanager
@@ -236,30 +252,69 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         ``new_versions``; durable on return. Returns the checkpoint's config."""
         thread_id, checkpoint_ns = _location(config)
         parent_id = _configurable(config).get("checkpoint_id")
-        stored = dict(checkpoint)
-        values = stored.pop("channel_values", {})
-        state: dict[str, bytes] = {}
-        for channel, version in new_versions.items():
-            kind, data = self._dump(values[channel]) if channel in values else (_EMPTY.encode(), b"")
-            state[_CHANNEL_PREFIX + channel] = _pack(version_key(version), kind, data)
-        result = _pack(*self._dump(stored), *self._dump(get_checkpoint_metadata(config, metadata)),
-                       (parent_id or "").encode())
         agent = _NS_PREFIX + checkpoint_ns
         run, parent = self._run(thread_id, create=False), None
         if parent_id:
-            parent = self.store.atom_by_key(run, agent, parent_id) if run is not None else None
+            parent = self._parent_atom(run, agent, parent_id) if run is not None else None
             if parent is None:
                 raise continuum.InvalidArgumentError(
                     f"parent checkpoint {parent_id} is not in thread {thread_id!r}, namespace {checkpoint_ns!r}"
                 )
+        stored = dict(checkpoint)
+        values = stored.pop("channel_values", {})
+        base = self._parent_lists(run, agent, parent, parent_id) if run is not None and parent is not None else {}
+        state, lists = self._encode_channels(values, new_versions, base)
+        result = _pack(*self._dump(stored), *self._dump(get_checkpoint_metadata(config, metadata)),
+                       (parent_id or "").encode())
         if run is None:
             run = self._run(thread_id, create=True)
         try:
-            self.store.record_atom(run, agent, checkpoint["id"], [parent] if parent else [], result,
-                                   {"state": state}, idempotency_key=checkpoint["id"])
+            atom = self.store.record_atom(run, agent, checkpoint["id"], [parent] if parent else [], result,
+                                          {"state": state}, idempotency_key=checkpoint["id"])
         except continuum.ConflictError:
-            pass  # The checkpoint is stored already: a checkpoint id names one checkpoint.
+            # The checkpoint is stored already: a checkpoint id names one checkpoint.
+            return _config(thread_id, checkpoint_ns, checkpoint["id"])
+        self._lists.set(run, agent, atom, checkpoint["id"], lists)
         return _config(thread_id, checkpoint_ns, checkpoint["id"])
+
+    def _parent_atom(self, run: int, agent: str, parent_id: str) -> Optional[int]:
+        """The atom of checkpoint ``parent_id``: the one last put, else looked up by key."""
+        last = self._lists.last(run, agent)
+        if last is not None and last[1] == parent_id:
+            return last[0]
+        return self.store.atom_by_key(run, agent, parent_id)
+
+    def _encode_channels(
+        self, values: dict[str, Any], new_versions: ChannelVersions, base: dict[str, StoredList]
+    ) -> tuple[dict[str, bytes], dict[str, StoredList]]:
+        """The delta's state entries for the channels of ``new_versions``, given the parent's
+        list channels ``base``, and the list channels as of the new checkpoint."""
+        state: dict[str, bytes] = {}
+        lists = dict(base)
+        codec = ElementCodec(self.serde)
+        for channel, version in new_versions.items():
+            if channel in values:
+                entries, stored = encode(channel, version, values[channel], base.get(channel), codec)
+            else:
+                entries, stored = {_CHANNEL_PREFIX + channel: _pack(version_key(version), EMPTY, b"")}, None
+            state.update(entries)
+            if stored is None:
+                lists.pop(channel, None)
+            else:
+                lists[channel] = stored
+        return state, lists
+
+    def _parent_lists(self, run: int, agent: str, parent: int, parent_id: str) -> dict[str, StoredList]:
+        """The list channels as of the parent checkpoint's atom: remembered from the ``put``
+        that recorded it, else read from its rebuilt context."""
+        remembered = self._lists.get(run, agent, parent)
+        if remembered is not None:
+            return remembered
+        fold = Fold.of_state(self.store.rebuild_context(parent)["state"])
+        codec = ElementCodec(self.serde)
+        lists = {channel: stored for channel in fold.records if (stored := fold.stored_list(channel, codec)) is not None}
+        self._lists.set(run, agent, parent, parent_id, lists)
+        return lists
 
     def put_writes(
         self,
@@ -351,12 +406,12 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
     def _listed_tuple(
         self, run: int, thread_id: str, checkpoint_ns: str, atom: continuum.Atom, history: ThreadHistory
     ) -> CheckpointTuple:
-        state = history.state(atom.id)
-        if state is None:
+        fold = history.fold(atom.id)
+        if fold is None:
             return self._tuple(run, thread_id, checkpoint_ns, atom)
 
         def values(checkpoint: Checkpoint) -> dict[str, Any]:
-            return self._values(state, checkpoint, lambda channel, version: history.version(checkpoint_ns, channel, version))
+            return self._values(fold, checkpoint, partial(history.version, checkpoint_ns))
 
         return self._build_tuple(thread_id, checkpoint_ns, atom, values, history.writes(checkpoint_ns, atom.key))
 
@@ -385,8 +440,8 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         def values(checkpoint: Checkpoint) -> dict[str, Any]:
             if not checkpoint.get("channel_versions"):
                 return {}
-            state = self.store.rebuild_context(atom.id)["state"]
-            return self._values(state, checkpoint, partial(self._channel_version, run, checkpoint_ns))
+            fold = Fold.of_state(self.store.rebuild_context(atom.id)["state"])
+            return self._values(fold, checkpoint, partial(self._channel_version, run, checkpoint_ns))
 
         return self._build_tuple(thread_id, checkpoint_ns, atom, values, self._write_results(run, checkpoint_ns, atom.key))
 
@@ -412,29 +467,38 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
 
     def _values(
         self,
-        state: dict[str, bytes],
+        fold: Fold,
         checkpoint: Checkpoint,
-        find_version: Callable[[str, Any], Optional[bytes]],
+        find_version: Callable[[str, Any], Optional[tuple[bytes, Fold]]],
     ) -> dict[str, Any]:
-        """The checkpoint's channel values: each channel's version from ``state`` (the fold of
+        """The checkpoint's channel values: each channel's version from ``fold`` (the fold of
         its ancestry), else from ``find_version`` (a version stored off the ancestry: a
-        checkpoint put without its parent, or versions shared across branches)."""
+        checkpoint put without its parent, or versions shared across branches), whose list
+        elements are read from the fold it was written in. A list's elements are deserialized
+        once per fold family: the rows of one ``list`` share them, each row with a list of its
+        own."""
         values: dict[str, Any] = {}
         for channel, version in checkpoint.get("channel_versions", {}).items():
-            stored = state.get(_CHANNEL_PREFIX + channel)
-            if stored is None or first_part(stored) != version_key(version):
-                stored = find_version(channel, version)
-            if stored is not None:
-                _, kind, data = _unpack(stored)
-                if kind.decode() != _EMPTY:
-                    values[channel] = self._load(kind, data)
+            record, where = fold.record(channel), fold
+            if record is None or first_part(record) != version_key(version):
+                found = find_version(channel, version)
+                if found is None:
+                    continue
+                record, where = found
+            _, kind, data = _unpack(record)
+            if kind == LIST:
+                values[channel] = load_elements(where.list_elements(channel, data), self._load)
+            elif kind != EMPTY:
+                values[channel] = self._load(kind, data)
         return values
 
-    def _channel_version(self, run: int, checkpoint_ns: str, channel: str, version: Any) -> Optional[bytes]:
+    def _channel_version(self, run: int, checkpoint_ns: str, channel: str, version: Any) -> Optional[tuple[bytes, Fold]]:
         for atom in self.store.agent_history(run, _NS_PREFIX + checkpoint_ns, newest_first=True):
             stored = (atom.delta or {}).get("state", {}).get(_CHANNEL_PREFIX + channel)
             if stored is not None and first_part(stored) == version_key(version):
-                return stored
+                if _unpack(stored)[1] != LIST:
+                    return stored, EMPTY_FOLD
+                return stored, Fold.of_state(self.store.rebuild_context(atom.id)["state"])
         return None
 
     def _write_results(self, run: int, checkpoint_ns: str, checkpoint_id: str) -> list[bytes]:
@@ -450,6 +514,8 @@ class ContinuumSaver(BaseCheckpointSaver[int]):
         """A checkpoint's writes from its write atoms' results: an ordinary write keeps the
         first value of its (task id, index), a special channel's the last; in
         ``writes_sort_key`` order."""
+        if not results:
+            return []
         kept: dict[tuple[str, int], tuple[str, str, str, bytes, bytes]] = {}
         for result in results:
             parts = _unpack(result)

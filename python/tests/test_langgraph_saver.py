@@ -72,7 +72,7 @@ def test_put_stores_only_the_channels_in_new_versions(store: continuum.Store) ->
     run = store.run_id("langgraph:t")
     atoms = [store.atom(atom) for atom in store.agent_atoms(run, "ns:")]
     assert [sorted(atom.delta["state"]) for atom in atoms] == [
-        ["channel:counter", "channel:messages"],
+        ["channel:counter", "channel:messages", "element:messages:0"],
         ["channel:counter"],
     ]
     loaded = saver.get_tuple(stored2)
