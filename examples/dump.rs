@@ -964,6 +964,9 @@ fn atom_detail(store: &Store, id: AtomId, json: bool, out: &mut dyn Write) -> Re
         value["started_lsn"] = json!(atom.started_lsn.get());
         value["delta"] = atom.output.as_ref().map_or(Value::Null, |o| delta_json(Some(&o.delta)));
         value["result"] = atom.output.as_ref().map_or(Value::Null, |o| bytes_json(&o.result));
+        if let Some(decoded) = atom.output.as_ref().and_then(|o| control_result(&atom.agent, &o.result)) {
+            value["result_decoded"] = json!(decoded);
+        }
         value["error"] = json!(atom.error);
         writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
         return Ok(());
@@ -985,8 +988,30 @@ fn atom_detail(store: &Store, id: AtomId, json: bool, out: &mut dyn Write) -> Re
         writeln!(out, "delta:")?;
         write_delta(&output.delta, out)?;
         writeln!(out, "result: {}", bytes_text(&output.result, usize::MAX))?;
+        if let Some(decoded) = control_result(&atom.agent, &output.result) {
+            writeln!(out, "result decoded:\n{decoded}")?;
+        }
     }
     Ok(())
+}
+
+/// The result of one of the store's own atoms decoded (a continuation event, a run checkpoint,
+/// a migration), pretty-printed; `None` for another agent or bytes that do not decode.
+fn control_result(agent: &str, result: &[u8]) -> Option<String> {
+    use continuum::codec::proto;
+    use prost::Message;
+    match agent {
+        continuum::continuation::CONTINUATION_AGENT => {
+            proto::ContinuationEvent::decode(result).ok().map(|event| format!("{event:#?}"))
+        }
+        continuum::checkpoint::CHECKPOINT_AGENT => {
+            proto::RunCheckpoint::decode(result).ok().map(|checkpoint| format!("{checkpoint:#?}"))
+        }
+        continuum::checkpoint::MIGRATION_AGENT => {
+            proto::MigrationApplied::decode(result).ok().map(|migration| format!("{migration:#?}"))
+        }
+        _ => None,
+    }
 }
 
 fn write_delta(delta: &Delta, out: &mut dyn Write) -> Result<(), Failure> {
