@@ -131,37 +131,3 @@ fn syncing_appends_zero_the_segment_ahead_a_chunk_at_a_time() {
     let acknowledged = log.next_lsn().get() - 1;
     assert_eq!(records_after_power_loss(&sim, log), acknowledged);
 }
-
-/// Unsynced bytes do not pile up for the flusher's sync: each MiB that groups without a sync
-/// write starts its own writeback (a hint: it makes nothing durable), so that the sync finds
-/// little left to write. Groups that sync start none.
-#[test]
-fn unsynced_appends_start_their_writeback_a_mib_at_a_time() {
-    let sim = SimStorage::new(8);
-    let log = Log::builder(Path::new(common::DIR))
-        .storage(Arc::new(sim.clone()))
-        .segment_bytes(16 << 20)
-        .flush_interval(Duration::from_secs(3600))
-        .open()
-        .expect("open");
-    let record = vec![7_u8; 4000];
-    for _ in 0..1000 {
-        log.append_with(&record, Durability::Buffered).expect("append");
-    }
-    // About 4 MB of frames: three or four whole MiB started, the rest left to the sync.
-    let (calls, bytes) = sim.writebacks_started();
-    assert!((3..=4).contains(&calls), "{calls} writebacks started");
-    assert!(bytes >= 3 << 20 && bytes <= sim.bytes_written(), "{bytes} bytes of {}", sim.bytes_written());
-    log.sync().expect("sync");
-    let synced = sim.writebacks_started();
-    for _ in 0..300 {
-        log.append(&record).expect("append");
-    }
-    assert_eq!(sim.writebacks_started(), synced, "a group that syncs writes its bytes back itself");
-    // Only a hint: what the flusher has not synced is lost with the power.
-    for _ in 0..300 {
-        log.append_with(&record, Durability::Buffered).expect("append");
-    }
-    assert!(sim.writebacks_started().0 > synced.0);
-    assert_eq!(records_after_power_loss(&sim, log), 1300);
-}

@@ -10,8 +10,7 @@
 //! (slow yields never hold spinning off), `CONTINUUM_AB_NO_GATHER` (a leader commits what is
 //! queued without waiting), `CONTINUUM_AB_NO_WRITE_MAP` (groups that do not sync are written
 //! with `pwrite`, not copied through the segment's map), `CONTINUUM_AB_NO_ZERO_AHEAD` (no
-//! zeros written ahead of the data before a sync), `CONTINUUM_AB_NO_WRITEBACK_KICK` (no early
-//! writeback of unsynced bytes), `CONTINUUM_AB_NO_LULL` (background work does not wait for a
+//! zeros written ahead of the data before a sync), `CONTINUUM_AB_NO_LULL` (background work does not wait for a
 //! lull in the appends).
 
 use std::sync::LazyLock;
@@ -31,7 +30,6 @@ static NO_GATHER: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_GATHER
 
 static NO_WRITE_MAP: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_WRITE_MAP"));
 static NO_ZERO_AHEAD: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_ZERO_AHEAD"));
-static NO_WRITEBACK_KICK: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_WRITEBACK_KICK"));
 static NO_LULL: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_LULL"));
 
 /// Whether a leader waits for its group to gather at all (`CONTINUUM_AB_NO_GATHER` unset).
@@ -47,11 +45,6 @@ pub(crate) fn maps_writes() -> bool {
 /// Whether zeros are written ahead of the data before a sync.
 pub(crate) fn zeroes_ahead() -> bool {
     !*NO_ZERO_AHEAD
-}
-
-/// Whether the writeback of unsynced bytes is started early.
-pub(crate) fn kicks_writeback() -> bool {
-    !*NO_WRITEBACK_KICK
 }
 
 /// Whether background work waits for a lull in the appends (`purge/lull.rs`).

@@ -135,10 +135,6 @@ struct Waited {
     slow_yield: bool,
 }
 
-/// Unsynced bytes after which a group that does not sync starts their writeback
-/// ([`crate::storage::StorageFile::start_writeback`]).
-const WRITEBACK_KICK_BYTES: u64 = 1 << 20;
-
 thread_local! {
     /// The member list of the last group this thread led, emptied, for its next group: a
     /// leader takes a group and acknowledges it on its own thread, so the list is reused
@@ -204,9 +200,6 @@ struct LeaderState {
     /// zeros ahead of it ("Zeroing ahead" in docs/ARCHITECTURE.md). Never below `data_end`'s
     /// value when zeros were last written, so zeros never land on data.
     zeroed_end: u64,
-    /// Offset below which the active segment's bytes are synced or their writeback was started
-    /// ([`WRITEBACK_KICK_BYTES`]).
-    writeback_from: u64,
     /// Whether a clean close trimmed the active segment (it is done once).
     trimmed: bool,
 }
@@ -270,7 +263,6 @@ impl Writer {
                 synced_end: segment::SEGMENT_HEADER_BYTES as u64,
                 // What lies past the recovered data may be only preallocated: zero from there.
                 zeroed_end: active.data_end,
-                writeback_from: segment::SEGMENT_HEADER_BYTES as u64,
                 active,
                 dirty: true,
                 last_indexed,
@@ -576,25 +568,11 @@ impl Writer {
                 Self::zero_ahead(leader).map_err(GroupError::poisoning)?;
             }
             leader.last_sync = self.sync_active(leader).map_err(GroupError::poisoning)?;
-        } else if tuning::kicks_writeback() {
-            Self::kick_writeback(leader);
         }
         self.publish(leader, new_sparse);
         let records = next_lsn - first_lsn;
         self.metrics.record_group(batches, records, leader.buf.len() as u64);
         Ok(())
-    }
-
-    /// Starts the writeback of unsynced bytes once [`WRITEBACK_KICK_BYTES`] of them gathered,
-    /// without waiting for it.
-    fn kick_writeback(leader: &mut LeaderState) {
-        let end = leader.active.data_end;
-        if end.saturating_sub(leader.writeback_from) < WRITEBACK_KICK_BYTES {
-            return;
-        }
-        // Only a hint: the flusher's sync makes the bytes durable whatever this did.
-        let _ = leader.active.file.start_writeback(leader.writeback_from, end - leader.writeback_from);
-        leader.writeback_from = end;
     }
 
     /// Writes the leader's buffer at `write_start`. During a run of groups that do not sync,
@@ -658,7 +636,6 @@ impl Writer {
         self.metrics.record_fdatasync(took);
         leader.dirty = false;
         leader.synced_end = leader.active.data_end;
-        leader.writeback_from = leader.active.data_end;
         self.dirty_hint.store(false, Ordering::Release);
         Ok(Some(took))
     }
@@ -705,7 +682,6 @@ impl Writer {
         leader.last_indexed = None;
         leader.synced_end = segment::SEGMENT_HEADER_BYTES as u64;
         leader.zeroed_end = leader.synced_end;
-        leader.writeback_from = leader.synced_end;
         let mut index = self.index.write();
         index.segments.push(recovery::active_meta(&leader.active, Vec::new(), Vec::new()));
         drop(index);

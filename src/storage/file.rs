@@ -96,14 +96,6 @@ impl StorageFile for RealFile {
         self.file.sync_data()
     }
 
-    #[cfg(target_os = "linux")]
-    fn start_writeback(&self, offset: u64, len: u64) -> io::Result<()> {
-        // Linux starts the writeback of the range's dirty pages for `POSIX_FADV_DONTNEED` and
-        // drops only its clean, unmapped pages: freshly written ones are dirty, so none.
-        let Some(len) = std::num::NonZeroU64::new(len) else { return Ok(()) };
-        rustix::fs::fadvise(&self.file, offset, Some(len), rustix::fs::Advice::DontNeed).map_err(io::Error::from)
-    }
-
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
@@ -195,31 +187,5 @@ mod tests {
         let hint = file.data_end_hint().expect("hint");
         assert!(written_end(hint, (3 << 20) + 10) || file.writable_map().expect("map").is_none());
         eprintln!("data end hint after writes at 0, 1 MiB and 3 MiB of a 4 MiB file: {hint:?}");
-    }
-
-    /// Starting a range's writeback drops none of its freshly written bytes, written through
-    /// `pwrite` or through the map, and leaves them to be synced as before.
-    #[test]
-    fn starting_writeback_keeps_what_was_written() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("seg");
-        let file = FileStorage::new().open(&path, OpenMode::CreateNew).expect("create");
-        file.allocate(4 << 20).expect("allocate");
-        let written: Vec<u8> = (0..(2 << 20)).map(|i: u32| (i % 251) as u8).collect();
-        file.write_all_at(&written, 0).expect("write");
-        let mapped = match file.writable_map().expect("map") {
-            Some(mut map) => map.write_at(&written[..4096], 2 << 20),
-            None => false,
-        };
-        file.start_writeback(0, 3 << 20).expect("start writeback");
-        file.start_writeback(0, 0).expect("an empty range is nothing to do");
-        let mut read = vec![0; 2 << 20];
-        file.read_exact_at(&mut read, 0).expect("read");
-        assert!(read == written, "the bytes written before the writeback started");
-        file.sync_data().expect("sync");
-        drop(file);
-        let bytes = std::fs::read(&path).expect("reread");
-        assert!(bytes[..2 << 20] == written[..]);
-        assert!(!mapped || bytes[2 << 20..(2 << 20) + 4096] == written[..4096], "the bytes written through the map");
     }
 }

@@ -92,14 +92,6 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// Makes every written byte, and the file's length, durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
 
-    /// Starts writing the `len` bytes at `offset` back to the disk, without waiting for it
-    /// and without making them durable; a hint, so that a later [`StorageFile::sync_data`]
-    /// finds less to write. Does nothing by default.
-    fn start_writeback(&self, offset: u64, len: u64) -> io::Result<()> {
-        let _ = (offset, len);
-        Ok(())
-    }
-
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
 

@@ -219,12 +219,6 @@ impl SimStorage {
         self.state.lock().bytes_written
     }
 
-    /// [`StorageFile::start_writeback`] calls so far, and the bytes they named. A hint only: the
-    /// simulated disk keeps bytes unsynced until `sync_data` whatever it is told.
-    pub fn writebacks_started(&self) -> (u64, u64) {
-        self.state.lock().writebacks
-    }
-
     /// Makes every later [`StorageFile::sync_data`] sleep `delay` (without holding the disk's
     /// lock, so other calls go on meanwhile) before it syncs: a disk whose `fdatasync` takes
     /// time. Zero, the default, syncs at once.
@@ -431,14 +425,6 @@ impl StorageFile for SimFile {
             return Err(io::ErrorKind::PermissionDenied.into());
         }
         state.write(self.inode, to_usize(offset)?, buf)
-    }
-
-    fn start_writeback(&self, _offset: u64, len: u64) -> io::Result<()> {
-        // Not an operation of the disk's (no op number, no fault): it changes nothing.
-        let mut state = self.state.lock();
-        state.writebacks.0 += 1;
-        state.writebacks.1 += len;
-        Ok(())
     }
 
     fn sync_data(&self) -> io::Result<()> {
@@ -680,8 +666,6 @@ struct State {
     ops: u64,
     /// Bytes of every successful `write_all_at`.
     bytes_written: u64,
-    /// `start_writeback` calls and the bytes they named.
-    writebacks: (u64, u64),
     /// How long every `sync_data` sleeps before it syncs.
     sync_delay: Duration,
     /// Calls numbered above this fail with `EIO`.
@@ -705,7 +689,6 @@ impl State {
             epoch: 0,
             ops: 0,
             bytes_written: 0,
-            writebacks: (0, 0),
             sync_delay: Duration::ZERO,
             halt_at: None,
             faults: Vec::new(),
