@@ -39,8 +39,6 @@
 //! | `continuum_rebuild_targeted_scans_total` | counter | | rebuild scans that read only their run's records |
 //! | `continuum_rebuild_scan_fallbacks_total` | counter | | targeted scans that fell back to the whole range |
 //! | `continuum_rebuild_shared_scans_total` | counter | | rebuilds that shared one pass over the log |
-//! | `continuum_snapshot_lull_wait_seconds` | histogram | | policy snapshots' wait for a lull in the appends |
-//! | `continuum_snapshot_lull_timeouts_total` | counter | | such waits that reached their limit |
 //! | `continuum_index_rebuilds_total` | counter | | store indexes rebuilt from the log (once per open) |
 //! | `continuum_index_rebuild_atoms_total` | counter | | atoms those rebuilds indexed |
 //! | `continuum_time_to_resume_seconds` | gauge | | recovery and index rebuild time of the last open |
@@ -350,8 +348,6 @@ struct StoreCounts {
     rebuild_targeted_scans: Count,
     rebuild_scan_fallbacks: Count,
     rebuild_shared_scans: Count,
-    snapshot_lull_wait_ns: Spread,
-    snapshot_lull_timeouts: Count,
     index_rebuilds: Count,
     index_rebuild_atoms: Count,
     context_rebuilds: Count,
@@ -401,14 +397,6 @@ impl StoreCounts {
             rebuild_shared_scans: count(
                 "continuum_rebuild_shared_scans_total",
                 "Rebuilds that shared one pass over the log with others.",
-            ),
-            snapshot_lull_wait_ns: r.seconds(
-                "continuum_snapshot_lull_wait_seconds",
-                "Time policy snapshots waited for a lull in the appends.",
-            ),
-            snapshot_lull_timeouts: count(
-                "continuum_snapshot_lull_timeouts_total",
-                "Policy snapshot waits for a lull that reached their limit.",
             ),
             index_rebuilds: count("continuum_index_rebuilds_total", "Store index rebuilds."),
             index_rebuild_atoms: count("continuum_index_rebuild_atoms_total", "Atoms indexed by index rebuilds."),
@@ -617,15 +605,6 @@ impl Metrics {
         self.store.rebuild_shared_scans.add(rebuilds);
     }
 
-    /// The background thread waited `waited` for a lull in the appends before writing policy
-    /// snapshots; `timed_out`: it gave up at its limit and wrote them anyway.
-    pub(crate) fn record_snapshot_lull_wait(&self, waited: Duration, timed_out: bool) {
-        self.store.snapshot_lull_wait_ns.record(nanos(waited));
-        if timed_out {
-            self.store.snapshot_lull_timeouts.add(1);
-        }
-    }
-
     /// The store index rebuilt on open: atoms indexed, and the time from the start of the
     /// log's recovery to a usable store.
     pub(crate) fn record_index_rebuild(&self, atoms: u64, time_to_resume: Duration) {
@@ -724,8 +703,6 @@ impl Metrics {
             rebuild_targeted_scans: store.rebuild_targeted_scans.get(),
             rebuild_scan_fallbacks: store.rebuild_scan_fallbacks.get(),
             rebuild_shared_scans: store.rebuild_shared_scans.get(),
-            snapshot_lull_wait_ns: store.snapshot_lull_wait_ns.snapshot(),
-            snapshot_lull_timeouts: store.snapshot_lull_timeouts.get(),
             index_rebuilds: store.index_rebuilds.get(),
             index_rebuild_atoms: store.index_rebuild_atoms.get(),
             time_to_resume_ns: self.time_to_resume_ns.load(Ordering::Relaxed),
@@ -886,12 +863,6 @@ pub struct MetricsSnapshot {
     /// of policy snapshots, `Store::rebuild_contexts`), instead of one pass each
     /// (docs/ARCHITECTURE.md, "A round of policy snapshots reads the log once").
     pub rebuild_shared_scans: u64,
-    /// How long the background thread waited for a lull in the appends before it wrote the
-    /// policy snapshots it had taken (one value per wait).
-    pub snapshot_lull_wait_ns: HistogramSnapshot,
-    /// Waits for a lull that reached their limit (2 s): the snapshots were written during a
-    /// burst of appends.
-    pub snapshot_lull_timeouts: u64,
     /// Store indexes rebuilt from the log (once per open).
     pub index_rebuilds: u64,
     /// Atoms those rebuilds indexed.

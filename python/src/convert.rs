@@ -335,7 +335,6 @@ pub(crate) fn metrics_to_py<'py>(py: Python<'py>, metrics: &MetricsSnapshot) -> 
         rebuild_targeted_scans,
         rebuild_scan_fallbacks,
         rebuild_shared_scans,
-        snapshot_lull_timeouts,
         index_rebuilds,
         index_rebuild_atoms,
         time_to_resume_ns,
@@ -356,7 +355,6 @@ pub(crate) fn metrics_to_py<'py>(py: Python<'py>, metrics: &MetricsSnapshot) -> 
         append_buffered_ns,
         append_none_ns,
         snapshot_write_ns,
-        snapshot_lull_wait_ns,
         context_rebuild_ns,
     );
     let errors = PyDict::new(py);

@@ -10,7 +10,7 @@
 //! (slow yields never hold spinning off), `CONTINUUM_AB_NO_GATHER` (a leader commits what is
 //! queued without waiting), `CONTINUUM_AB_NO_WRITE_MAP` (groups that do not sync are written
 //! with `pwrite`, not copied through the segment's map), `CONTINUUM_AB_NO_ZERO_AHEAD` (no
-//! zeros written ahead of the data before a sync), `CONTINUUM_AB_NO_LULL` (background work does not wait for a
+//! zeros written ahead of the data before a sync), `CONTINUUM_AB_NO_LULL` (cold compression does not wait for a
 //! lull in the appends).
 
 use std::sync::LazyLock;

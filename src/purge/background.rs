@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::purge::lull::{LULL_WAIT_MAX, wait_for_lull};
 use crate::store::types::AtomId;
 use crate::store::{Shared, Store};
 
@@ -177,11 +176,6 @@ fn run(
         let (mut ready, deferred_until) = take_ready(due, &mut recent, Instant::now());
         next_deferred = deferred_until;
         if !ready.is_empty() {
-            let started = Instant::now();
-            let found = wait_for_lull(|| store.shared.log.next_lsn().get(), started + LULL_WAIT_MAX, stopping);
-            // A closing store stops waiting without a lull; that is not a wait that timed out.
-            let timed_out = !found && !stopping.load(Ordering::Acquire);
-            store.shared.log.metrics_handle().record_snapshot_lull_wait(started.elapsed(), timed_out);
             take_newer(due, &mut ready);
             // The agents half way to their next snapshot join this round (see
             // `Store::take_half_due`), except those written within the interval.

@@ -1,13 +1,11 @@
-//! Lulls in the appends: background work that takes CPU (policy snapshots, cold compression)
-//! waits for one, so that it runs between the agents' bursts of atoms instead of inside them.
+//! Lulls in the appends: cold compression, which holds a core for seconds, waits for one, so that it runs between the agents' bursts of atoms instead of inside them.
 //! Agents usually pause between atoms (a model call takes seconds), so a lull comes soon.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// How long background work waits at most for a lull before it gives up: policy snapshots are
-/// then written anyway (a sustained burst delays an agent's snapshot by at most this much
-/// beyond its interval); cold compression leaves its segments to the next round.
+/// How long cold compression waits at most for a lull before it gives up and leaves its
+/// segments to the next round.
 pub(crate) const LULL_WAIT_MAX: Duration = Duration::from_secs(2);
 /// One probe of the append rate while waiting for a lull.
 const LULL_PROBE: Duration = Duration::from_millis(5);
@@ -21,12 +19,6 @@ const LULL_PROBES: u32 = 2;
 /// Waits until the log is in a lull: [`LULL_PROBES`] consecutive probes of [`LULL_PROBE`]
 /// each saw fewer than [`LULL_RECORDS_MAX`] records appended (`next_lsn` says how many so far).
 /// Gives up at `deadline` or when the store is closing. Returns whether it saw a lull.
-///
-/// Policy snapshots wait for one: a snapshot rebuilds, encodes and compresses an agent's whole
-/// context (about a millisecond of CPU for a 20 KB context), and written in the middle of a
-/// burst of atoms they take that CPU from the appending threads on a small machine (16 agents
-/// bursting on 2 cores: 15–25 % fewer atoms per second, measured 2026-12-01). Agents
-/// usually pause between atoms (a model call takes seconds), so a lull comes soon.
 pub(crate) fn wait_for_lull(mut next_lsn: impl FnMut() -> u64, deadline: Instant, stopping: &AtomicBool) -> bool {
     if !crate::log::waits_for_lulls() {
         return true;

@@ -1,11 +1,11 @@
 //! Bursts of atoms beside the store's own background work: 16 agents (one thread each) record
 //! atoms with realistic ~500-byte deltas as fast as they can, in bursts of `BURST` atoms (100)
-//! separated by a pause of `PAUSE_MS` (300: a model call), on a store with the default policies (a snapshot every
-//! 50 atoms per agent, written by the background thread). Prints the atoms per second inside the
-//! bursts (atoms over the time the bursts took). Run it with `CONTINUUM_AB_NO_LULL=1` and without,
-//! alternately, to see what waiting for a lull gives (`docs/BENCHMARKS.md` §12).
+//! separated by a pause of `PAUSE_MS` (300: a model call), on a store with the default policies
+//! (a snapshot every 50 atoms per agent, written by the background thread). Prints the atoms per
+//! second inside the bursts (atoms over the time the bursts took): what background work costs
+//! the agents (`docs/BENCHMARKS.md` §12).
 //!
-//! `cargo run --release --example lull_study` (`DIR=/dev/shm` to run it on tmpfs, where the
+//! `cargo run --release --example burst_study` (`DIR=/dev/shm` to run it on tmpfs, where the
 //! disk's sync time does not hide the CPU the appenders lose).
 
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ fn main() {
     std::fs::create_dir_all(&root).expect("target/tmp");
     let dir = tempfile::tempdir_in(&root).expect("dir");
     let store = Store::open(dir.path()).expect("open");
-    let run = store.create_run(RunSpec::new("lull-study")).expect("run");
+    let run = store.create_run(RunSpec::new("burst-study")).expect("run");
     let bursting: Vec<Duration> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..AGENTS)
             .map(|agent| {
@@ -42,11 +42,9 @@ fn main() {
     let slowest = bursting.iter().max().copied().unwrap_or_default();
     let metrics = store.metrics();
     println!(
-        "lull detection {}: {:.0} atoms/s inside the bursts ({} snapshots written, {} lull waits timed out)",
-        if std::env::var_os("CONTINUUM_AB_NO_LULL").is_some() { "off" } else { "on" },
+        "{:.0} atoms/s inside the bursts ({} snapshots written)",
         atoms / slowest.as_secs_f64(),
-        metrics.snapshot_writes,
-        metrics.snapshot_lull_timeouts
+        metrics.snapshot_writes
     );
     store.close().expect("close");
 }
