@@ -486,7 +486,7 @@ fn a_torn_tail_is_reported_not_cut() {
 }
 
 #[test]
-fn the_summary_says_whether_the_index_came_from_a_index_snapshot() {
+fn the_summary_says_whether_the_index_came_from_an_index_snapshot() {
     let store = golden_store();
     let covered = {
         let opened = Store::builder(store.path()).background(false).open().expect("open");

@@ -936,7 +936,7 @@ mod tests {
     }
 
     #[test]
-    fn a_crash_at_any_step_of_writing_a_index_snapshot_leaves_a_store_that_opens_to_the_whole_fold() {
+    fn a_crash_at_any_step_of_writing_an_index_snapshot_leaves_a_store_that_opens_to_the_whole_fold() {
         let probe = SimStorage::new(1);
         {
             let store = store_on(&probe);
