@@ -58,7 +58,7 @@ pub(crate) fn waits_for_lulls() -> bool {
 /// cores: four spinning appenders alone, every one of 127,000 yields under 250 µs but one
 /// (2-4 ms, once in a few seconds); beside three busy loops, 2,000 of 2,200 slow ones took
 /// 2-4 ms (a scheduler slice of the other process).
-const YIELD_SLOW: Duration = Duration::from_millis(1);
+pub(crate) const YIELD_SLOW: Duration = Duration::from_millis(1);
 
 /// Three stalls within this hold spinning off: one alone is a hiccup (the hypervisor, a
 /// kernel thread), and on this virtual machine two close together are too; a steady stream of

@@ -91,7 +91,7 @@ impl Slot {
 
     /// Blocks until the slot is done (returns its result) or handed leadership (returns `None`).
     /// Yields the CPU in a loop for up to `spin` first, then sleeps on the condition variable;
-    /// also returns whether it slept, and whether a yield came back late ([`YIELD_SLOW`]: the
+    /// also returns whether it slept, and whether a yield came back late ([`YIELD_SLOW`](crate::log::tuning::YIELD_SLOW): the
     /// spin then stops at once).
     fn wait(&self, spin: Duration) -> (Option<Result<LsnRange>>, Waited) {
         let mut waited = Waited::default();
@@ -131,7 +131,7 @@ impl Slot {
 struct Waited {
     /// It slept on its slot (the spin ran out, was off, or stopped).
     slept: bool,
-    /// One of its yields was slow ([`YIELD_SLOW`]), which stopped the spin.
+    /// One of its yields was slow ([`YIELD_SLOW`](crate::log::tuning::YIELD_SLOW)), which stopped the spin.
     slow_yield: bool,
 }
 
