@@ -16,7 +16,8 @@ use continuum::shutdown::{EXIT_OVER_BUDGET, Shutdown, StopOptions};
 use continuum::{AtomId, AtomOutput, AtomStatus, Error, RunId, RunSpec, Store};
 
 const CHILD_DIR: &str = "CONTINUUM_SHUTDOWN_CHILD_DIR";
-/// `agents` (every step ends) or `stuck` (one agent's step never ends).
+/// `agents` (every step ends), `stuck` (one agent's step never ends) or `dropped` (the
+/// handling installed and dropped, no agents).
 const CHILD_MODE: &str = "CONTINUUM_SHUTDOWN_CHILD_MODE";
 const CHILD_BUDGET_MS: &str = "CONTINUUM_SHUTDOWN_CHILD_BUDGET_MS";
 const RUNS: [&str; 2] = ["run-0", "run-1"];
@@ -73,11 +74,21 @@ fn agent_loop(store: &Store, run: (RunId, &str), agent: &str, stuck: bool) {
 #[test]
 fn shutdown_child() {
     let Ok(dir) = std::env::var(CHILD_DIR) else { return };
+    // The harness's "test shutdown_child ... " has no newline: end it.
+    print_line("");
     let stuck = std::env::var(CHILD_MODE).as_deref() == Ok("stuck");
     let budget_ms = std::env::var(CHILD_BUDGET_MS).ok().and_then(|v| v.parse().ok()).expect("a budget");
     let store = Arc::new(Store::open(&dir).expect("child store"));
     let options = StopOptions::default().budget(Duration::from_millis(budget_ms));
-    let _shutdown = Shutdown::install(Arc::clone(&store), options).expect("install");
+    let shutdown = Shutdown::install(Arc::clone(&store), options).expect("install");
+    if std::env::var(CHILD_MODE).as_deref() == Ok("dropped") {
+        drop(shutdown);
+        print_line("READY");
+        loop {
+            std::thread::park();
+        }
+    }
+    let _shutdown = shutdown;
     let runs: Vec<RunId> = RUNS.iter().map(|name| store.create_run(RunSpec::new(*name)).expect("run")).collect();
     for run in &runs {
         store.write_checkpoint(*run, CheckpointDraft::at("planner", "start")).expect("first checkpoint");
@@ -272,4 +283,15 @@ fn a_stop_over_budget_exits_with_its_own_code_and_the_store_reopens_whole() {
     let stuck = store.incomplete_atoms(store.run_id(RUNS[0]).expect("the run"));
     assert_eq!(stuck.len(), 1, "the stuck step is found running, as after a crash");
     assert_eq!(store.atom(stuck[0]).expect("atom").key, format!("step-{STUCK_STEP}"));
+}
+
+#[test]
+fn a_dropped_shutdown_gives_sigterm_its_default_action_back() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Agents::start(dir.path(), "dropped", Duration::from_secs(5));
+    child.wait_for("READY", |lines| lines.iter().any(|line| line == "READY"));
+    child.signal("TERM");
+    let (status, _) = child.exit(Duration::from_secs(10));
+    assert_eq!(status.signal(), Some(15), "SIGTERM ends the process again: {status:?}");
 }

@@ -20,7 +20,7 @@ pub const EXIT_OVER_BUDGET: i32 = 124;
 pub const EXIT_STOP_FAILED: i32 = 1;
 
 /// SIGTERM and SIGINT handling for a process using a store, installed by
-/// [`Shutdown::install`] and removed when dropped.
+/// [`Shutdown::install`]; dropping it gives both signals their default action back.
 ///
 /// On the first signal, a thread runs [`graceful_stop`] with the options given (the resume
 /// hint becomes "stopped on signal SIGTERM", or SIGINT), then [`close`], and exits the
@@ -79,8 +79,16 @@ impl Shutdown {
 }
 
 impl Drop for Shutdown {
-    /// Unregisters the handlers and ends the signal thread (a stop already started goes on).
+    /// Gives SIGTERM and SIGINT their default action (ending the process) back and ends the
+    /// signal thread; a stop already started goes on.
     fn drop(&mut self) {
+        // Unregistering alone would leave the signals ignored (signal-hook keeps its handler).
+        for signal in [SIGTERM, SIGINT] {
+            let always = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            if let Err(error) = signal_hook::flag::register_conditional_default(signal, always) {
+                tracing::warn!(%error, signal = signal_name(signal), "the default action was not restored");
+            }
+        }
         self.handle.close();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

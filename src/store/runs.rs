@@ -85,6 +85,7 @@ impl Store {
             entry.status = RunStatus::Finished { success, resume_hint: resume_hint.to_owned() };
             entry.ended_at_unix_us = ended_at_unix_us;
         }
+        self.shared.stop.run_finished(run);
         Ok(())
     }
 }

@@ -86,7 +86,7 @@ struct Activity {
     admitted: u64,
     /// Atoms begun in this process whose end record's append has not returned.
     begun: HashSet<u64>,
-    /// Runs that admitted an atom in this process.
+    /// Runs that admitted an atom in this process and have not finished since.
     runs: BTreeSet<u64>,
 }
 
@@ -125,6 +125,11 @@ impl StopState {
         if activity.begun.remove(&atom.get()) {
             self.ended.notify_all();
         }
+    }
+
+    /// `run` finished: it is no longer in flight (the set stays as small as the runs at work).
+    pub(crate) fn run_finished(&self, run: RunId) {
+        self.activity.lock().runs.remove(&run.get());
     }
 
     /// Atoms begun in this process and not ended, and admitted calls not yet done.
@@ -224,7 +229,8 @@ impl Store {
         StopState::in_flight(&activity)
     }
 
-    /// The runs that admitted an atom of a caller's agent in this process, in order.
+    /// The runs that admitted an atom of a caller's agent in this process and have not
+    /// finished since, in order.
     pub(crate) fn runs_worked_here(&self) -> Vec<RunId> {
         self.shared.stop.activity.lock().runs.iter().map(|run| RunId(*run)).collect()
     }
@@ -317,6 +323,8 @@ mod tests {
         });
         assert_eq!(store.atom(begun).expect("atom").status, crate::AtomStatus::Completed, "ended before the wait");
         assert_eq!(store.runs_worked_here(), vec![run]);
+        store.finish_run(run, true, "").expect("finish");
+        assert!(store.runs_worked_here().is_empty(), "a finished run is not in flight");
     }
 
     #[test]
