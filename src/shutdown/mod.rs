@@ -181,8 +181,11 @@ fn checkpoint_runs_in_flight(store: &Store, options: &StopOptions, deadline: Ins
             let written = checkpointed.len() as u64;
             return Err(Error::StopBudgetExceeded { atoms_in_flight: 0, checkpoints_written: written });
         }
-        if store.run_status(run)? != RunStatus::Running {
-            continue;
+        // A run a refused call named may not exist; a finished one has nothing to resume.
+        match store.run_status(run) {
+            Ok(RunStatus::Running) => {}
+            Ok(_) | Err(Error::UnknownRun { .. }) => continue,
+            Err(error) => return Err(error),
         }
         let draft = match store.load_latest_checkpoint(run)? {
             Some(previous) => CheckpointDraft::following(&previous),
@@ -290,6 +293,16 @@ mod tests {
         assert_eq!((checkpoint.sequence, checkpoint.agent_heads["a"]), (1, begun));
         assert_eq!(checkpoint.environment["host"], "w7", "the hook's draft");
         assert_eq!(checkpoint.resume_hint, STOP_RESUME_HINT_DEFAULT);
+    }
+
+    #[test]
+    fn a_refused_atom_of_an_unknown_run_does_not_fail_the_stop() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path()).expect("open");
+        let unknown = RunId::from_raw(99);
+        assert!(matches!(store.begin_atom(unknown, "a", "1", &[], ""), Err(Error::UnknownRun { .. })));
+        let report = graceful_stop(&store, &StopOptions::default()).expect("stop");
+        assert!(report.checkpointed.is_empty());
     }
 
     #[test]
