@@ -88,7 +88,6 @@ fn shutdown_child() {
             std::thread::park();
         }
     }
-    let _shutdown = shutdown;
     let runs: Vec<RunId> = RUNS.iter().map(|name| store.create_run(RunSpec::new(*name)).expect("run")).collect();
     for run in &runs {
         store.write_checkpoint(*run, CheckpointDraft::at("planner", "start")).expect("first checkpoint");
@@ -102,11 +101,10 @@ fn shutdown_child() {
                 scope.spawn(move || agent_loop(store, (*run, name), agent, stuck));
             }
         }
-        // The shutdown thread exits the process; this test never returns.
-        loop {
-            std::thread::park();
-        }
     });
+    // Every agent stopped: the stop a signal started exits the process.
+    shutdown.wait();
+    panic!("no signal started a stop");
 }
 
 /// A child running agents, and its stdout lines as they come.

@@ -3,6 +3,7 @@
 //! another thread, so that a second signal is still read while the first one's stop runs.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 
@@ -36,21 +37,24 @@ pub const EXIT_STOP_FAILED: i32 = 1;
 /// use continuum::shutdown::{Shutdown, StopOptions};
 /// use continuum::{AtomOutput, Error, RunSpec, Store};
 /// let store = Arc::new(Store::open("agents.store")?);
-/// let _shutdown = Shutdown::install(Arc::clone(&store), StopOptions::default().budget(Duration::from_secs(20)))?;
+/// let shutdown = Shutdown::install(Arc::clone(&store), StopOptions::default().budget(Duration::from_secs(20)))?;
 /// let run = store.create_run(RunSpec::new("trip"))?;
 /// for step in 0.. {
 ///     match store.execute(run, "planner", &format!("step-{step}"), &[], |_| Ok(AtomOutput::default())) {
-///         // SIGTERM arrived: the shutdown thread checkpoints the run and exits the process.
-///         Err(Error::Stopping { .. }) => std::thread::park(),
+///         Err(Error::Stopping { .. }) => break,
 ///         other => drop(other?),
 ///     }
 /// }
+/// // SIGTERM arrived: the shutdown thread checkpoints the run, closes the store and exits.
+/// shutdown.wait();
 /// # Ok(())
 /// # }
 /// ```
 pub struct Shutdown {
     handle: Handle,
     thread: Option<JoinHandle<()>>,
+    /// Set by the signal thread before it starts the stop.
+    started: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Shutdown {
@@ -70,11 +74,23 @@ impl Shutdown {
         let io_error = |op, source| Error::Io { op, path: dir.clone(), source };
         let mut signals = Signals::new([SIGTERM, SIGINT]).map_err(|e| io_error("register signal handlers", e))?;
         let handle = signals.handle();
+        let started = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&started);
         let thread = std::thread::Builder::new()
             .name("continuum-shutdown".into())
-            .spawn(move || watch(&mut signals, store, options))
+            .spawn(move || watch(&mut signals, store, options, &flag))
             .map_err(|e| io_error("spawn the shutdown thread", e))?;
-        Ok(Shutdown { handle, thread: Some(thread) })
+        Ok(Shutdown { handle, thread: Some(thread), started })
+    }
+
+    /// Blocks the calling thread while a stop a signal started runs: that stop exits the
+    /// process, so this returns only if no signal has started one. What an application's main
+    /// thread calls once its agents stopped ([`Error::Stopping`]), so that it does not return
+    /// from `main` (ending the process) before the stop's checkpoints are written.
+    pub fn wait(&self) {
+        while self.started.load(Ordering::Acquire) {
+            std::thread::park();
+        }
     }
 }
 
@@ -97,13 +113,15 @@ impl Drop for Shutdown {
 }
 
 /// Reads the signals: the first starts the stop, a second exits at once.
-fn watch(signals: &mut Signals, store: Arc<Store>, options: StopOptions) {
+fn watch(signals: &mut Signals, store: Arc<Store>, options: StopOptions, started: &AtomicBool) {
     let mut pending = Some((store, options));
     for signal in signals.forever() {
         let Some((store, options)) = pending.take() else {
             tracing::warn!(signal = signal_name(signal), "second signal: exiting at once");
             std::process::exit(128 + signal);
         };
+        // Before the stop request: an agent refused by it finds the stop started.
+        started.store(true, Ordering::Release);
         let options = options.resume_hint(format!("stopped on signal {}", signal_name(signal)));
         let started =
             std::thread::Builder::new().name("continuum-stop".into()).spawn(move || stop_and_exit(store, options));
