@@ -20,6 +20,9 @@ pub const EXIT_OVER_BUDGET: i32 = 124;
 /// The exit code when the stop failed (a checkpoint or the close returned an error).
 pub const EXIT_STOP_FAILED: i32 = 1;
 
+/// Whether a [`Shutdown`] is installed: signals belong to the process, so one at a time.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
 /// SIGTERM and SIGINT handling for a process using a store, installed by
 /// [`Shutdown::install`]; dropping it gives both signals their default action back.
 ///
@@ -68,8 +71,21 @@ impl Shutdown {
     /// process (see [`Shutdown`]). The application keeps its own `Arc` clones of the store.
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] while another `Shutdown` is installed in the process;
     /// [`Error::Io`] if the handlers cannot be registered or the thread cannot start.
     pub fn install(store: Arc<Store>, options: StopOptions) -> Result<Shutdown> {
+        if INSTALLED.swap(true, Ordering::AcqRel) {
+            return Err(Error::InvalidArgument { reason: "a Shutdown is already installed in this process".into() });
+        }
+        let installed = Self::install_handlers(store, options);
+        if installed.is_err() {
+            INSTALLED.store(false, Ordering::Release);
+        }
+        installed
+    }
+
+    /// [`Shutdown::install`] once it holds the process's one place.
+    fn install_handlers(store: Arc<Store>, options: StopOptions) -> Result<Shutdown> {
         let dir = store.log().dir().to_path_buf();
         let io_error = |op, source| Error::Io { op, path: dir.clone(), source };
         let mut signals = Signals::new([SIGTERM, SIGINT]).map_err(|e| io_error("register signal handlers", e))?;
@@ -109,6 +125,7 @@ impl Drop for Shutdown {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        INSTALLED.store(false, Ordering::Release);
     }
 }
 
@@ -180,5 +197,23 @@ fn signal_name(signal: i32) -> &'static str {
         SIGTERM => "SIGTERM",
         SIGINT => "SIGINT",
         _ => "signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_shutdown_is_installed_at_a_time() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Arc::new(Store::open(dir.path()).expect("open"));
+        let first = Shutdown::install(Arc::clone(&store), StopOptions::default()).expect("install");
+        let second = Shutdown::install(Arc::clone(&store), StopOptions::default());
+        assert!(matches!(second, Err(Error::InvalidArgument { .. })), "{second:?}");
+        drop(first);
+        let again = Shutdown::install(Arc::clone(&store), StopOptions::default()).expect("install after the drop");
+        drop(again);
+        assert!(!store.is_stop_requested(), "installing stops nothing");
     }
 }
