@@ -349,6 +349,28 @@ pub enum Error {
         newest: u64,
     },
 
+    /// The store was asked to stop ([`Store::request_stop`](crate::Store::request_stop)): it
+    /// begins no new atom. Atoms begun before the request may still end, and completed atoms
+    /// still replay. Nothing was written.
+    #[error("the store is stopping: run {run} begins no new atom")]
+    Stopping {
+        /// The run the refused atom belonged to.
+        run: u64,
+    },
+
+    /// A graceful stop ran out of its time budget
+    /// ([`graceful_stop`](crate::shutdown::graceful_stop)): atoms were still in flight, or the
+    /// run checkpoints were not all written. Every acknowledged atom is durable all the same.
+    #[error(
+        "the graceful stop ran out of its budget with {atoms_in_flight} atoms in flight and {checkpoints_written} checkpoints written"
+    )]
+    StopBudgetExceeded {
+        /// Atoms begun and not ended when the budget ran out.
+        atoms_in_flight: u64,
+        /// Run checkpoints written before it ran out.
+        checkpoints_written: u64,
+    },
+
     /// No chain of registered migrations leads from a checkpoint's pipeline version to the
     /// version asked for. Nothing was recorded.
     #[error("no migration leads from pipeline version {from:?} to {to:?}")]
@@ -553,6 +575,11 @@ impl Error {
             Error::StaleCheckpoint { run, sequence, newest } => {
                 Error::StaleCheckpoint { run: *run, sequence: *sequence, newest: *newest }
             }
+            Error::Stopping { run } => Error::Stopping { run: *run },
+            Error::StopBudgetExceeded { atoms_in_flight, checkpoints_written } => Error::StopBudgetExceeded {
+                atoms_in_flight: *atoms_in_flight,
+                checkpoints_written: *checkpoints_written,
+            },
             Error::NoMigrationPath { from, to } => Error::NoMigrationPath { from: from.clone(), to: to.clone() },
             Error::MigrationFailed { from, to, message, panicked } => Error::MigrationFailed {
                 from: from.clone(),

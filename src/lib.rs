@@ -66,6 +66,7 @@ pub mod log;
 pub mod metrics;
 pub(crate) mod purge;
 pub(crate) mod replay;
+pub mod shutdown;
 pub(crate) mod snapshot;
 pub mod storage;
 pub mod store;
@@ -83,5 +84,5 @@ pub use replay::{Rebuilt, SnapshotFallback};
 pub use store::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, CONTROL_AGENT_PREFIX, CompactionPolicy, Executed,
     History, IndexSnapshotInfo, LogView, LossEvidence, ResumeReport, RetentionPolicy, RunId, RunSpec, RunStatus,
-    SnapshotPolicy, Store, StoreBuilder, StoreRecoveryReport, is_control_agent,
+    SnapshotPolicy, StopToken, Store, StoreBuilder, StoreRecoveryReport, is_control_agent,
 };

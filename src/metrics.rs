@@ -54,6 +54,9 @@
 //! | `continuum_resumes_total` | counter | | suspended runs resumed |
 //! | `continuum_suspended_seconds` | histogram | | time a resumed run spent suspended (suspension to resumption, wall clock) |
 //! | `continuum_suspension_resume_seconds` | histogram | | time to resume: latency of `Store::resume_suspended` |
+//! | `continuum_stop_requests_total` | counter | | stop requests that stopped the store's new atoms (the first of each store) |
+//! | `continuum_graceful_stops_total` | counter | `outcome` | graceful stops that ended within their budget (`completed`) or ran out of it (`over_budget`) |
+//! | `continuum_stop_checkpoints_total` | counter | | run checkpoints written by graceful stops |
 //! | `continuum_compactions_total` | counter | | compaction runs |
 //! | `continuum_compaction_read_bytes_total` | counter | | bytes compaction read |
 //! | `continuum_compaction_written_bytes_total` | counter | | bytes compaction wrote |
@@ -107,7 +110,7 @@ impl Count {
     }
 
     /// Adds `n` (any thread).
-    fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         self.value.fetch_add(n, Ordering::Relaxed);
         self.series.increment(n);
     }
@@ -358,6 +361,11 @@ struct StoreCounts {
     checkpoints_stale: Count,
     migrations_applied: Count,
     migrations_failed: Count,
+    /// Shared with the store's stop tokens, which count the request that stops the store.
+    stop_requests: std::sync::Arc<Count>,
+    graceful_stops_completed: Count,
+    graceful_stops_over_budget: Count,
+    stop_checkpoints: Count,
     compactions: Count,
     compaction_bytes_read: Count,
     compaction_bytes_written: Count,
@@ -421,6 +429,23 @@ impl StoreCounts {
                 "Checkpoint loads that migrated, or failed to.",
                 Some(("outcome", "failed")),
             ),
+            stop_requests: std::sync::Arc::new(count(
+                "continuum_stop_requests_total",
+                "Stop requests that stopped the store's new atoms.",
+            )),
+            graceful_stops_completed: r.count_of(
+                "continuum_graceful_stops_total",
+                Unit::Count,
+                "Graceful stops, within their budget or over it.",
+                Some(("outcome", "completed")),
+            ),
+            graceful_stops_over_budget: r.count_of(
+                "continuum_graceful_stops_total",
+                Unit::Count,
+                "Graceful stops, within their budget or over it.",
+                Some(("outcome", "over_budget")),
+            ),
+            stop_checkpoints: count("continuum_stop_checkpoints_total", "Run checkpoints written by graceful stops."),
             compactions: count("continuum_compactions_total", "Compaction runs."),
             compaction_bytes_read: bytes("continuum_compaction_read_bytes_total", "Bytes read by compaction."),
             compaction_bytes_written: bytes("continuum_compaction_written_bytes_total", "Bytes written by compaction."),
@@ -658,6 +683,25 @@ impl Metrics {
         if applied { self.store.migrations_applied.add(1) } else { self.store.migrations_failed.add(1) }
     }
 
+    /// The counter of stop requests, which the store's stop tokens share.
+    pub(crate) fn stop_requests(&self) -> std::sync::Arc<Count> {
+        std::sync::Arc::clone(&self.store.stop_requests)
+    }
+
+    /// A graceful stop that ended within its budget, or ran out of it.
+    pub(crate) fn record_graceful_stop(&self, over_budget: bool) {
+        if over_budget {
+            self.store.graceful_stops_over_budget.add(1)
+        } else {
+            self.store.graceful_stops_completed.add(1)
+        }
+    }
+
+    /// A run checkpoint written by a graceful stop.
+    pub(crate) fn record_stop_checkpoint(&self) {
+        self.store.stop_checkpoints.add(1);
+    }
+
     /// One compaction run: bytes it read, wrote, and gave back to the file system.
     pub(crate) fn record_compaction(&self, bytes_read: u64, bytes_written: u64, bytes_reclaimed: u64) {
         self.store.compactions.add(1);
@@ -719,6 +763,10 @@ impl Metrics {
             resumes: store.resumes.get(),
             suspended_ns: store.suspended_ns.snapshot(),
             suspension_resume_ns: store.suspension_resume_ns.snapshot(),
+            stop_requests: store.stop_requests.get(),
+            graceful_stops_completed: store.graceful_stops_completed.get(),
+            graceful_stops_over_budget: store.graceful_stops_over_budget.get(),
+            stop_checkpoints: store.stop_checkpoints.get(),
             compactions: store.compactions.get(),
             compaction_bytes_read: store.compaction_bytes_read.get(),
             compaction_bytes_written: store.compaction_bytes_written.get(),
@@ -895,6 +943,15 @@ pub struct MetricsSnapshot {
     pub suspended_ns: HistogramSnapshot,
     /// Time to resume: latency of `Store::resume_suspended`.
     pub suspension_resume_ns: HistogramSnapshot,
+    /// Stop requests that stopped the store's new atoms (`Store::request_stop`, a stop token's,
+    /// a graceful stop's): at most one per store.
+    pub stop_requests: u64,
+    /// Graceful stops (`shutdown::graceful_stop`) that ended within their budget.
+    pub graceful_stops_completed: u64,
+    /// Graceful stops that ran out of their budget.
+    pub graceful_stops_over_budget: u64,
+    /// Run checkpoints written by graceful stops (also counted in `checkpoints_written`).
+    pub stop_checkpoints: u64,
     /// Compaction runs.
     pub compactions: u64,
     /// Bytes compaction read.

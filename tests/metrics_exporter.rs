@@ -4,7 +4,8 @@
 //! show their `continuum_*` series with the counts the workload made, each under its own
 //! `store` label (two stores in one process never mix their series), agreeing with
 //! `metrics()`. Guards against a series that is not emitted, emitted under the wrong name or
-//! label, or counted differently from the snapshot.
+//! label, or counted differently from the snapshot. A graceful stop of the store then shows
+//! the shutdown series.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -75,9 +76,9 @@ fn a_prometheus_scrape_shows_each_stores_series() {
     let address = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free local port");
     PrometheusBuilder::new().with_http_listener(address).install().expect("install the exporter");
     let dirs = (tempfile::tempdir().expect("a directory"), tempfile::tempdir().expect("a directory"));
-    let (log, store) = (log_workload(dirs.0.path()), store_workload(dirs.1.path()));
+    let (log, store_handle) = (log_workload(dirs.0.path()), store_workload(dirs.1.path()));
     let text = scrape(address);
-    let (log, store) = (log.metrics(), store.metrics());
+    let (log, store) = (log.metrics(), store_handle.metrics());
 
     let of_log = r#"store="exporter-log""#;
     assert_eq!(value(&text, "continuum_records_total", of_log), LOG_APPENDS as f64);
@@ -101,4 +102,14 @@ fn a_prometheus_scrape_shows_each_stores_series() {
     assert!(store.encoded_raw_bytes > 0);
     assert!(value(&text, "continuum_time_to_resume_seconds", of_store) > 0.0);
     assert!(!text.lines().any(|line| line.starts_with("continuum_records_total ")), "an unlabelled series:\n{text}");
+
+    // A graceful stop: its request, its checkpoint of the run, its outcome.
+    let stopped = continuum::shutdown::graceful_stop(&store_handle, &Default::default()).expect("a graceful stop");
+    assert_eq!(stopped.checkpointed.len(), 1);
+    let text = scrape(address);
+    assert_eq!(value(&text, "continuum_stop_requests_total", of_store), 1.0);
+    assert_eq!(value(&text, "continuum_stop_checkpoints_total", of_store), 1.0);
+    let outcome = |outcome: &str| format!(r#"store="exporter-store",outcome="{outcome}""#);
+    assert_eq!(value(&text, "continuum_graceful_stops_total", &outcome("completed")), 1.0);
+    assert_eq!(value(&text, "continuum_graceful_stops_total", &outcome("over_budget")), 0.0);
 }

@@ -36,6 +36,7 @@ from continuum.errors import (
     LimitExceededError,
     RunFinishedError,
     RunSuspendedError,
+    StoppingError,
     UnknownAtomError,
     UnknownRunError,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "LimitExceededError",
     "RunFinishedError",
     "RunSuspendedError",
+    "StoppingError",
     "Store",
     "UnknownAtomError",
     "UnknownRunError",

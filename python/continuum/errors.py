@@ -59,6 +59,11 @@ class RunSuspendedError(Error):
     it is resumed."""
 
 
+class StoppingError(Error):
+    """The store was asked to stop (a graceful shutdown): it takes no new atoms of ``run``; an
+    agent stops at this atom boundary."""
+
+
 class UnknownRunError(Error, LookupError):
     """No run has this id or name (``run``)."""
 
@@ -137,6 +142,7 @@ __all__ = [
     "LimitExceededError",
     "RunFinishedError",
     "RunSuspendedError",
+    "StoppingError",
     "UnknownAtomError",
     "UnknownRunError",
 ]

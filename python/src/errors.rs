@@ -47,6 +47,7 @@ fn classify(error: &Error) -> (&'static str, Vec<(&'static str, Fact)>) {
         Error::RunSuspended { run, suspension } => {
             ("RunSuspendedError", vec![("run", Int(*run)), ("suspension", Int(*suspension))])
         }
+        Error::Stopping { run } => ("StoppingError", vec![("run", Int(*run))]),
         Error::AtomFailed { atom, message, retryable } => (
             "AtomFailedError",
             vec![("atom", Int(*atom)), ("message", Str(message.clone())), ("retryable", Bool(*retryable))],

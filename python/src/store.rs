@@ -567,6 +567,18 @@ impl PyStore {
         Ok(dict)
     }
 
+    /// Asks the store's agents to stop at their next atom boundary (a graceful shutdown): from
+    /// now on new atoms raise ``StoppingError``, atoms begun may still end, completed ones still
+    /// replay. Returns whether this call made the request.
+    fn request_stop(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.handle(py)?.request_stop())
+    }
+
+    /// Whether a stop was requested: an agent's loop checks it between steps.
+    fn is_stop_requested(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.handle(py)?.is_stop_requested())
+    }
+
     /// Makes every ended atom durable (for ``durability='buffered'`` or ``'none'``).
     fn sync(&self, py: Python<'_>) -> PyResult<()> {
         self.call(py, Store::sync)

@@ -112,6 +112,22 @@ def test_conflict_unknown_invalid_and_finished(store: continuum.Store) -> None:
     assert store.run_atoms(run) == [atom]
 
 
+def test_a_stop_request_refuses_new_atoms_with_stopping_error(store: continuum.Store) -> None:
+    run = store.create_run("stopping")
+    done = store.record_atom(run, "a", "1", [], b"x")
+    begun = store.begin_atom(run, "a", "2", [done])
+    assert not store.is_stop_requested()
+    assert store.request_stop() is True
+    assert store.request_stop() is False, "only the first call makes the request"
+    with pytest.raises(continuum.StoppingError) as stopping:
+        store.record_atom(run, "a", "3", [done], b"x")
+    assert stopping.value.run == run
+    # The atom in flight may still end, and a completed step still replays.
+    store.complete_atom(begun, b"y")
+    assert store.execute(run, "a", "1", [], lambda atom: pytest.fail("replayed steps never run")).replayed
+    assert store.run_atoms(run) == [done, begun], "the refused atom wrote nothing"
+
+
 def test_output_not_recorded_hands_the_output_back(store: continuum.Store) -> None:
     run = store.create_run("not-recorded")
 

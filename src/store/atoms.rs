@@ -37,8 +37,9 @@ impl Store {
     /// [`Error::InvalidParent`], [`Error::AtomExists`], [`Error::KeyCollision`],
     /// [`Error::LimitExceeded`] once the atom ids run out, [`Error::InvalidArgument`] for an
     /// agent name the store keeps for its own
-    /// ([`CONTROL_AGENT_PREFIX`](crate::CONTROL_AGENT_PREFIX)), and the log's append errors. A
-    /// refused transition leaves the log untouched.
+    /// ([`CONTROL_AGENT_PREFIX`](crate::CONTROL_AGENT_PREFIX)), [`Error::Stopping`] once a stop
+    /// was requested ([`Store::request_stop`]), and the log's append errors. A refused
+    /// transition leaves the log untouched.
     pub fn begin_atom(
         &self,
         run: RunId,
@@ -48,6 +49,7 @@ impl Store {
         idempotency_key: &str,
     ) -> Result<AtomId> {
         check_caller_agent(agent)?;
+        let admission = self.shared.stop.admit(run)?;
         let (reservation, record, _) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
         let atom = reservation.atom;
         let appended = self.shared.log.append_with(&record, Durability::None);
@@ -57,6 +59,8 @@ impl Store {
                 let entry = index.atom_slot(atom);
                 entry.started_lsn = lsn.get();
                 entry.state = entry.state.transition(EntryState::Running);
+                drop(index);
+                admission.begun(atom);
                 Ok(atom)
             }
             Err(error) => {
@@ -106,6 +110,7 @@ impl Store {
         output: &AtomOutput,
     ) -> Result<AtomId> {
         check_caller_agent(agent)?;
+        let _admission = self.shared.stop.admit(run)?;
         self.record_unchecked(run, (agent, key, parents, idempotency_key), output)
     }
 
@@ -162,6 +167,7 @@ impl Store {
     ) -> Result<AtomId> {
         check_caller_agent(agent)?;
         check_delta(delta)?;
+        let _admission = self.shared.stop.admit(run)?;
         self.record(
             run,
             (agent, key, parents, idempotency_key),
@@ -360,7 +366,7 @@ impl Store {
         let appended = self.shared.log.append_with(record, self.shared.policies.atom_durability);
         let mut index = self.shared.index.write();
         let entry = index.atom_slot(atom);
-        match appended {
+        let finished = match appended {
             Ok(lsn) => {
                 entry.ended_lsn = lsn.get();
                 entry.state = entry.state.transition(state);
@@ -372,7 +378,11 @@ impl Store {
                 entry.state = entry.state.transition(previous);
                 Err(error)
             }
-        }
+        };
+        drop(index);
+        // After the index has the end: a graceful stop that sees no atom in flight finds it.
+        self.shared.stop.ended(atom);
+        finished
     }
 
     /// Runs one atom exactly once across crashes. If the atom (`agent` of `run`, called `key`,
@@ -384,6 +394,10 @@ impl Store {
     /// guarded effects do not).
     ///
     /// One (run, agent, key) must not be executed by two threads at once.
+    ///
+    /// Once a stop was requested ([`Store::request_stop`]), an atom that would call `work` (a
+    /// new one, or one left running or failed retryably) is refused with [`Error::Stopping`]
+    /// and nothing is written; a completed one still returns its recorded output.
     ///
     /// # Errors
     /// [`Error::AtomFailed`] when `work` fails, or failed for good before;
@@ -404,15 +418,16 @@ impl Store {
             let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
             self.find_atom(&index, run32, (agent, key), Some(parents))?
         };
-        let atom = match found {
+        // An existing atom that runs again is in flight until this returns.
+        let (atom, _admission) = match found {
             Some(atom) => match self.replay(atom)? {
                 Some(executed) => {
                     self.shared.log.metrics_handle().record_atom_skipped();
                     return Ok(executed);
                 }
-                None => atom,
+                None => (atom, Some(self.shared.stop.admit(run)?)),
             },
-            None => self.begin_atom(run, agent, key, parents, "")?,
+            None => (self.begin_atom(run, agent, key, parents, "")?, None),
         };
         match work(atom) {
             Ok(output) => match self.complete_atom(atom, &output) {

@@ -28,6 +28,7 @@ pub(crate) mod pool;
 pub(crate) mod reads;
 pub(crate) mod rebuild;
 pub(crate) mod runs;
+pub(crate) mod stop;
 pub(crate) mod training;
 pub(crate) mod types;
 
@@ -52,6 +53,7 @@ pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use log_view::LogView;
 pub use loss::{LossEvidence, StoreRecoveryReport};
 pub use policy::{CompactionPolicy, RetentionPolicy, SnapshotPolicy};
+pub use stop::StopToken;
 pub use types::{
     AgentResume, Atom, AtomFailure, AtomId, AtomOutput, AtomStatus, Executed, ResumeReport, RunId, RunSpec, RunStatus,
 };
@@ -273,6 +275,9 @@ pub(crate) struct Shared {
     pub(crate) unsynced_snapshots: Mutex<std::collections::BTreeSet<u64>>,
     /// Whether rebuilds may read only their run's records (see `Store::set_targeted_scans`).
     pub(crate) targeted_scans: std::sync::atomic::AtomicBool,
+    /// The stop request and the atoms and runs in flight (`store/stop.rs`), shared with the
+    /// store's stop tokens.
+    pub(crate) stop: Arc<stop::StopState>,
 }
 
 impl std::fmt::Debug for Store {
@@ -385,6 +390,24 @@ impl Store {
         self.owner = false;
         let index_snapshot = if due { self.write_index_snapshot().map(|_| ()) } else { Ok(()) };
         snapshots.and(index_snapshot)
+    }
+
+    /// What [`Store::close`] makes durable, through a handle other threads share
+    /// ([`crate::shutdown::close`]): the log synced, the snapshot directory synced, an index
+    /// snapshot written if one is due. The background thread is told to stop, not joined.
+    ///
+    /// # Errors
+    /// The sync's, and those of [`Store::write_index_snapshot`].
+    pub(crate) fn close_shared(&self) -> Result<()> {
+        // A compaction round stops between segments: the index snapshot need not wait for it.
+        self.shared.closing.store(true, std::sync::atomic::Ordering::Release);
+        self.wait_for_index_snapshot_writer();
+        // IMPORTANT: atoms acknowledged under a buffered durability are synced before the exit.
+        let synced = self.shared.log.sync();
+        let snapshots = self.shared.sync_snapshot_dir(false);
+        let due = self.owner && self.records_after_index_snapshot() >= self.shared.policies.index_snapshot_after;
+        let index_snapshot = if due { self.write_index_snapshot().map(|_| ()) } else { Ok(()) };
+        synced.and(snapshots).and(index_snapshot)
     }
 
     /// Waits until the index snapshot of the open's fold, if one is being written, is published.

@@ -54,6 +54,7 @@ impl Shared {
             }
             (false, Some(_)) => training::Training::done(),
         };
+        let stop = Arc::new(super::stop::StopState::new(log.metrics_handle().stop_requests()));
         Ok(Shared {
             log,
             codec,
@@ -79,6 +80,7 @@ impl Shared {
             index_snapshot,
             unsynced_snapshots: Mutex::new(std::collections::BTreeSet::new()),
             targeted_scans: std::sync::atomic::AtomicBool::new(true),
+            stop,
         })
     }
 

@@ -105,6 +105,7 @@ impl Store {
             entry.ended_at_unix_us = ended_at_unix_us;
         }
         self.shared.continuations.write().runs.remove(&run.get());
+        self.shared.stop.run_finished(run);
         Ok(())
     }
 }
