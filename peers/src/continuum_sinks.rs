@@ -148,8 +148,7 @@ impl StoreSink {
     ///
     /// Its background thread runs no compaction rounds (`interval: None`; the rest of the
     /// policy is the default). A round's cold compression holds a core for tens of seconds
-    /// with zstd 17, and it waits for lulls in the store's own appends, which the other
-    /// engines' trials are: it would run inside them (it halved the raw log's workload 2 and
+    /// with zstd 17, and it would run inside the other engines' trials (it halved the raw log's workload 2 and
     /// cut raft-engine's by a fifth, measured 2026-12-01). Compaction is measured on its own in the
     /// `compaction` bench and, with cold compression, in `at_rest` (workload 6).
     pub(crate) fn open(dir: &Path, mode: Mode) -> Result<Self> {
@@ -379,10 +378,6 @@ impl StorageFile for LoadFile {
 
     fn sync_data(&self) -> io::Result<()> {
         Ok(())
-    }
-
-    fn start_writeback(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.file.start_writeback(offset, len)
     }
 
     fn len(&self) -> io::Result<u64> {

@@ -14,7 +14,6 @@ pub(crate) mod recovery;
 pub(crate) mod segment;
 mod streams;
 mod tuning;
-pub(crate) use tuning::waits_for_lulls;
 mod writer;
 
 use std::fmt;

@@ -10,8 +10,7 @@
 //! (slow yields never hold spinning off), `CONTINUUM_AB_NO_GATHER` (a leader commits what is
 //! queued without waiting), `CONTINUUM_AB_NO_WRITE_MAP` (groups that do not sync are written
 //! with `pwrite`, not copied through the segment's map), `CONTINUUM_AB_NO_ZERO_AHEAD` (no
-//! zeros written ahead of the data before a sync), `CONTINUUM_AB_NO_LULL` (cold compression does not wait for a
-//! lull in the appends).
+//! zeros written ahead of the data before a sync).
 
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -30,7 +29,6 @@ static NO_GATHER: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_GATHER
 
 static NO_WRITE_MAP: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_WRITE_MAP"));
 static NO_ZERO_AHEAD: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_ZERO_AHEAD"));
-static NO_LULL: LazyLock<bool> = LazyLock::new(|| flag("CONTINUUM_AB_NO_LULL"));
 
 /// Whether a leader waits for its group to gather at all (`CONTINUUM_AB_NO_GATHER` unset).
 pub(crate) fn gathers() -> bool {
@@ -45,11 +43,6 @@ pub(crate) fn maps_writes() -> bool {
 /// Whether zeros are written ahead of the data before a sync.
 pub(crate) fn zeroes_ahead() -> bool {
     !*NO_ZERO_AHEAD
-}
-
-/// Whether background work waits for a lull in the appends (`purge/lull.rs`).
-pub(crate) fn waits_for_lulls() -> bool {
-    !*NO_LULL
 }
 
 /// A `yield_now` that returns this late means threads beyond the cores (another process's,

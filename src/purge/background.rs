@@ -158,7 +158,7 @@ fn run(
             Err(RecvTimeoutError::Disconnected) => return,
         };
         if compaction_due {
-            match store.compact_following_lulls() {
+            match store.compact() {
                 Ok(report) => tracing::debug!(?report, "background compaction"),
                 Err(error) => {
                     store.shared.log.metrics_handle().record_maintenance_failure();

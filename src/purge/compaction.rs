@@ -33,7 +33,6 @@ use bytes::Bytes;
 use crate::codec::{CodecError, RecordKind, StoreRecord, proto};
 use crate::error::{Error, Result};
 use crate::log::{Lsn, Rewrite, RewriteOptions};
-use crate::purge::lull::{BurstWatch, LULL_WAIT_MAX, wait_for_lull};
 use crate::purge::plan::{AtomFacts, PurgeDecision, PurgeInputs};
 use crate::store::Store;
 use crate::store::index::EntryState;
@@ -76,11 +75,6 @@ pub struct CompactionReport {
     /// Whether the round stopped early: an agent branched from history being reclaimed, or
     /// the store is closing (the next round tries again).
     pub aborted: bool,
-    /// Segments due only for cold compression that the background round left to the next one:
-    /// the appends gave it no lull in time (see [`CompactionPolicy::interval`]).
-    ///
-    /// [`CompactionPolicy::interval`]: crate::store::CompactionPolicy::interval
-    pub segments_deferred: usize,
 }
 
 /// The space the log uses, next to what is live in it (records only; see
@@ -191,24 +185,6 @@ impl Store {
     /// Read and decode errors of the log, and the file system's errors. A failed round leaves
     /// every segment either as it was or rewritten; nothing needed is lost.
     pub fn compact(&self) -> Result<CompactionReport> {
-        self.compact_round(false)
-    }
-
-    /// The background thread's round: [`Store::compact`], except that a segment rewritten only
-    /// for cold compression (none of its dead bytes due) waits for a lull in the appends, and
-    /// pauses for the next one when a burst starts while it is rewritten. A wait before a
-    /// rewrite that reaches [`LULL_WAIT_MAX`], or pauses within one that add up to it, leave
-    /// that segment, and the round's other segments due only for compression, to the next round
-    /// (`segments_deferred`): each such segment delays the round by at most twice that.
-    ///
-    /// Cold compression is zstd at a high level: on a small machine it holds a core for tens
-    /// of seconds per round, and beside it 16 agents' durable appends fell from about 120 k to
-    /// 70 k a second (measured 2026-12-01). Reclaiming space is not deferred.
-    pub(crate) fn compact_following_lulls(&self) -> Result<CompactionReport> {
-        self.compact_round(true)
-    }
-
-    fn compact_round(&self, follow_lulls: bool) -> Result<CompactionReport> {
         let _one_at_a_time = self.shared.compacting.lock();
         let mut report = CompactionReport::default();
         let Some(plan) = self.plan_and_release(&mut report)? else {
@@ -221,30 +197,12 @@ impl Store {
         let options = RewriteOptions { compression: policy.cold_compression };
         let closing = || self.shared.closing.load(std::sync::atomic::Ordering::Acquire);
         let mut index_snapshot = IndexSnapshotPatch::default();
-        let next_lsn = || self.shared.log.next_lsn().get();
-        // Set once a wait for a lull gave up: the round's other compress-only segments wait too.
-        let mut deferring = false;
         for tally in plan.segments.iter().filter(|t| t.due(&policy)) {
             if closing() {
                 report.aborted = true;
                 break;
             }
-            // Only a segment with dead bytes due is rewritten whatever the appends do.
-            let lull_only = follow_lulls && !tally.sparse(&policy);
-            if lull_only
-                && (deferring || !wait_for_lull(next_lsn, Instant::now() + LULL_WAIT_MAX, &self.shared.closing))
-            {
-                let closed = closing();
-                deferring |= !closed;
-                report.segments_deferred += usize::from(!closed);
-                continue;
-            }
             let started = Instant::now();
-            let mut burst = BurstWatch::new(next_lsn(), started);
-            // The pauses of one rewrite share one budget, so that a round (which `pin` and
-            // `write_index_snapshot` wait for) is not stretched without bound by bursts.
-            let mut pause_budget = LULL_WAIT_MAX;
-            let mut deferred_midway = false;
             if index_snapshot.state.is_none() && !index_snapshot.dropped {
                 index_snapshot.state = self.shared.loaded_index_snapshot();
             }
@@ -260,17 +218,6 @@ impl Store {
                     // A long compressed rewrite gives way to a closing store (the original stays).
                     if closing() {
                         return Err(Error::Closed);
-                    }
-                    // A burst that starts meanwhile has the rewrite wait for its end (the original
-                    // stays if it does not end in time).
-                    if lull_only && burst.burst(next_lsn, Instant::now()) {
-                        let paused = Instant::now();
-                        if !wait_for_lull(next_lsn, paused + pause_budget, &self.shared.closing) {
-                            deferred_midway = !closing();
-                            return Err(Error::Closed);
-                        }
-                        pause_budget = pause_budget.saturating_sub(paused.elapsed());
-                        burst = BurstWatch::new(next_lsn(), Instant::now());
                     }
                     let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
                     index_snapshot
@@ -306,12 +253,6 @@ impl Store {
                     report.aborted = true;
                     break;
                 }
-                Err(Error::Closed) if deferred_midway => {
-                    index_snapshot.dropped = true;
-                    deferring = true;
-                    report.segments_deferred += 1;
-                    continue;
-                }
                 rewrite => rewrite?,
             };
             report.segments_rewritten += 1;
@@ -341,12 +282,8 @@ impl Store {
         Ok(report)
     }
 
-    /// Asks the background thread to run a compaction round now (at its lowered priority),
-    /// or, if it is waiting for a lull in the appends to write policy snapshots, once it has
-    /// written them (at most 2 s later); returns `false` if the store has no background thread
-    /// or its queue is full. Like the timed rounds, that round's cold compression waits for
-    /// lulls in the appends, and leaves to the next round what gets none in time
-    /// ([`CompactionReport::segments_deferred`]).
+    /// Asks the background thread to run a compaction round now (at its lowered priority);
+    /// returns `false` if the store has no background thread or its queue is full.
     pub fn compact_in_background(&self) -> bool {
         self.worker.as_ref().is_some_and(|worker| worker.request(crate::purge::background::Job::Compact))
     }

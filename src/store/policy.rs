@@ -10,10 +10,9 @@ use crate::store::types::AtomId;
 /// When a full snapshot of an agent's context is written: after `every_atoms` completed atoms
 /// of the agent, or `every` of wall time since its last snapshot, whichever comes first
 /// (checked when an atom completes). Defaults: 50 atoms, 10 minutes. The store's background
-/// thread writes them, at most one per agent per second, and during a burst of appends only
-/// once the burst pauses (or after 2 s): an agent completing atoms faster than that has its due
-/// snapshots coalesced to its newest atom (see `docs/ARCHITECTURE.md`, "Snapshot policy" and
-/// "Policy snapshots wait for a lull"); a clean close writes every one still due. A store opened with
+/// thread writes them, at most one per agent per second: an agent completing atoms faster than
+/// that has its due snapshots coalesced to its newest atom (see `docs/ARCHITECTURE.md`,
+/// "Snapshot policy"); a clean close writes every one still due. A store opened with
 /// `background(false)` has the completing thread write each as it falls due instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnapshotPolicy {
@@ -67,9 +66,7 @@ pub struct CompactionPolicy {
     /// (default 0.7, which bounds the space of sealed segments to about 1.43× their live data).
     pub live_fraction_min: f64,
     /// How often the background thread runs compaction; `None` leaves it to
-    /// [`Store::compact`](crate::Store::compact). Default: every 60 s. In the background
-    /// thread's rounds, cold compression waits for lulls in the appends (docs/ARCHITECTURE.md,
-    /// "Cold compression waits for a lull"); reclaiming space does not.
+    /// [`Store::compact`](crate::Store::compact). Default: every 60 s.
     pub interval: Option<Duration>,
     /// Cold compression: every sealed segment not yet compressed is rewritten with its records
     /// stored plain and compressed together, in frames of `frame_bytes` at zstd `level`
