@@ -1,0 +1,67 @@
+//! Channels: named, ordered, durable message logs between the agents of a run, with
+//! exactly-once processing per consumer (`docs/ARCHITECTURE.md`, "Channels").
+//!
+//! A message is a control atom of the channel's agent (`continuum.channel/<channel>`), written
+//! in the same log batch as the completion of the atom that sent it; a consumer's offset is a
+//! control atom of its agent (`continuum.consumer/<channel>/<consumer>`), written in the same
+//! batch as the completion of the atom that consumed the messages. So a message exists iff its
+//! sending atom completed, and an offset advances iff its consuming atom completed: after any
+//! crash each message is processed by exactly one completed atom of each consumer. Both are
+//! used inside [`Store::execute_with`](crate::Store::execute_with).
+
+mod exchange;
+mod names;
+mod read;
+
+use parking_lot::{Condvar, Mutex};
+
+pub use exchange::{Exchange, Exchanged, Received};
+pub use names::{CHANNEL_AGENT_PREFIX, CONSUMER_AGENT_PREFIX};
+
+use crate::store::AtomId;
+
+/// One message of a channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// The message's control atom: its position in the channel (ids grow in channel order).
+    pub id: AtomId,
+    /// The atom that sent it.
+    pub sender: AtomId,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// Number of locks consumers' commits are spread over.
+const CONSUMER_LOCKS: usize = 64;
+
+/// The channels' in-memory state of an open store.
+pub(crate) struct ChannelState {
+    /// A consuming atom's completion holds the lock of each of its consumers from the offset
+    /// check to the index update, so that two atoms never both advance one offset.
+    consumer_locks: [Mutex<()>; CONSUMER_LOCKS],
+    /// Counts the sends applied to the index; receivers wait on `landed` for it to change.
+    sends: Mutex<u64>,
+    landed: Condvar,
+}
+
+impl Default for ChannelState {
+    fn default() -> Self {
+        Self { consumer_locks: std::array::from_fn(|_| Mutex::new(())), sends: Mutex::new(0), landed: Condvar::new() }
+    }
+}
+
+impl ChannelState {
+    /// The lock a consumer agent's commits take.
+    fn consumer_lock(&self, consumer_agent: &str) -> usize {
+        let hash = consumer_agent
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+        (hash % CONSUMER_LOCKS as u64) as usize
+    }
+
+    /// Wakes every receiver waiting for a message.
+    fn notify_landed(&self) {
+        *self.sends.lock() += 1;
+        self.landed.notify_all();
+    }
+}

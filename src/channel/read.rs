@@ -1,0 +1,140 @@
+//! Reading channels: a consumer's offset, the messages past it, and the messages a completed
+//! atom consumed (its view of the exchange, returned on replay).
+
+use crate::channel::Message;
+use crate::channel::exchange::Received;
+use crate::channel::names::{self, CONSUMER_AGENT_PREFIX};
+use crate::error::{Error, Result};
+use crate::store::index::EntryState;
+use crate::store::{AtomId, RunId, Store, unknown_run};
+
+impl Store {
+    /// The offset `consumer` of `channel` in `run` has reached: the id of the last message it
+    /// consumed (0 before its first). It advances only with a completed consuming atom.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name; [`Error::UnknownRun`]; read errors, and
+    /// [`Error::InconsistentLog`] for an offset atom whose result is not an offset.
+    pub fn consumer_offset(&self, run: RunId, channel: &str, consumer: &str) -> Result<u64> {
+        names::check_name("channel", channel)?;
+        names::check_name("consumer", consumer)?;
+        self.run_status(run)?;
+        self.offset_of(run, &names::consumer_agent(channel, consumer))
+    }
+
+    /// Up to `max` messages of `channel` in `run` that `consumer` has not consumed, oldest
+    /// first, without consuming them (an atom consumes with
+    /// [`Exchange::receive`](crate::channel::Exchange::receive)).
+    ///
+    /// # Errors
+    /// As [`Store::consumer_offset`]; [`Error::InvalidArgument`] for a `max` of 0 or above
+    /// [`CHANNEL_RECEIVE_MESSAGES_MAX`](crate::limits::CHANNEL_RECEIVE_MESSAGES_MAX).
+    pub fn pending_messages(&self, run: RunId, channel: &str, consumer: &str, max: usize) -> Result<Vec<Message>> {
+        check_max(max)?;
+        let offset = self.consumer_offset(run, channel, consumer)?;
+        self.messages_after(run, channel, offset, max)
+    }
+
+    /// The offset a consumer agent has reached, from its newest completed offset atom.
+    pub(crate) fn offset_of(&self, run: RunId, consumer_agent: &str) -> Result<u64> {
+        let newest = {
+            let index = self.shared.index.read();
+            let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
+            let Some(agent) = index.agent_id(run32, consumer_agent) else { return Ok(0) };
+            index.last_run_atom(run, |entry| entry.agent == agent && entry.state == EntryState::Completed)
+        };
+        match newest {
+            Some(atom) => Ok(self.offset_range(atom)?.1),
+            None => Ok(0),
+        }
+    }
+
+    /// The range (from, to] of message ids the offset atom `atom` consumed.
+    fn offset_range(&self, atom: AtomId) -> Result<(u64, u64)> {
+        let read = self.atom(atom)?;
+        let result = read.output.map(|output| output.result).unwrap_or_default();
+        names::decode_offset(&result)
+            .ok_or(Error::InconsistentLog { lsn: read.started_lsn.get(), reason: "an offset atom holds no offset" })
+    }
+
+    /// Up to `max` completed messages of `channel` with ids above `after`, oldest first. A
+    /// message whose batch is still being appended ends the list: no later message is
+    /// returned before it lands (or its append fails), so consumers see one order.
+    pub(crate) fn messages_after(&self, run: RunId, channel: &str, after: u64, max: usize) -> Result<Vec<Message>> {
+        let ids = self.message_ids(run, channel, (after, u64::MAX), max)?;
+        ids.into_iter().map(|id| self.message(id)).collect()
+    }
+
+    /// Ids of completed messages of `channel` within `(from, to]`, at most `max`, up to the
+    /// first one in flight.
+    fn message_ids(&self, run: RunId, channel: &str, (from, to): (u64, u64), max: usize) -> Result<Vec<AtomId>> {
+        let index = self.shared.index.read();
+        let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
+        let Some(agent) = index.agent_id(run32, &names::channel_agent(channel)) else { return Ok(Vec::new()) };
+        let (first, end) = index.atom_span(run);
+        let start = first.max(usize::try_from(from).unwrap_or(usize::MAX));
+        let mut ids = Vec::new();
+        for (at, entry) in index.atoms.iter_from(start).take_while(|(at, _)| *at < end) {
+            let id = at as u64 + 1;
+            if ids.len() == max || id > to {
+                break;
+            }
+            if entry.run != run32 || entry.agent != agent {
+                continue;
+            }
+            match entry.state {
+                EntryState::Completed => ids.push(AtomId(id)),
+                EntryState::Starting => break,
+                _ => {}
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Message `id`, read from the log.
+    fn message(&self, id: AtomId) -> Result<Message> {
+        let read = self.atom(id)?;
+        let sender = names::message_sender(&read.key)
+            .ok_or(Error::InconsistentLog { lsn: read.started_lsn.get(), reason: "a message key names no sender" })?;
+        let payload = read.output.map(|output| output.result).unwrap_or_default();
+        Ok(Message { id, sender, payload })
+    }
+
+    /// The messages the completed atom `atom` of `run` consumed, per channel and consumer (in
+    /// the order of their consumer agents' names), from the offset atoms recorded with it.
+    pub(crate) fn consumed_by(&self, run: RunId, atom: AtomId) -> Result<Vec<Received>> {
+        let mut consumers: Vec<String> = {
+            let index = self.shared.index.read();
+            let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
+            index.agent_ids.get(&run32).map_or_else(Vec::new, |agents| {
+                agents
+                    .keys()
+                    .filter(|name| name.starts_with(CONSUMER_AGENT_PREFIX))
+                    .map(|name| name.to_string())
+                    .collect()
+            })
+        };
+        consumers.sort_unstable();
+        let mut received = Vec::new();
+        for agent in consumers {
+            let Some(offset_atom) = self.atom_by_key(run, &agent, &names::offset_key(atom))? else { continue };
+            let (channel, consumer) = names::parse_consumer_agent(&agent)
+                .ok_or(Error::InvalidArgument { reason: format!("consumer agent {agent:?} names no consumer") })?;
+            let range = self.offset_range(offset_atom)?;
+            let ids = self.message_ids(run, channel, range, usize::MAX)?;
+            let messages = ids.into_iter().map(|id| self.message(id)).collect::<Result<_>>()?;
+            received.push(Received { channel: channel.to_owned(), consumer: consumer.to_owned(), messages });
+        }
+        Ok(received)
+    }
+}
+
+/// Refuses a receive's `max` of 0 or above the limit.
+pub(crate) fn check_max(max: usize) -> Result<()> {
+    if max == 0 || max > crate::limits::CHANNEL_RECEIVE_MESSAGES_MAX {
+        return Err(Error::InvalidArgument {
+            reason: format!("a receive takes 1 to {} messages, not {max}", crate::limits::CHANNEL_RECEIVE_MESSAGES_MAX),
+        });
+    }
+    Ok(())
+}

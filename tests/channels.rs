@@ -1,0 +1,248 @@
+//! Channels between agents: messages sent and received inside atoms (`Store::execute_with`),
+//! consumed exactly once per consumer (broadcast: each consumer its own offset), a replay that
+//! returns what an atom consumed and sends nothing again, blocking receive, concurrent
+//! producers and consumers, and bad input refused with typed errors.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use continuum::channel::Exchange;
+use continuum::limits::{CHANNEL_MESSAGE_BYTES_MAX, CHANNEL_SENDS_PER_ATOM_MAX};
+use continuum::{AtomFailure, AtomOutput, Error, RunSpec, Store};
+
+fn failure(error: Error) -> AtomFailure {
+    AtomFailure { message: error.to_string(), retryable: true }
+}
+
+#[test]
+fn each_consumer_processes_each_message_once_and_a_replay_returns_what_it_consumed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let run = {
+        let store = Store::open(dir.path()).expect("open");
+        let run = store.create_run(RunSpec::new("team")).expect("run");
+        store
+            .execute_with(run, "planner", "plan", &[], |exchange| {
+                for task in ["a", "b", "c"] {
+                    exchange.send("tasks", task).map_err(failure)?;
+                }
+                Ok(AtomOutput::default())
+            })
+            .expect("send");
+        let replayed = store.execute_with(run, "planner", "plan", &[], |_| panic!("sent twice")).expect("replay");
+        assert!(replayed.executed.replayed);
+        let take_two = |exchange: &mut Exchange<'_>| {
+            let messages = exchange.receive("tasks", "researcher", 2).map_err(failure)?;
+            Ok(AtomOutput { result: messages.iter().flat_map(|m| m.payload.clone()).collect(), ..Default::default() })
+        };
+        let first = store.execute_with(run, "researcher", "r1", &[], take_two).expect("r1");
+        assert_eq!(first.executed.output.result, b"ab");
+        let second = store.execute_with(run, "researcher", "r2", &[], take_two).expect("r2");
+        assert_eq!(second.executed.output.result, b"c");
+        let third = store.execute_with(run, "researcher", "r3", &[], take_two).expect("r3");
+        assert!(third.received.is_empty() && third.executed.output.result.is_empty());
+        // Broadcast: another consumer has its own offset.
+        let writer = store.pending_messages(run, "tasks", "writer", 10).expect("writer's");
+        assert_eq!(writer.iter().map(|m| m.payload.clone()).collect::<Vec<_>>(), [b"a", b"b", b"c"]);
+        let plan = store.atom_by_key(run, "planner", "plan").expect("lookup").expect("plan");
+        assert!(writer.iter().all(|m| m.sender == plan));
+        run
+    };
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.pending_messages(run, "tasks", "auditor", 10).expect("all").len(), 3, "sent once");
+    assert_eq!(store.pending_messages(run, "tasks", "researcher", 10).expect("none"), vec![]);
+    let all = store.pending_messages(run, "tasks", "writer", 10).expect("all");
+    assert_eq!(store.consumer_offset(run, "tasks", "researcher").expect("offset"), all[2].id.get());
+    let again = store.execute_with(run, "researcher", "r1", &[], |_| panic!("consumed twice")).expect("replay r1");
+    assert!(again.executed.replayed);
+    assert_eq!(again.received.len(), 1);
+    assert_eq!((again.received[0].channel.as_str(), again.received[0].consumer.as_str()), ("tasks", "researcher"));
+    assert_eq!(again.received[0].messages, all[..2].to_vec());
+    let again = store.execute_with(run, "researcher", "r3", &[], |_| panic!("consumed twice")).expect("replay r3");
+    assert!(again.received.is_empty());
+}
+
+#[test]
+fn a_failed_or_conflicting_atom_sends_and_consumes_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("team")).expect("run");
+    let failed = store.execute_with(run, "planner", "plan", &[], |exchange| {
+        exchange.send("tasks", "lost").map_err(failure)?;
+        Err(AtomFailure { message: "tool down".into(), retryable: true })
+    });
+    assert!(matches!(failed, Err(Error::AtomFailed { .. })));
+    assert_eq!(store.pending_messages(run, "tasks", "w", 10).expect("none"), vec![]);
+    store
+        .execute_with(run, "planner", "plan", &[], |x| {
+            x.send("tasks", "kept").map(|()| AtomOutput::default()).map_err(failure)
+        })
+        .expect("retry sends");
+    // Two atoms of one consumer read the same offset: the second to complete is refused and
+    // consumes nothing; executed again, it finds the message taken.
+    let inner = |exchange: &mut Exchange<'_>| {
+        let messages = exchange.receive("tasks", "w", 1).map_err(failure)?;
+        assert_eq!(messages.len(), 1);
+        let nested = store.execute_with(run, "worker", "inner", &[], |x| {
+            x.receive("tasks", "w", 1).map(|_| AtomOutput::default()).map_err(failure)
+        });
+        assert!(nested.is_ok(), "{nested:?}");
+        Ok(AtomOutput::default())
+    };
+    let outer = store.execute_with(run, "worker", "outer", &[], inner);
+    let Err(Error::OutputNotRecorded { source, .. }) = outer else { panic!("{outer:?}") };
+    assert!(matches!(*source, Error::ConsumerConflict { expected: 0, .. }), "{source:?}");
+    let retried = store
+        .execute_with(run, "worker", "outer", &[], |x| {
+            x.receive("tasks", "w", 1)
+                .map(|m| AtomOutput { result: m.len().to_le_bytes().to_vec(), ..Default::default() })
+                .map_err(failure)
+        })
+        .expect("retry");
+    assert_eq!(retried.executed.output.result, 0usize.to_le_bytes());
+}
+
+#[test]
+fn bad_names_sizes_and_counts_are_refused_with_typed_errors() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("team")).expect("run");
+    store
+        .execute_with(run, "agent", "bad", &[], |exchange| {
+            let invalid = |result: continuum::Result<()>| matches!(result, Err(Error::InvalidArgument { .. }));
+            for name in ["", "a/b", "with space", "continuum.topics", &"x".repeat(129)] {
+                assert!(invalid(exchange.send(name, "m")), "channel {name:?}");
+                assert!(invalid(exchange.receive(name, "c", 1).map(|_| ())), "channel {name:?}");
+                assert!(invalid(exchange.receive("tasks", name, 1).map(|_| ())), "consumer {name:?}");
+            }
+            assert!(invalid(exchange.receive("tasks", "c", 0).map(|_| ())));
+            assert!(invalid(exchange.receive("tasks", "c", 1 << 20).map(|_| ())));
+            let too_big = exchange.send("tasks", vec![0; CHANNEL_MESSAGE_BYTES_MAX + 1]);
+            assert!(matches!(too_big, Err(Error::LimitExceeded { .. })), "{too_big:?}");
+            exchange.send("tasks", vec![0; CHANNEL_MESSAGE_BYTES_MAX]).expect("at the bound");
+            for _ in 1..CHANNEL_SENDS_PER_ATOM_MAX {
+                exchange.send("tasks", "m").expect("within the bound");
+            }
+            assert!(matches!(exchange.send("tasks", "m"), Err(Error::LimitExceeded { .. })));
+            Ok(AtomOutput::default())
+        })
+        .expect("the atom completes with the messages within the bounds");
+    assert_eq!(store.pending_messages(run, "tasks", "c", 4096).expect("sent").len(), CHANNEL_SENDS_PER_ATOM_MAX);
+    assert!(matches!(store.pending_messages(run, "tasks", "continuum.x", 1), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(store.consumer_offset(run, "continuum.x", "c"), Err(Error::InvalidArgument { .. })));
+    let refused = store.execute_with(run, "continuum.channel/tasks", "k", &[], |_| Ok(AtomOutput::default()));
+    assert!(matches!(refused, Err(Error::InvalidArgument { .. })), "the store's own agents");
+}
+
+#[test]
+fn a_waiting_receiver_wakes_when_a_message_lands_and_times_out_without_one() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Arc::new(Store::open(dir.path()).expect("open"));
+    let run = store.create_run(RunSpec::new("team")).expect("run");
+    let started = Instant::now();
+    let empty = store
+        .execute_with(run, "worker", "idle", &[], |x| {
+            let messages = x.receive_wait("tasks", "w", 1, Duration::from_millis(50)).map_err(failure)?;
+            Ok(AtomOutput { result: messages.len().to_le_bytes().to_vec(), ..Default::default() })
+        })
+        .expect("idle");
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    assert_eq!(empty.executed.output.result, 0usize.to_le_bytes());
+    let sender = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            store.execute_with(run, "planner", "plan", &[], |x| {
+                x.send("tasks", "go").map(|()| AtomOutput::default()).map_err(failure)
+            })
+        })
+    };
+    let started = Instant::now();
+    let woken = store
+        .execute_with(run, "worker", "wait", &[], |x| {
+            let messages = x.receive_wait("tasks", "w", 1, Duration::from_secs(30)).map_err(failure)?;
+            Ok(AtomOutput { result: messages[0].payload.clone(), ..Default::default() })
+        })
+        .expect("woken");
+    assert_eq!(woken.executed.output.result, b"go");
+    assert!(started.elapsed() < Duration::from_secs(10), "woken by the message, not the timeout");
+    sender.join().expect("sender").expect("sent");
+}
+
+/// Two producers and two consumers (broadcast: each its own offset), each on its own thread,
+/// thousands of messages: each consumer's completed atoms hold every message exactly once, in
+/// channel order, and a reopen agrees.
+#[test]
+fn concurrent_producers_and_consumers_process_every_message_exactly_once() {
+    const PRODUCERS: usize = 2;
+    const ATOMS: usize = 100;
+    const PER_ATOM: usize = 10;
+    const TOTAL: usize = PRODUCERS * ATOMS * PER_ATOM;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Arc::new(Store::builder(dir.path()).commit_spin(Duration::ZERO).open().expect("open"));
+    let run = store.create_run(RunSpec::new("team")).expect("run");
+    let mut threads = Vec::new();
+    for producer in 0..PRODUCERS {
+        let store = Arc::clone(&store);
+        threads.push(std::thread::spawn(move || {
+            for atom in 0..ATOMS {
+                store
+                    .execute_with(run, &format!("producer-{producer}"), &format!("{atom}"), &[], |x| {
+                        for at in 0..PER_ATOM {
+                            x.send("tasks", format!("{producer}/{atom}/{at}")).map_err(failure)?;
+                        }
+                        Ok(AtomOutput::default())
+                    })
+                    .expect("send");
+            }
+            Vec::new()
+        }));
+    }
+    for consumer in ["c1", "c2"] {
+        let store = Arc::clone(&store);
+        threads.push(std::thread::spawn(move || {
+            let mut got: Vec<Vec<u8>> = Vec::new();
+            let mut step = 0;
+            while got.len() < TOTAL {
+                let exchanged = store
+                    .execute_with(run, consumer, &format!("{step}"), &[], |x| {
+                        let messages =
+                            x.receive_wait("tasks", consumer, 37, Duration::from_secs(5)).map_err(failure)?;
+                        Ok(AtomOutput { result: messages.len().to_le_bytes().to_vec(), ..Default::default() })
+                    })
+                    .expect("receive");
+                got.extend(exchanged.received.into_iter().flat_map(|r| r.messages).map(|m| m.payload));
+                step += 1;
+            }
+            got
+        }));
+    }
+    let results: Vec<Vec<Vec<u8>>> = threads.into_iter().map(|t| t.join().expect("thread")).collect();
+    let order: Vec<Vec<u8>> =
+        store.pending_messages(run, "tasks", "auditor", 4096).expect("all").into_iter().map(|m| m.payload).collect();
+    assert_eq!(order.len(), TOTAL, "every message sent once");
+    for got in &results[PRODUCERS..] {
+        assert_eq!(got, &order, "every message processed once, in channel order");
+    }
+    let mut per_producer: BTreeMap<String, usize> = BTreeMap::new();
+    for payload in &order {
+        let text = String::from_utf8(payload.clone()).expect("utf-8");
+        *per_producer.entry(text.split('/').next().expect("producer").to_owned()).or_default() += 1;
+    }
+    assert!(per_producer.values().all(|count| *count == ATOMS * PER_ATOM));
+    drop(results);
+    let store = Arc::into_inner(store).expect("the last handle");
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    for consumer in ["c1", "c2"] {
+        assert_eq!(store.pending_messages(run, "tasks", consumer, 10).expect("none left"), vec![]);
+        let mut replayed = Vec::new();
+        for step in 0.. {
+            let Some(_) = store.atom_by_key(run, consumer, &format!("{step}")).expect("lookup") else { break };
+            let again =
+                store.execute_with(run, consumer, &format!("{step}"), &[], |_| panic!("ran again")).expect("replay");
+            replayed.extend(again.received.into_iter().flat_map(|r| r.messages).map(|m| m.payload));
+        }
+        assert_eq!(replayed, order, "{consumer}: the replayed view is the exchange");
+    }
+}
