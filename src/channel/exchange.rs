@@ -166,11 +166,11 @@ impl Store {
     /// let store = Store::open(dir.path())?;
     /// let run = store.create_run(RunSpec::new("team"))?;
     /// store.execute_with(run, "planner", "plan", &[], |exchange| {
-    ///     exchange.send("tasks", b"research flights".to_vec()).expect("a valid message");
+    ///     exchange.send("tasks", b"research flights".to_vec())?; // a store error fails the atom
     ///     Ok(AtomOutput::default())
     /// })?;
     /// let work = |exchange: &mut continuum::channel::Exchange<'_>| {
-    ///     let tasks = exchange.receive("tasks", "researcher", 10).expect("readable");
+    ///     let tasks = exchange.receive("tasks", "researcher", 10)?;
     ///     Ok(AtomOutput { result: tasks[0].payload.clone(), ..AtomOutput::default() })
     /// };
     /// let first = store.execute_with(run, "researcher", "step-1", &[], work)?;
