@@ -167,6 +167,9 @@ pub const CHANNEL_SENDS_PER_ATOM_MAX: usize = 128;
 /// Messages one receive returns.
 pub const CHANNEL_RECEIVE_MESSAGES_MAX: usize = 4096;
 
+/// Consumer offsets an open store keeps in memory (a cache, cleared when full).
+pub const CHANNEL_OFFSETS_CACHED_MAX: usize = 65_536;
+
 /// Channels and consumers one atom receives from (each becomes an offset control atom).
 pub const CHANNEL_CONSUMERS_PER_ATOM_MAX: usize = 64;
 

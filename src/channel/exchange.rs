@@ -246,6 +246,12 @@ impl Store {
         let committed = self
             .check_offsets(run, &consumed, &read_from)
             .and_then(|()| self.complete_atom_with(atom, &output, &controls));
+        if committed.is_ok() {
+            for (agent, received) in &consumed {
+                let to = received.messages.last().expect("a consumer is noted with its messages").id.get();
+                state.cache_offset(run.0, agent, to);
+            }
+        }
         drop(guards);
         match committed {
             Ok(_) => {
@@ -269,7 +275,7 @@ impl Store {
         read_from: &BTreeMap<String, u64>,
     ) -> Result<()> {
         for (agent, received) in consumed {
-            let found = self.offset_of(run, agent)?;
+            let found = self.offset_locked(run, agent)?;
             if found != read_from[agent] {
                 return Err(Error::ConsumerConflict {
                     channel: received.channel.clone(),

@@ -13,6 +13,8 @@ mod exchange;
 mod names;
 mod read;
 
+use std::collections::HashMap;
+
 use parking_lot::{Condvar, Mutex};
 
 pub use exchange::{Exchange, Exchanged, Received};
@@ -39,6 +41,10 @@ pub(crate) struct ChannelState {
     /// A consuming atom's completion holds the lock of each of its consumers from the offset
     /// check to the index update, so that two atoms never both advance one offset.
     consumer_locks: [Mutex<()>; CONSUMER_LOCKS],
+    /// Offsets known to be current, by run and consumer agent: written only under the
+    /// consumer's lock (from the log, or by a commit after its index update), so a hit is never
+    /// older than the last commit that released the lock. A cache: cleared when full.
+    offsets: Mutex<HashMap<(u64, String), u64>>,
     /// Counts the sends applied to the index; receivers wait on `landed` for it to change.
     sends: Mutex<u64>,
     landed: Condvar,
@@ -46,7 +52,12 @@ pub(crate) struct ChannelState {
 
 impl Default for ChannelState {
     fn default() -> Self {
-        Self { consumer_locks: std::array::from_fn(|_| Mutex::new(())), sends: Mutex::new(0), landed: Condvar::new() }
+        Self {
+            consumer_locks: std::array::from_fn(|_| Mutex::new(())),
+            offsets: Mutex::new(HashMap::new()),
+            sends: Mutex::new(0),
+            landed: Condvar::new(),
+        }
     }
 }
 
@@ -57,6 +68,20 @@ impl ChannelState {
             .bytes()
             .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
         (hash % CONSUMER_LOCKS as u64) as usize
+    }
+
+    /// The cached offset of a consumer agent of `run`, if any.
+    fn cached_offset(&self, run: u64, consumer_agent: &str) -> Option<u64> {
+        self.offsets.lock().get(&(run, consumer_agent.to_owned())).copied()
+    }
+
+    /// Caches a consumer agent's offset; the caller holds its consumer lock.
+    fn cache_offset(&self, run: u64, consumer_agent: &str, offset: u64) {
+        let mut offsets = self.offsets.lock();
+        if offsets.len() >= crate::limits::CHANNEL_OFFSETS_CACHED_MAX {
+            offsets.clear();
+        }
+        offsets.insert((run, consumer_agent.to_owned()), offset);
     }
 
     /// Wakes every receiver waiting for a message.

@@ -35,8 +35,29 @@ impl Store {
         self.messages_after(run, channel, offset, max)
     }
 
-    /// The offset a consumer agent has reached, from its newest completed offset atom.
+    /// The offset a consumer agent has reached: cached, or from its newest completed offset
+    /// atom.
     pub(crate) fn offset_of(&self, run: RunId, consumer_agent: &str) -> Result<u64> {
+        match self.shared.channels.cached_offset(run.0, consumer_agent) {
+            Some(offset) => Ok(offset),
+            None => self.offset_in_log(run, consumer_agent),
+        }
+    }
+
+    /// [`Store::offset_of`] that fills the cache on a miss; the caller holds the consumer's
+    /// lock, so no commit changes the offset between the read and the fill.
+    pub(crate) fn offset_locked(&self, run: RunId, consumer_agent: &str) -> Result<u64> {
+        let state = &self.shared.channels;
+        if let Some(offset) = state.cached_offset(run.0, consumer_agent) {
+            return Ok(offset);
+        }
+        let offset = self.offset_in_log(run, consumer_agent)?;
+        state.cache_offset(run.0, consumer_agent, offset);
+        Ok(offset)
+    }
+
+    /// The offset a consumer agent has reached, from its newest completed offset atom.
+    fn offset_in_log(&self, run: RunId, consumer_agent: &str) -> Result<u64> {
         let newest = {
             let index = self.shared.index.read();
             let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
