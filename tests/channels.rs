@@ -46,6 +46,7 @@ fn each_consumer_processes_each_message_once_and_a_replay_returns_what_it_consum
         assert_eq!(writer.iter().map(|m| m.payload.clone()).collect::<Vec<_>>(), [b"a", b"b", b"c"]);
         let plan = store.atom_by_key(run, "planner", "plan").expect("lookup").expect("plan");
         assert!(writer.iter().all(|m| m.sender == plan));
+        store.write_index_snapshot().expect("the reopen starts from an index snapshot");
         run
     };
     let store = Store::open(dir.path()).expect("reopen");
