@@ -247,3 +247,49 @@ fn concurrent_producers_and_consumers_process_every_message_exactly_once() {
         assert_eq!(replayed, order, "{consumer}: the replayed view is the exchange");
     }
 }
+
+/// Store-wide topics: a message sent in one run's atom is received by consumers in other runs
+/// (each its own offset), once each, and a replay after a reopen returns it with its run.
+#[test]
+fn a_topic_carries_messages_between_runs_once_per_consumer() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (alerts, billing) = {
+        let store = Store::open(dir.path()).expect("open");
+        let (monitor, alerts, billing) = (
+            store.create_run(RunSpec::new("monitor")).expect("run"),
+            store.create_run(RunSpec::new("alerts")).expect("run"),
+            store.create_run(RunSpec::new("billing")).expect("run"),
+        );
+        store
+            .execute_with(monitor, "watch", "w1", &[], |x| {
+                x.send_topic("incidents", "disk full").map(|()| AtomOutput::default()).map_err(failure)
+            })
+            .expect("send");
+        assert_eq!(store.pending_messages(monitor, "incidents", "pager", 10).expect("none in the run"), vec![]);
+        for (run, consumer) in [(alerts, "pager"), (billing, "ledger")] {
+            let got = store
+                .execute_with(run, "agent", "k1", &[], |x| {
+                    let messages = x.receive_topic("incidents", consumer, 10).map_err(failure)?;
+                    Ok(AtomOutput { result: messages[0].payload.clone(), ..Default::default() })
+                })
+                .expect("receive");
+            assert_eq!(got.executed.output.result, b"disk full");
+            let again = store.execute_with(run, "agent", "k2", &[], |x| {
+                x.receive_topic("incidents", consumer, 10)
+                    .map(|m| AtomOutput { result: m.len().to_le_bytes().to_vec(), ..Default::default() })
+                    .map_err(failure)
+            });
+            assert_eq!(again.expect("receive").executed.output.result, 0usize.to_le_bytes(), "consumed once");
+        }
+        (alerts, billing)
+    };
+    let store = Store::open(dir.path()).expect("reopen");
+    let topics = store.topics_run().expect("topics run");
+    for run in [alerts, billing] {
+        let replayed = store.execute_with(run, "agent", "k1", &[], |_| panic!("ran again")).expect("replay");
+        assert_eq!(replayed.received.len(), 1);
+        assert_eq!(replayed.received[0].run, topics);
+        assert_eq!(replayed.received[0].messages[0].payload, b"disk full");
+    }
+    assert_eq!(store.pending_messages(topics, "incidents", "late", 10).expect("a new consumer").len(), 1);
+}

@@ -4,7 +4,9 @@
 //! atom that sent it completed, the consumer's offset and the atoms that consumed agree (the
 //! completed consumer atoms hold exactly the messages up to the offset, each once, in channel
 //! order, and each atom's output is what it received), and an acknowledged atom is there.
-//! Resuming then finishes the exchange with every message consumed exactly once.
+//! Resuming then finishes the exchange with every message consumed exactly once. Each producer
+//! also sends to a store-wide topic (another run, the same batch): its message exists iff the
+//! producer completed.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -26,6 +28,9 @@ fn produce(step: &str) -> impl FnOnce(&mut Exchange<'_>) -> Result<AtomOutput, A
         for part in ["a", "b"] {
             exchange.send("tasks", format!("{step}{part}").into_bytes()).expect("a valid message");
         }
+        // A topic's message lives in another run, in the same batch.
+        // Creating the topics run on first use may fail: the atom fails, retryably.
+        exchange.send_topic("news", step.as_bytes().to_vec())?;
         Ok(AtomOutput::default())
     }
 }
@@ -74,6 +79,11 @@ fn check(store: &Store, acknowledged: &[&str], context: &str) -> Vec<Vec<u8>> {
         assert!(sent || !acknowledged.contains(step), "{context}: acknowledged {step} lost");
         let from_step: Vec<_> = all.iter().filter(|m| m.payload.starts_with(step.as_bytes())).collect();
         assert_eq!(from_step.len(), if sent { 2 } else { 0 }, "{context}: {step}'s messages vs its atom");
+        let topics = store.run_id(continuum::channel::TOPICS_RUN);
+        let news =
+            topics.map_or_else(Vec::new, |topics| store.pending_messages(topics, "news", "auditor", 64).expect("news"));
+        let on_topic = news.iter().filter(|m| m.payload == step.as_bytes()).count();
+        assert_eq!(on_topic, usize::from(sent), "{context}: {step}'s topic message vs its atom");
         expected_payloads.extend(from_step.iter().map(|m| m.payload.clone()));
     }
     let mut consumed: Vec<Message> = Vec::new();

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::channel::Message;
 use crate::channel::names::{self, channel_agent, consumer_agent};
 use crate::channel::read::check_max;
+use crate::channel::{Message, TOPICS_RUN};
 use crate::error::{Error, Result};
 use crate::limits::{CHANNEL_CONSUMERS_PER_ATOM_MAX, CHANNEL_MESSAGE_BYTES_MAX, CHANNEL_SENDS_PER_ATOM_MAX};
 use crate::store::batch::ControlDraft;
@@ -20,16 +20,19 @@ pub struct Exchange<'a> {
     store: &'a Store,
     run: RunId,
     atom: AtomId,
-    sends: Vec<(String, Vec<u8>)>,
-    /// Per consumer agent: what this atom has consumed so far.
-    consumed: BTreeMap<String, Received>,
-    /// Per consumer agent: the offset before this atom's first receive.
-    read_from: BTreeMap<String, u64>,
+    /// The run, channel and payload of each message sent.
+    sends: Vec<(RunId, String, Vec<u8>)>,
+    /// Per run and consumer agent: what this atom has consumed so far.
+    consumed: BTreeMap<(RunId, String), Received>,
+    /// Per run and consumer agent: the offset before this atom's first receive.
+    read_from: BTreeMap<(RunId, String), u64>,
 }
 
 /// The messages one atom consumed from one channel as one consumer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Received {
+    /// The run the channel lives in: the atom's, or the topics run ([`Store::topics_run`]).
+    pub run: RunId,
     /// The channel.
     pub channel: String,
     /// The consumer.
@@ -62,8 +65,22 @@ impl Exchange<'_> {
     /// payload above [`CHANNEL_MESSAGE_BYTES_MAX`] or more than [`CHANNEL_SENDS_PER_ATOM_MAX`]
     /// sends. Nothing is sent on error.
     pub fn send(&mut self, channel: &str, payload: impl Into<Vec<u8>>) -> Result<()> {
+        self.send_in(self.run, channel, payload.into())
+    }
+
+    /// [`Exchange::send`] to the store-wide topic `topic` (a channel of the topics run,
+    /// [`Store::topics_run`], created on first use), written when the atom completes.
+    ///
+    /// # Errors
+    /// As [`Exchange::send`], and the errors of creating the topics run.
+    pub fn send_topic(&mut self, topic: &str, payload: impl Into<Vec<u8>>) -> Result<()> {
+        let run = self.store.topics_run()?;
+        self.send_in(run, topic, payload.into())
+    }
+
+    /// Sends `payload` on `channel` of `run` when the atom completes.
+    fn send_in(&mut self, run: RunId, channel: &str, payload: Vec<u8>) -> Result<()> {
         names::check_name("channel", channel)?;
-        let payload = payload.into();
         if payload.len() > CHANNEL_MESSAGE_BYTES_MAX {
             return Err(Error::LimitExceeded {
                 what: "channel message bytes".into(),
@@ -76,7 +93,7 @@ impl Exchange<'_> {
                 limit: bytes(CHANNEL_SENDS_PER_ATOM_MAX),
             });
         }
-        self.sends.push((channel.to_owned(), payload));
+        self.sends.push((run, channel.to_owned(), payload));
         Ok(())
     }
 
@@ -88,15 +105,30 @@ impl Exchange<'_> {
     /// [`Error::InvalidArgument`] for a bad name or `max`; [`Error::LimitExceeded`] past
     /// [`CHANNEL_CONSUMERS_PER_ATOM_MAX`] consumers; read errors.
     pub fn receive(&mut self, channel: &str, consumer: &str, max: usize) -> Result<Vec<Message>> {
+        self.receive_in(self.run, channel, consumer, max)
+    }
+
+    /// [`Exchange::receive`] from the store-wide topic `topic` ([`Exchange::send_topic`]);
+    /// the consumer's offset lives in the topics run.
+    ///
+    /// # Errors
+    /// As [`Exchange::receive`], and the errors of creating the topics run.
+    pub fn receive_topic(&mut self, topic: &str, consumer: &str, max: usize) -> Result<Vec<Message>> {
+        let run = self.store.topics_run()?;
+        self.receive_in(run, topic, consumer, max)
+    }
+
+    /// Receives from `channel` of `run`.
+    fn receive_in(&mut self, run: RunId, channel: &str, consumer: &str, max: usize) -> Result<Vec<Message>> {
         names::check_name("channel", channel)?;
         names::check_name("consumer", consumer)?;
         check_max(max)?;
-        let agent = consumer_agent(channel, consumer);
+        let agent = (run, consumer_agent(channel, consumer));
         let after = match self.consumed.get(&agent) {
             Some(received) => received.messages.last().map_or(0, |message| message.id.get()),
-            None => self.store.offset_of(self.run, &agent)?,
+            None => self.store.offset_of(run, &agent.1)?,
         };
-        let messages = self.store.messages_after(self.run, channel, after, max)?;
+        let messages = self.store.messages_after(run, channel, after, max)?;
         if messages.is_empty() {
             return Ok(messages);
         }
@@ -106,6 +138,7 @@ impl Exchange<'_> {
         }
         self.read_from.entry(agent.clone()).or_insert(after);
         let entry = self.consumed.entry(agent).or_insert_with(|| Received {
+            run,
             channel: channel.to_owned(),
             consumer: consumer.to_owned(),
             messages: Vec::new(),
@@ -127,11 +160,37 @@ impl Exchange<'_> {
         max: usize,
         timeout: Duration,
     ) -> Result<Vec<Message>> {
+        self.wait_in(self.run, (channel, consumer), max, timeout)
+    }
+
+    /// [`Exchange::receive_topic`] that waits as [`Exchange::receive_wait`] does.
+    ///
+    /// # Errors
+    /// As [`Exchange::receive_topic`].
+    pub fn receive_topic_wait(
+        &mut self,
+        topic: &str,
+        consumer: &str,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Message>> {
+        let run = self.store.topics_run()?;
+        self.wait_in(run, (topic, consumer), max, timeout)
+    }
+
+    /// Receives from `channel` of `run`, waiting up to `timeout` for a message.
+    fn wait_in(
+        &mut self,
+        run: RunId,
+        (channel, consumer): (&str, &str),
+        max: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Message>> {
         let deadline = Instant::now() + timeout;
         let state = &self.store.shared.channels;
         loop {
             let seen = *state.sends.lock();
-            let messages = self.receive(channel, consumer, max)?;
+            let messages = self.receive_in(run, channel, consumer, max)?;
             if !messages.is_empty() {
                 return Ok(messages);
             }
@@ -139,7 +198,7 @@ impl Exchange<'_> {
             while *sends == seen {
                 if state.landed.wait_until(&mut sends, deadline).timed_out() {
                     drop(sends);
-                    return self.receive(channel, consumer, max);
+                    return self.receive_in(run, channel, consumer, max);
                 }
             }
         }
@@ -147,7 +206,19 @@ impl Exchange<'_> {
 }
 
 impl Store {
-    /// [`Store::execute`] for an atom that sends and receives messages on channels of `run`:
+    /// The run that holds the store-wide topics ([`TOPICS_RUN`]), created on first use.
+    ///
+    /// # Errors
+    /// The errors of [`Store::create_run`].
+    pub fn topics_run(&self) -> Result<RunId> {
+        match self.run_id(TOPICS_RUN) {
+            Some(run) => Ok(run),
+            None => self.create_run(crate::RunSpec::new(TOPICS_RUN)),
+        }
+    }
+
+    /// [`Store::execute`] for an atom that sends and receives messages on channels of `run`
+    /// (and on the store-wide topics, [`Exchange::send_topic`]):
     /// `work` gets an [`Exchange`] to [`send`](Exchange::send) and
     /// [`receive`](Exchange::receive) with, and the atom's completion, its messages and its
     /// consumers' new offsets are one log batch. A message exists iff the atom that sent it
@@ -198,7 +269,10 @@ impl Store {
             Some(atom) => match self.replay(atom)? {
                 Some(executed) => {
                     self.shared.log.metrics_handle().record_atom_skipped();
-                    let received = self.consumed_by(run, atom)?;
+                    let mut received = self.consumed_by(run, atom)?;
+                    if let Some(topics) = self.run_id(TOPICS_RUN).filter(|topics| *topics != run) {
+                        received.extend(self.consumed_by(topics, atom)?);
+                    }
                     return Ok(Exchanged { executed, received });
                 }
                 None => atom,
@@ -225,31 +299,30 @@ impl Store {
     /// Completes an exchange's atom with its messages and offsets, under its consumers'
     /// locks, after checking that no offset moved since the atom read it.
     fn commit_exchange(&self, exchange: Exchange<'_>, output: AtomOutput) -> Result<Exchanged> {
-        let Exchange { run, atom, sends, consumed, read_from, .. } = exchange;
+        let Exchange { atom, sends, consumed, read_from, .. } = exchange;
         let mut controls: Vec<ControlDraft> = Vec::with_capacity(sends.len() + consumed.len());
         let sent = !sends.is_empty();
-        for (at, (channel, payload)) in sends.into_iter().enumerate() {
+        for (at, (to_run, channel, payload)) in sends.into_iter().enumerate() {
             let key = names::message_key(atom, at);
-            controls.push(ControlDraft { run, agent: channel_agent(&channel), key, result: payload });
+            controls.push(ControlDraft { run: to_run, agent: channel_agent(&channel), key, result: payload });
         }
-        for (agent, received) in &consumed {
+        for (key, received) in &consumed {
             let to = received.messages.last().expect("a consumer is noted with its messages").id.get();
-            let result = names::encode_offset(read_from[agent], to);
-            controls.push(ControlDraft { run, agent: agent.clone(), key: names::offset_key(atom), result });
+            let result = names::encode_offset(read_from[key], to);
+            controls.push(ControlDraft { run: key.0, agent: key.1.clone(), key: names::offset_key(atom), result });
         }
         let state = &self.shared.channels;
-        let mut stripes: Vec<usize> = consumed.keys().map(|agent| state.consumer_lock(agent)).collect();
+        let mut stripes: Vec<usize> = consumed.keys().map(|(_, agent)| state.consumer_lock(agent)).collect();
         stripes.sort_unstable();
         stripes.dedup();
         // Ascending order: two commits never wait for each other's locks.
         let guards: Vec<_> = stripes.iter().map(|stripe| state.consumer_locks[*stripe].lock()).collect();
-        let committed = self
-            .check_offsets(run, &consumed, &read_from)
-            .and_then(|()| self.complete_atom_with(atom, &output, &controls));
+        let committed =
+            self.check_offsets(&consumed, &read_from).and_then(|()| self.complete_atom_with(atom, &output, &controls));
         if committed.is_ok() {
-            for (agent, received) in &consumed {
+            for ((of_run, agent), received) in &consumed {
                 let to = received.messages.last().expect("a consumer is noted with its messages").id.get();
-                state.cache_offset(run.0, agent, to);
+                state.cache_offset(of_run.0, agent, to);
             }
         }
         drop(guards);
@@ -270,17 +343,16 @@ impl Store {
     /// Refuses a commit whose consumer's offset is no longer the one the atom read.
     fn check_offsets(
         &self,
-        run: RunId,
-        consumed: &BTreeMap<String, Received>,
-        read_from: &BTreeMap<String, u64>,
+        consumed: &BTreeMap<(RunId, String), Received>,
+        read_from: &BTreeMap<(RunId, String), u64>,
     ) -> Result<()> {
-        for (agent, received) in consumed {
-            let found = self.offset_locked(run, agent)?;
-            if found != read_from[agent] {
+        for (key, received) in consumed {
+            let found = self.offset_locked(key.0, &key.1)?;
+            if found != read_from[key] {
                 return Err(Error::ConsumerConflict {
                     channel: received.channel.clone(),
                     consumer: received.consumer.clone(),
-                    expected: read_from[agent],
+                    expected: read_from[key],
                     found,
                 });
             }

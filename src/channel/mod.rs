@@ -22,6 +22,11 @@ pub use names::{CHANNEL_AGENT_PREFIX, CONSUMER_AGENT_PREFIX};
 
 use crate::store::AtomId;
 
+/// The name of the run that holds the store-wide topics ([`Store::topics_run`]).
+///
+/// [`Store::topics_run`]: crate::Store::topics_run
+pub const TOPICS_RUN: &str = "continuum.topics";
+
 /// One message of a channel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {

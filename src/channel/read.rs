@@ -144,7 +144,7 @@ impl Store {
             let range = self.offset_range(offset_atom)?;
             let ids = self.message_ids(run, channel, range, usize::MAX)?;
             let messages = ids.into_iter().map(|id| self.message(id)).collect::<Result<_>>()?;
-            received.push(Received { channel: channel.to_owned(), consumer: consumer.to_owned(), messages });
+            received.push(Received { run, channel: channel.to_owned(), consumer: consumer.to_owned(), messages });
         }
         Ok(received)
     }
