@@ -293,3 +293,63 @@ fn a_topic_carries_messages_between_runs_once_per_consumer() {
     }
     assert_eq!(store.pending_messages(topics, "incidents", "late", 10).expect("a new consumer").len(), 1);
 }
+
+/// A consumer group as one consumer name shared by its members: members on three threads take
+/// turns (a member whose offset moved gets `ConsumerConflict` and executes its atom again), so
+/// each message is processed by exactly one member's completed atom.
+#[test]
+fn members_sharing_a_consumer_each_take_distinct_messages() {
+    const MESSAGES: usize = 300;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Arc::new(Store::builder(dir.path()).commit_spin(Duration::ZERO).open().expect("open"));
+    let run = store.create_run(RunSpec::new("team")).expect("run");
+    for batch in 0..MESSAGES / 10 {
+        store
+            .execute_with(run, "producer", &format!("{batch}"), &[], |x| {
+                for at in 0..10 {
+                    x.send("jobs", format!("{}", batch * 10 + at)).map_err(failure)?;
+                }
+                Ok(AtomOutput::default())
+            })
+            .expect("send");
+    }
+    let members: Vec<_> = (0..3)
+        .map(|member| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let (mut got, mut conflicts) = (Vec::new(), 0);
+                for step in 0.. {
+                    let key = format!("{step}");
+                    let exchanged = loop {
+                        let attempt = store.execute_with(run, &format!("member-{member}"), &key, &[], |x| {
+                            x.receive("jobs", "pool", 7).map(|_| AtomOutput::default()).map_err(failure)
+                        });
+                        match attempt {
+                            Ok(exchanged) => break exchanged,
+                            Err(Error::OutputNotRecorded { source, .. })
+                                if matches!(*source, Error::ConsumerConflict { .. }) =>
+                            {
+                                conflicts += 1;
+                            }
+                            Err(other) => panic!("member {member}: {other}"),
+                        }
+                    };
+                    let messages: Vec<_> = exchanged.received.into_iter().flat_map(|r| r.messages).collect();
+                    if messages.is_empty() {
+                        break;
+                    }
+                    got.extend(messages.into_iter().map(|m| String::from_utf8(m.payload).expect("utf-8")));
+                }
+                (got, conflicts)
+            })
+        })
+        .collect();
+    let mut all: Vec<usize> = Vec::new();
+    for member in members {
+        let (got, _conflicts) = member.join().expect("member");
+        all.extend(got.iter().map(|text| text.parse::<usize>().expect("number")));
+    }
+    all.sort_unstable();
+    assert_eq!(all, (0..MESSAGES).collect::<Vec<_>>(), "each message to exactly one member");
+    assert_eq!(store.pending_messages(run, "jobs", "pool", 10).expect("none left"), vec![]);
+}
