@@ -304,7 +304,8 @@ impl Store {
         let sent = !sends.is_empty();
         for (at, (to_run, channel, payload)) in sends.into_iter().enumerate() {
             let key = names::message_key(atom, at);
-            controls.push(ControlDraft { run: to_run, agent: channel_agent(&channel), key, result: payload });
+            let result = names::encode_message(atom, &payload);
+            controls.push(ControlDraft { run: to_run, agent: channel_agent(&channel), key, result });
         }
         for (key, received) in &consumed {
             let to = received.messages.last().expect("a consumer is noted with its messages").id.get();

@@ -55,11 +55,24 @@ pub(crate) fn message_key(sender: AtomId, index: usize) -> String {
     format!("{}.{index}", sender.get())
 }
 
-/// The sender a message key names.
-pub(crate) fn message_sender(key: &str) -> Option<AtomId> {
-    let (sender, index) = key.split_once('.')?;
-    index.parse::<u32>().ok()?;
-    sender.parse::<u64>().ok().filter(|sender| *sender != 0).map(AtomId)
+/// Bytes before a message's payload in its atom's result: the sender's id.
+pub(crate) const MESSAGE_HEADER_BYTES: usize = 8;
+
+/// A message atom's result: the sender's id (u64 little-endian), then the payload, so that a
+/// reader finds both in the completion record alone.
+pub(crate) fn encode_message(sender: AtomId, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(MESSAGE_HEADER_BYTES + payload.len());
+    out.extend_from_slice(&sender.get().to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Splits a message atom's result into its sender and payload; `None` if it is shorter than
+/// the header or names atom 0.
+pub(crate) fn decode_message(result: &[u8]) -> Option<(AtomId, &[u8])> {
+    let (sender, payload) = result.split_at_checked(MESSAGE_HEADER_BYTES)?;
+    let sender = u64::from_le_bytes(sender.try_into().ok()?);
+    (sender != 0).then_some((AtomId(sender), payload))
 }
 
 /// The key of the offset atom recorded with consuming atom `atom`.
@@ -96,9 +109,11 @@ mod tests {
             assert!(matches!(check_name("channel", bad), Err(Error::InvalidArgument { .. })), "{bad:?}");
         }
         assert_eq!(parse_consumer_agent(&consumer_agent("tasks", "w1")), Some(("tasks", "w1")));
-        assert_eq!(message_sender(&message_key(AtomId(7), 3)), Some(AtomId(7)));
-        assert_eq!(message_sender("7"), None);
-        assert_eq!(message_sender("0.1"), None);
+        assert_eq!(message_key(AtomId(7), 3), "7.3");
+        assert_eq!(decode_message(&encode_message(AtomId(7), b"hi")), Some((AtomId(7), &b"hi"[..])));
+        assert_eq!(decode_message(&encode_message(AtomId(7), b"")), Some((AtomId(7), &b""[..])));
+        assert_eq!(decode_message(&encode_message(AtomId(7), b"")[..7]), None);
+        assert_eq!(decode_message(&[0; 9]), None, "atom 0 sends nothing");
         assert_eq!(decode_offset(&encode_offset(3, 9)), Some((3, 9)));
         assert_eq!(decode_offset(&encode_offset(3, 9)[..15]), None);
         let mut backwards = encode_offset(3, 9);

@@ -4,6 +4,7 @@
 use crate::channel::Message;
 use crate::channel::exchange::Received;
 use crate::channel::names::{self, CONSUMER_AGENT_PREFIX};
+use crate::codec::StoreRecord;
 use crate::error::{Error, Result};
 use crate::store::index::EntryState;
 use crate::store::{AtomId, RunId, Store, unknown_run};
@@ -112,13 +113,20 @@ impl Store {
         Ok(ids)
     }
 
-    /// Message `id`, read from the log.
+    /// Message `id`, read from its completion record alone.
     fn message(&self, id: AtomId) -> Result<Message> {
-        let read = self.atom(id)?;
-        let sender = names::message_sender(&read.key)
-            .ok_or(Error::InconsistentLog { lsn: read.started_lsn.get(), reason: "a message key names no sender" })?;
-        let payload = read.output.map(|output| output.result).unwrap_or_default();
-        Ok(Message { id, sender, payload })
+        let ended_lsn = {
+            let index = self.shared.index.read();
+            let entry = index.atom(id).filter(|entry| entry.state == EntryState::Completed);
+            entry.ok_or(Error::UnknownAtom { atom: id.get() })?.ended_lsn
+        };
+        let inconsistent = |reason| Error::InconsistentLog { lsn: ended_lsn, reason };
+        let (StoreRecord::AtomCompleted(done) | StoreRecord::AtomReclaimed(done)) = self.read_record(ended_lsn)? else {
+            return Err(inconsistent("a message's end is not a completion"));
+        };
+        let (sender, payload) =
+            names::decode_message(&done.result).ok_or_else(|| inconsistent("a message names no sender"))?;
+        Ok(Message { id, sender, payload: payload.to_vec() })
     }
 
     /// The messages the completed atom `atom` of `run` consumed, per channel and consumer (in
