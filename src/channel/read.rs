@@ -167,3 +167,31 @@ pub(crate) fn check_max(max: usize) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::RunSpec;
+
+    /// A message or offset atom whose result breaks its layout (FORMAT.md §8, "Control atoms:
+    /// channels") is refused with `InconsistentLog` when read, never misread.
+    #[test]
+    fn malformed_message_and_offset_results_are_refused_when_read() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path()).expect("open");
+        let run = store.create_run(RunSpec::new("r")).expect("run");
+        let inconsistent = |error: Option<Error>| matches!(error, Some(Error::InconsistentLog { .. }));
+        let channel = names::channel_agent("tasks");
+        store.record_control(run, &channel, "1.0", &[], vec![1, 0, 0]).expect("short message");
+        assert!(inconsistent(store.pending_messages(run, "tasks", "c", 10).err()));
+        store.record_control(run, &names::channel_agent("zero"), "1.0", &[], vec![0; 12]).expect("sender 0");
+        assert!(inconsistent(store.pending_messages(run, "zero", "c", 10).err()));
+        let consumer = names::consumer_agent("tasks", "c");
+        store.record_control(run, &consumer, "9", &[], names::encode_offset(0, 1)[..15].to_vec()).expect("short");
+        assert!(inconsistent(store.consumer_offset(run, "tasks", "c").err()));
+        let mut backwards = names::encode_offset(1, 5);
+        backwards.rotate_left(8);
+        store.record_control(run, &names::consumer_agent("tasks", "d"), "9", &[], backwards).expect("backwards");
+        assert!(inconsistent(store.consumer_offset(run, "tasks", "d").err()));
+    }
+}
