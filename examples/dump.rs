@@ -996,7 +996,7 @@ fn atom_detail(store: &Store, id: AtomId, json: bool, out: &mut dyn Write) -> Re
 }
 
 /// The result of one of the store's own atoms decoded (a continuation event, a run checkpoint,
-/// a migration), pretty-printed; `None` for another agent or bytes that do not decode.
+/// a migration, a channel's message, a consumer's offset), pretty-printed; `None` for another agent or bytes that do not decode.
 fn control_result(agent: &str, result: &[u8]) -> Option<String> {
     use continuum::codec::proto;
     use prost::Message;
@@ -1009,6 +1009,18 @@ fn control_result(agent: &str, result: &[u8]) -> Option<String> {
         }
         continuum::checkpoint::MIGRATION_AGENT => {
             proto::MigrationApplied::decode(result).ok().map(|migration| format!("{migration:#?}"))
+        }
+        _ if agent.starts_with(continuum::channel::CHANNEL_AGENT_PREFIX) => {
+            // FORMAT.md §8, "Control atoms: channels": sender:u64le payload.
+            let (sender, payload) = result.split_at_checked(8)?;
+            let sender = u64::from_le_bytes(sender.try_into().ok()?);
+            Some(format!("message from atom {sender}: {}", bytes_text(payload, usize::MAX)))
+        }
+        _ if agent.starts_with(continuum::channel::CONSUMER_AGENT_PREFIX) => {
+            // from:u64le to:u64le, the message ids (from, to] the consuming atom took.
+            let from = u64::from_le_bytes(result.get(..8)?.try_into().ok()?);
+            let to = u64::from_le_bytes(result.get(8..16)?.try_into().ok()?);
+            Some(format!("consumed messages {}..={to}", from + 1))
         }
         _ => None,
     }

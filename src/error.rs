@@ -337,6 +337,20 @@ pub enum Error {
         reason: String,
     },
 
+    /// A consuming atom's completion found its consumer's offset moved since the atom read it:
+    /// another atom of the same consumer consumed meanwhile. Nothing of the atom was recorded.
+    #[error("consumer {consumer:?} of channel {channel:?} is at message {found}, not {expected} as the atom read it")]
+    ConsumerConflict {
+        /// The channel.
+        channel: String,
+        /// The consumer.
+        consumer: String,
+        /// The offset the atom read (the last message id consumed before it).
+        expected: u64,
+        /// The offset found at its completion.
+        found: u64,
+    },
+
     /// A run checkpoint's sequence is not greater than the run's newest checkpoint's: a stale
     /// writer cannot overwrite a newer checkpoint. Nothing was written.
     #[error("checkpoint {sequence} of run {run} is stale: its newest checkpoint is {newest}")]
@@ -572,6 +586,12 @@ impl Error {
             Error::AtomExists { atom } => Error::AtomExists { atom: *atom },
             Error::InvalidTransition { atom, from, to } => Error::InvalidTransition { atom: *atom, from, to },
             Error::RunFinished { run } => Error::RunFinished { run: *run },
+            Error::ConsumerConflict { channel, consumer, expected, found } => Error::ConsumerConflict {
+                channel: channel.clone(),
+                consumer: consumer.clone(),
+                expected: *expected,
+                found: *found,
+            },
             Error::StaleCheckpoint { run, sequence, newest } => {
                 Error::StaleCheckpoint { run: *run, sequence: *sequence, newest: *newest }
             }

@@ -51,6 +51,7 @@
 //! # }
 //! ```
 
+pub mod channel;
 pub mod checkpoint;
 pub mod codec;
 pub mod config;

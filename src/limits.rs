@@ -155,6 +155,24 @@ pub const CONTINUATION_REQUESTS_MAX: usize = 1024;
 /// Bytes of one encoded suspension (the continuation tree a suspension atom's result holds).
 pub const CONTINUATION_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// Bytes of a channel's or a consumer's name.
+pub const CHANNEL_NAME_BYTES_MAX: usize = 128;
+
+/// Bytes of one channel message's payload.
+pub const CHANNEL_MESSAGE_BYTES_MAX: usize = 64 * 1024;
+
+/// Messages one atom sends (all its channels together).
+pub const CHANNEL_SENDS_PER_ATOM_MAX: usize = 128;
+
+/// Messages one receive returns.
+pub const CHANNEL_RECEIVE_MESSAGES_MAX: usize = 4096;
+
+/// Consumer offsets an open store keeps in memory (a cache, cleared when full).
+pub const CHANNEL_OFFSETS_CACHED_MAX: usize = 65_536;
+
+/// Channels and consumers one atom receives from (each becomes an offset control atom).
+pub const CHANNEL_CONSUMERS_PER_ATOM_MAX: usize = 64;
+
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
 const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);
@@ -175,3 +193,10 @@ const _: () = assert!(CHECKPOINT_NAME_BYTES_MAX * 4 <= CHECKPOINT_BYTES_MAX);
 const _: () = assert!(CONTINUATION_BYTES_MAX < RECORD_DECOMPRESSED_BYTES_MAX as usize);
 const _: () = assert!(CONTINUATION_TEXT_BYTES_MAX * 3 + CONTINUATION_NAME_BYTES_MAX * 4 < CONTINUATION_BYTES_MAX);
 const _: () = assert!(CONTINUATION_DEPTH_MAX <= CONTINUATION_LEVELS_MAX);
+// An atom's messages, with their start records and names, fit in half a batch, leaving the
+// other half to the atom's own completion.
+const _: () = assert!(
+    CHANNEL_SENDS_PER_ATOM_MAX * (CHANNEL_MESSAGE_BYTES_MAX + 4 * CHANNEL_NAME_BYTES_MAX)
+        <= BATCH_BYTES_MAX as usize / 2
+);
+const _: () = assert!(CHANNEL_MESSAGE_BYTES_MAX < RECORD_BYTES_MAX as usize);

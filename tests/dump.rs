@@ -641,3 +641,36 @@ fn checkpoints_are_listed_newest_first_in_text_and_json() {
     let (code, _, err) = dump(dir.path(), &["checkpoints", "no-such-run"]);
     assert_eq!((code, err.contains("no-such-run")), (2, true), "{err}");
 }
+
+/// `dump DIR atom N` decodes a channel's message (its sender and payload) and a consumer's
+/// offset atom (the message ids it consumed).
+#[test]
+fn atom_decodes_channel_messages_and_consumer_offsets() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (message, offset) = {
+        let store = continuum::Store::open(dir.path()).expect("open");
+        let run = store.create_run(continuum::RunSpec::new("team")).expect("run");
+        let sent = store
+            .execute_with(run, "planner", "plan", &[], |x| {
+                x.send("tasks", "book a flight")?;
+                Ok(continuum::AtomOutput::default())
+            })
+            .expect("send");
+        store
+            .execute_with(run, "worker", "w1", &[], |x| {
+                x.receive("tasks", "w", 1)?;
+                Ok(continuum::AtomOutput::default())
+            })
+            .expect("receive");
+        let message = store.agent_atoms(run, "continuum.channel/tasks")[0];
+        let offset = store.agent_atoms(run, "continuum.consumer/tasks/w")[0];
+        assert!(message > sent.executed.atom);
+        (message, offset)
+    };
+    let (code, out, err) = dump(dir.path(), &["atom", &message.get().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("message from atom 1: \"book a flight\""), "{out}");
+    let (code, out, err) = dump(dir.path(), &["atom", &offset.get().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("consumed messages {}..={}", 1, message.get())), "{out}");
+}

@@ -304,3 +304,38 @@ fn a_step_after_a_rollback_reads_the_keys_holders_not_the_history() {
     let again = store.execute(run, "agent", "step-1900", &[ids[1_899]], |_| panic!("ran again")).expect("execute");
     assert!(again.replayed && again.atom != ids[1_900]);
 }
+
+/// Branches stay branches: after a fork at atom 2, `execute` of step 3's key on the new
+/// branch runs the step as a new atom instead of answering with the old branch's step 3
+/// (`replayed = true`); the same after a rollback to atom 2, and after a reopen.
+#[test]
+fn a_step_key_executed_on_a_branch_from_atom_2_is_a_new_atom_after_fork_rollback_and_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let never = |_: AtomId| -> Result<AtomOutput, AtomFailure> { panic!("a completed step ran again") };
+    let (run, a2, a3, on_fork, fork) = {
+        let store = Store::open(dir.path()).expect("open");
+        let run = store.create_run(RunSpec::new("branches")).expect("run");
+        let a1 = store.execute(run, "a", "s1", &[], |_| Ok(output(1))).expect("s1").atom;
+        let a2 = store.execute(run, "a", "s2", &[a1], |_| Ok(output(2))).expect("s2").atom;
+        let a3 = store.execute(run, "a", "s3", &[a2], |_| Ok(output(3))).expect("s3").atom;
+        let fork = store.fork(run, "a", a2, "s2-retry").expect("fork at atom 2");
+        store.complete_atom(fork, &output(20)).expect("complete the fork");
+        let on_fork = store.execute(run, "a", "s3", &[fork], |_| Ok(output(30))).expect("s3 on the fork");
+        assert!(!on_fork.replayed, "the old branch's s3 answered on the fork");
+        assert_ne!(on_fork.atom, a3);
+        assert_eq!(on_fork.output, output(30));
+        (run, a2, a3, on_fork.atom, fork)
+    };
+    let store = Store::open(dir.path()).expect("reopen");
+    let again = store.execute(run, "a", "s3", &[fork], never).expect("s3 on the fork after reopen");
+    assert!(again.replayed && again.atom == on_fork, "after a reopen the fork finds its own s3");
+    store.rollback(run, "a", a2, "redo step 3").expect("rollback to atom 2");
+    let redone = store.execute(run, "a", "s3", &[a2], |_| Ok(output(31))).expect("s3 after the rollback");
+    assert!(!redone.replayed, "the abandoned s3 answered after the rollback");
+    assert!(redone.atom != a3 && redone.atom != on_fork);
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen after the rollback");
+    let replayed = store.execute(run, "a", "s3", &[a2], never).expect("s3 after reopen");
+    assert!(replayed.replayed && replayed.atom == redone.atom, "after a reopen the new branch finds its own s3");
+    assert_eq!(replayed.output, output(31));
+}

@@ -254,7 +254,7 @@ impl Store {
     }
 
     /// Validates a new atom and reserves its id and key, so that no other thread can take them.
-    fn reserve_atom(&self, run: RunId, agent: &str, key: &str, parents: &[AtomId]) -> Result<Reservation> {
+    pub(super) fn reserve_atom(&self, run: RunId, agent: &str, key: &str, parents: &[AtomId]) -> Result<Reservation> {
         let mut index = self.shared.index.write();
         let run_entry = index.run(run).ok_or_else(|| unknown_run(run))?;
         if run_entry.status != RunStatus::Running {
@@ -349,18 +349,7 @@ impl Store {
         to: &'static str,
         state: EntryState,
     ) -> Result<(u32, SnapshotPolicy)> {
-        let previous = {
-            let mut index = self.shared.index.write();
-            let entry = index.atom_mut(atom).ok_or(Error::UnknownAtom { atom: atom.0 })?;
-            if entry.abandoned {
-                return Err(Error::InvalidTransition { atom: atom.0, from: "abandoned", to });
-            }
-            if !entry.state.can_finish() {
-                return Err(Error::InvalidTransition { atom: atom.0, from: state_name(entry.state), to });
-            }
-            let finishing = entry.state.transition(EntryState::Finishing);
-            std::mem::replace(&mut entry.state, finishing)
-        };
+        let previous = self.mark_finishing(atom, to)?;
         // IMPORTANT: with the default `Sync`, this record and the atom's start record are
         // durable before return.
         let appended = self.shared.log.append_with(record, self.shared.policies.atom_durability);
@@ -383,6 +372,21 @@ impl Store {
         // After the index has the end: a graceful stop that sees no atom in flight finds it.
         self.shared.stop.ended(atom);
         finished
+    }
+
+    /// Marks `atom` as finishing (going `to` completed or failed), guarding the transition;
+    /// returns the state it had, which a failed append restores.
+    pub(super) fn mark_finishing(&self, atom: AtomId, to: &'static str) -> Result<EntryState> {
+        let mut index = self.shared.index.write();
+        let entry = index.atom_mut(atom).ok_or(Error::UnknownAtom { atom: atom.0 })?;
+        if entry.abandoned {
+            return Err(Error::InvalidTransition { atom: atom.0, from: "abandoned", to });
+        }
+        if !entry.state.can_finish() {
+            return Err(Error::InvalidTransition { atom: atom.0, from: state_name(entry.state), to });
+        }
+        let finishing = entry.state.transition(EntryState::Finishing);
+        Ok(std::mem::replace(&mut entry.state, finishing))
     }
 
     /// Runs one atom exactly once across crashes. If the atom (`agent` of `run`, called `key`,
@@ -445,7 +449,7 @@ impl Store {
     }
 
     /// The recorded outcome of an existing atom: `Some` if it must not run again.
-    fn replay(&self, atom: AtomId) -> Result<Option<Executed>> {
+    pub(crate) fn replay(&self, atom: AtomId) -> Result<Option<Executed>> {
         let found = self.atom(atom)?;
         match found.status {
             AtomStatus::Completed => {
@@ -464,8 +468,8 @@ impl Store {
 }
 
 /// A new atom's id and key, taken by [`Store::reserve_atom`] until its start is written.
-struct Reservation {
-    atom: AtomId,
+pub(super) struct Reservation {
+    pub(super) atom: AtomId,
     /// The hash under which the index maps the key to its newest atom.
     key_hash: u64,
     /// The atom the key mapped to before (on another branch, or abandoned).
@@ -475,7 +479,7 @@ struct Reservation {
 /// Frees the id and key [`Store::reserve_atom`] took for an atom whose start was not written:
 /// the key maps again to the atom it mapped to before, so that its branch still finds it
 /// (unless another atom took the key since).
-fn release_reservation(index: &mut StoreIndex, reservation: &Reservation) {
+pub(super) fn release_reservation(index: &mut StoreIndex, reservation: &Reservation) {
     let id = u32::try_from(reservation.atom.0).expect("a reserved id fits in 32 bits");
     index.give_key_back(reservation.key_hash, id, reservation.previous_holder);
     let entry = index.atom_slot(reservation.atom);

@@ -10,6 +10,7 @@
 pub(crate) mod atom_table;
 pub(crate) mod atoms;
 pub(crate) mod ballast;
+pub(crate) mod batch;
 pub(crate) mod branches;
 pub(crate) mod builder;
 pub(crate) mod control;
@@ -260,6 +261,9 @@ pub(crate) struct Shared {
     /// Held across a check of a run's control atoms and the control atom it decides to record
     /// (`store/control.rs`).
     pub(crate) control: Mutex<()>,
+    /// Channels' shared state: the consumers' commit locks and the signal a landed message
+    /// wakes waiting receivers with (`channel/`).
+    pub(crate) channels: crate::channel::ChannelState,
     /// The suspended runs (`continuation/table.rs`). Taken after `index` when both are held.
     pub(crate) continuations: RwLock<crate::continuation::table::Suspensions>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.

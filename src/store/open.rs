@@ -73,6 +73,7 @@ impl Shared {
             after_plan: Mutex::new(None),
             runs_changing: Mutex::new(()),
             control: Mutex::new(()),
+            channels: crate::channel::ChannelState::default(),
             continuations: RwLock::new(Default::default()),
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),

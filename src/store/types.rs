@@ -113,6 +113,15 @@ pub struct AtomFailure {
     pub retryable: bool,
 }
 
+impl From<crate::Error> for AtomFailure {
+    /// A store error met inside an atom's work (a receive that could not read, a send refused),
+    /// as the atom's failure: retryable unless the error is the caller's input.
+    fn from(error: crate::Error) -> Self {
+        let retryable = !matches!(error, crate::Error::InvalidArgument { .. } | crate::Error::LimitExceeded { .. });
+        AtomFailure { message: error.to_string(), retryable }
+    }
+}
+
 /// The result of [`Store::execute`](crate::Store::execute).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Executed {
