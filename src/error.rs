@@ -351,6 +351,19 @@ pub enum Error {
         found: u64,
     },
 
+    /// An atom's commit found a shared-state key it read at a version that is no longer the
+    /// key's newest: another atom wrote the key meanwhile. Nothing of the atom was recorded;
+    /// it can be executed again with a fresh read ([`Store::execute_retrying`](crate::Store::execute_retrying)).
+    #[error("state key {key:?} is at version {found}, not {expected} as the atom read it")]
+    Conflict {
+        /// The key's name.
+        key: String,
+        /// The version the atom read (0: the key had never been written).
+        expected: u64,
+        /// The version found at its commit.
+        found: u64,
+    },
+
     /// A run checkpoint's sequence is not greater than the run's newest checkpoint's: a stale
     /// writer cannot overwrite a newer checkpoint. Nothing was written.
     #[error("checkpoint {sequence} of run {run} is stale: its newest checkpoint is {newest}")]
@@ -592,6 +605,9 @@ impl Error {
                 expected: *expected,
                 found: *found,
             },
+            Error::Conflict { key, expected, found } => {
+                Error::Conflict { key: key.clone(), expected: *expected, found: *found }
+            }
             Error::StaleCheckpoint { run, sequence, newest } => {
                 Error::StaleCheckpoint { run: *run, sequence: *sequence, newest: *newest }
             }

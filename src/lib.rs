@@ -67,6 +67,7 @@ pub mod log;
 pub mod metrics;
 pub(crate) mod purge;
 pub(crate) mod replay;
+pub mod shared_state;
 pub mod shutdown;
 pub(crate) mod snapshot;
 pub mod storage;

@@ -173,6 +173,25 @@ pub const CHANNEL_OFFSETS_CACHED_MAX: usize = 65_536;
 /// Channels and consumers one atom receives from (each becomes an offset control atom).
 pub const CHANNEL_CONSUMERS_PER_ATOM_MAX: usize = 64;
 
+/// Bytes of a shared-state key's name.
+pub const STATE_KEY_BYTES_MAX: usize = 128;
+
+/// Bytes of one shared-state value (a put's bytes, an appended item).
+pub const STATE_VALUE_BYTES_MAX: usize = 16 * 1024;
+
+/// Writes one atom makes to shared state (each becomes a version control atom).
+pub const STATE_WRITES_PER_ATOM_MAX: usize = 128;
+
+/// Shared-state keys one atom reads or writes.
+pub const STATE_KEYS_PER_ATOM_MAX: usize = 64;
+
+/// Items of one shared-state list (its versions: a read of the list reads each of them).
+pub const STATE_LIST_ITEMS_MAX: u64 = 65_536;
+
+/// Newest versions of shared-state keys an open store keeps in memory (a cache, cleared when
+/// full).
+pub const STATE_VERSIONS_CACHED_MAX: usize = 65_536;
+
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
 const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);
@@ -200,3 +219,8 @@ const _: () = assert!(
         <= BATCH_BYTES_MAX as usize / 2
 );
 const _: () = assert!(CHANNEL_MESSAGE_BYTES_MAX < RECORD_BYTES_MAX as usize);
+// An atom's state writes, with their start records and key names, fit in a quarter of a batch.
+const _: () = assert!(
+    STATE_WRITES_PER_ATOM_MAX * (STATE_VALUE_BYTES_MAX + 4 * STATE_KEY_BYTES_MAX + 64) <= BATCH_BYTES_MAX as usize / 4
+);
+const _: () = assert!(STATE_KEYS_PER_ATOM_MAX <= STATE_WRITES_PER_ATOM_MAX);

@@ -10,6 +10,8 @@ use crate::channel::read::check_max;
 use crate::channel::{Message, TOPICS_RUN};
 use crate::error::{Error, Result};
 use crate::limits::{CHANNEL_CONSUMERS_PER_ATOM_MAX, CHANNEL_MESSAGE_BYTES_MAX, CHANNEL_SENDS_PER_ATOM_MAX};
+use crate::shared_state::commit::StateCommit;
+use crate::shared_state::ops::StateOps;
 use crate::store::batch::ControlDraft;
 use crate::store::control::check_caller_agent;
 use crate::store::{AtomFailure, AtomId, AtomOutput, Executed, RunId, Store};
@@ -26,6 +28,8 @@ pub struct Exchange<'a> {
     consumed: BTreeMap<(RunId, String), Received>,
     /// Per run and consumer agent: the offset before this atom's first receive.
     read_from: BTreeMap<(RunId, String), u64>,
+    /// The shared state this atom read and wrote (`src/shared_state/`).
+    state: StateOps,
 }
 
 /// The messages one atom consumed from one channel as one consumer.
@@ -49,6 +53,34 @@ pub struct Exchanged {
     pub executed: Executed,
     /// What it consumed, per channel and consumer.
     pub received: Vec<Received>,
+}
+
+impl<'a> Exchange<'a> {
+    /// An exchange for `atom` of `run`, which is running.
+    pub(crate) fn new(store: &'a Store, run: RunId, atom: AtomId) -> Self {
+        let (sends, consumed, read_from, state) = (Vec::new(), BTreeMap::new(), BTreeMap::new(), StateOps::default());
+        Self { store, run, atom, sends, consumed, read_from, state }
+    }
+
+    /// The store the atom belongs to.
+    pub(crate) fn store(&self) -> &'a Store {
+        self.store
+    }
+
+    /// The run the atom belongs to.
+    pub(crate) fn run(&self) -> RunId {
+        self.run
+    }
+
+    /// The shared state the atom read and wrote so far.
+    pub(crate) fn state(&self) -> &StateOps {
+        &self.state
+    }
+
+    /// [`Exchange::state`], to note a read or a write.
+    pub(crate) fn state_mut(&mut self) -> &mut StateOps {
+        &mut self.state
+    }
 }
 
 impl Exchange<'_> {
@@ -279,14 +311,7 @@ impl Store {
             },
             None => self.begin_atom(run, agent, key, parents, "")?,
         };
-        let mut exchange = Exchange {
-            store: self,
-            run,
-            atom,
-            sends: Vec::new(),
-            consumed: BTreeMap::new(),
-            read_from: BTreeMap::new(),
-        };
+        let mut exchange = Exchange::new(self, run, atom);
         match work(&mut exchange) {
             Ok(output) => self.commit_exchange(exchange, output),
             Err(failure) => {
@@ -296,11 +321,12 @@ impl Store {
         }
     }
 
-    /// Completes an exchange's atom with its messages and offsets, under its consumers'
-    /// locks, after checking that no offset moved since the atom read it.
-    fn commit_exchange(&self, exchange: Exchange<'_>, output: AtomOutput) -> Result<Exchanged> {
-        let Exchange { atom, sends, consumed, read_from, .. } = exchange;
-        let mut controls: Vec<ControlDraft> = Vec::with_capacity(sends.len() + consumed.len());
+    /// Completes an exchange's atom with its messages, offsets and shared-state versions,
+    /// under its consumers' and keys' locks, after checking that no offset moved and no key it
+    /// read changed since the atom read them.
+    pub(crate) fn commit_exchange(&self, exchange: Exchange<'_>, output: AtomOutput) -> Result<Exchanged> {
+        let Exchange { atom, sends, consumed, read_from, state: ops, .. } = exchange;
+        let mut controls: Vec<ControlDraft> = Vec::with_capacity(sends.len() + consumed.len() + ops.writes.len());
         let sent = !sends.is_empty();
         for (at, (to_run, channel, payload)) in sends.into_iter().enumerate() {
             let key = names::message_key(atom, at);
@@ -312,28 +338,36 @@ impl Store {
             let result = names::encode_offset(read_from[key], to);
             controls.push(ControlDraft { run: key.0, agent: key.1.clone(), key: names::offset_key(atom), result });
         }
-        let state = &self.shared.channels;
-        let mut stripes: Vec<usize> = consumed.keys().map(|(_, agent)| state.consumer_lock(agent)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        // Ascending order: two commits never wait for each other's locks.
-        let guards: Vec<_> = stripes.iter().map(|stripe| state.consumer_locks[*stripe].lock()).collect();
-        let committed =
-            self.check_offsets(&consumed, &read_from).and_then(|()| self.complete_atom_with(atom, &output, &controls));
+        let channels = &self.shared.channels;
+        let consumer_stripes = stripes(consumed.keys().map(|(run, agent)| channels.consumer_lock(*run, agent)));
+        let key_stripes = stripes(ops.keys().iter().map(|(run, agent)| self.shared.state.key_lock(*run, agent)));
+        // Consumers' locks, then keys' locks, each in ascending order: two commits never wait
+        // for each other's locks.
+        let consumer_guards: Vec<_> = consumer_stripes.iter().map(|at| channels.consumer_locks[*at].lock()).collect();
+        let key_guards: Vec<_> = key_stripes.iter().map(|at| self.shared.state.key_locks[*at].lock()).collect();
+        let committed = self.check_offsets(&consumed, &read_from).and_then(|()| {
+            let state = if ops.is_empty() { StateCommit::default() } else { self.prepare_state(&ops)? };
+            let versions = controls.len();
+            controls.extend(state.drafts.iter().cloned());
+            let ids = self.complete_atom_with(atom, &output, &controls)?;
+            state.publish(self, &ids[versions..]);
+            Ok(())
+        });
         if committed.is_ok() {
             for ((of_run, agent), received) in &consumed {
                 let to = received.messages.last().expect("a consumer is noted with its messages").id.get();
-                state.cache_offset(of_run.0, agent, to);
+                channels.cache_offset(of_run.0, agent, to);
             }
         }
-        drop(guards);
+        drop(key_guards);
+        drop(consumer_guards);
         // The call that ends the atom returned (its index entry is final, or left running after
         // a conflict): a graceful stop no longer waits for it.
         self.shared.stop.ended(atom);
         match committed {
-            Ok(_) => {
+            Ok(()) => {
                 if sent {
-                    state.notify_landed();
+                    channels.notify_landed();
                 }
                 let executed = Executed { atom, output, replayed: false, delta_reclaimed: false };
                 Ok(Exchanged { executed, received: consumed.into_values().collect() })
@@ -363,6 +397,14 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Lock stripes, sorted and once each.
+fn stripes(of: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut stripes: Vec<usize> = of.collect();
+    stripes.sort_unstable();
+    stripes.dedup();
+    stripes
 }
 
 /// A count limit as the `u64` [`Error::LimitExceeded`] carries.

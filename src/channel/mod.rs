@@ -45,7 +45,7 @@ const CONSUMER_LOCKS: usize = 64;
 pub(crate) struct ChannelState {
     /// A consuming atom's completion holds the lock of each of its consumers from the offset
     /// check to the index update, so that two atoms never both advance one offset.
-    consumer_locks: [Mutex<()>; CONSUMER_LOCKS],
+    pub(crate) consumer_locks: [Mutex<()>; CONSUMER_LOCKS],
     /// Offsets known to be current, by run and consumer agent: written only under the
     /// consumer's lock (from the log, or by a commit after its index update), so a hit is never
     /// older than the last commit that released the lock. A cache: cleared when full.
@@ -68,11 +68,8 @@ impl Default for ChannelState {
 
 impl ChannelState {
     /// The lock a consumer agent's commits take.
-    fn consumer_lock(&self, consumer_agent: &str) -> usize {
-        let hash = consumer_agent
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
-        (hash % CONSUMER_LOCKS as u64) as usize
+    pub(crate) fn consumer_lock(&self, run: crate::store::RunId, consumer_agent: &str) -> usize {
+        crate::store::stripe_of(run, consumer_agent, CONSUMER_LOCKS)
     }
 
     /// The cached offset of a consumer agent of `run`, if any.
@@ -81,7 +78,7 @@ impl ChannelState {
     }
 
     /// Caches a consumer agent's offset; the caller holds its consumer lock.
-    fn cache_offset(&self, run: u64, consumer_agent: &str, offset: u64) {
+    pub(crate) fn cache_offset(&self, run: u64, consumer_agent: &str, offset: u64) {
         let mut offsets = self.offsets.lock();
         if offsets.len() >= crate::limits::CHANNEL_OFFSETS_CACHED_MAX {
             offsets.clear();
@@ -90,7 +87,7 @@ impl ChannelState {
     }
 
     /// Wakes every receiver waiting for a message.
-    fn notify_landed(&self) {
+    pub(crate) fn notify_landed(&self) {
         *self.sends.lock() += 1;
         self.landed.notify_all();
     }

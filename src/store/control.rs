@@ -34,6 +34,17 @@ pub(crate) fn check_caller_agent(agent: &str) -> Result<()> {
     Ok(())
 }
 
+/// Which of `stripes` locks guards the control agent `agent` of `run` (FNV-1a of both): the
+/// features whose commits check and advance a control agent's newest atom (a consumer's
+/// offset, a state key's version) serialize those commits on it.
+pub(crate) fn stripe_of(run: RunId, agent: &str, stripes: usize) -> usize {
+    assert!(stripes > 0, "at least one lock");
+    let hash = run.0.to_le_bytes().iter().chain(agent.as_bytes()).fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % stripes as u64) as usize
+}
+
 impl Store {
     /// Records a control atom of `run`: agent `agent` (which must start with
     /// [`CONTROL_AGENT_PREFIX`]), `key`, `parents`, and `result` as its output (an empty

@@ -49,6 +49,7 @@ use index::StoreIndex;
 use crate::purge::CompactionReport;
 pub use builder::StoreBuilder;
 pub use control::{CONTROL_AGENT_PREFIX, is_control_agent};
+pub(crate) use control::stripe_of;
 pub use history::History;
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use log_view::LogView;
@@ -264,6 +265,8 @@ pub(crate) struct Shared {
     /// Channels' shared state: the consumers' commit locks and the signal a landed message
     /// wakes waiting receivers with (`channel/`).
     pub(crate) channels: crate::channel::ChannelState,
+    /// Shared state's key locks and newest versions (`shared_state/`).
+    pub(crate) state: crate::shared_state::StateTable,
     /// The suspended runs (`continuation/table.rs`). Taken after `index` when both are held.
     pub(crate) continuations: RwLock<crate::continuation::table::Suspensions>,
     /// Set when the owning handle is dropped: a compaction round stops between segments.

@@ -74,6 +74,7 @@ impl Shared {
             runs_changing: Mutex::new(()),
             control: Mutex::new(()),
             channels: crate::channel::ChannelState::default(),
+            state: crate::shared_state::StateTable::default(),
             continuations: RwLock::new(Default::default()),
             closing: std::sync::atomic::AtomicBool::new(false),
             compaction_rounds: std::sync::atomic::AtomicU64::new(0),
