@@ -15,8 +15,8 @@
 pub(crate) mod commit;
 mod names;
 pub(crate) mod ops;
-mod retry;
 mod read;
+mod retry;
 #[cfg(test)]
 mod tests;
 

@@ -40,7 +40,10 @@ fn puts_adds_and_appends_are_versioned_and_survive_a_reopen() {
         let read = |key: StateKey| store.read_state(run, key).expect("read").expect("written");
         assert_eq!(read("k".into()), Versioned { version: 3, value: bytes(2) });
         assert_eq!(read("n".into()), Versioned { version: 6, value: StateValue::Counter(9) });
-        assert_eq!(read("log".into()), Versioned { version: 3, value: StateValue::List(vec![vec![0], vec![1], vec![2]]) });
+        assert_eq!(
+            read("log".into()),
+            Versioned { version: 3, value: StateValue::List(vec![vec![0], vec![1], vec![2]]) }
+        );
         assert_eq!(read(StateKey::store("global")), Versioned { version: 3, value: StateValue::Counter(3) });
         assert_eq!(store.read_state(run, StateKey::run("global")).expect("read"), None, "run and store keys differ");
     };
@@ -53,7 +56,11 @@ fn puts_adds_and_appends_are_versioned_and_survive_a_reopen() {
         .execute_with(run, "agent", "s3", &[], |exchange| {
             assert_eq!(exchange.read("n")?.map(|read| read.version), Some(6));
             exchange.add("n", 1)?;
-            assert_eq!(exchange.read("n")?, Some(Versioned { version: 6, value: StateValue::Counter(10) }), "own writes");
+            assert_eq!(
+                exchange.read("n")?,
+                Some(Versioned { version: 6, value: StateValue::Counter(10) }),
+                "own writes"
+            );
             Ok(AtomOutput::default())
         })
         .expect("commit");

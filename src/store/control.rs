@@ -39,9 +39,12 @@ pub(crate) fn check_caller_agent(agent: &str) -> Result<()> {
 /// offset, a state key's version) serialize those commits on it.
 pub(crate) fn stripe_of(run: RunId, agent: &str, stripes: usize) -> usize {
     assert!(stripes > 0, "at least one lock");
-    let hash = run.0.to_le_bytes().iter().chain(agent.as_bytes()).fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = run
+        .0
+        .to_le_bytes()
+        .iter()
+        .chain(agent.as_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3));
     (hash % stripes as u64) as usize
 }
 

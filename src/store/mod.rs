@@ -48,8 +48,8 @@ use index::StoreIndex;
 
 use crate::purge::CompactionReport;
 pub use builder::StoreBuilder;
-pub use control::{CONTROL_AGENT_PREFIX, is_control_agent};
 pub(crate) use control::stripe_of;
+pub use control::{CONTROL_AGENT_PREFIX, is_control_agent};
 pub use history::History;
 pub use inspect::{RecordDecoder, RecordInfo, RunInfo};
 pub use log_view::LogView;
