@@ -996,7 +996,7 @@ fn atom_detail(store: &Store, id: AtomId, json: bool, out: &mut dyn Write) -> Re
 }
 
 /// The result of one of the store's own atoms decoded (a continuation event, a run checkpoint,
-/// a migration, a channel's message, a consumer's offset), pretty-printed; `None` for another agent or bytes that do not decode.
+/// a migration, a channel's message, a consumer's offset, a shared-state version), pretty-printed; `None` for another agent or bytes that do not decode.
 fn control_result(agent: &str, result: &[u8]) -> Option<String> {
     use continuum::codec::proto;
     use prost::Message;
@@ -1021,6 +1021,17 @@ fn control_result(agent: &str, result: &[u8]) -> Option<String> {
             let from = u64::from_le_bytes(result.get(..8)?.try_into().ok()?);
             let to = u64::from_le_bytes(result.get(8..16)?.try_into().ok()?);
             Some(format!("consumed messages {}..={to}", from + 1))
+        }
+        _ if agent.starts_with(continuum::shared_state::STATE_AGENT_PREFIX) => {
+            // FORMAT.md §8, "Control atoms: shared state": version:u64le kind:u8 payload.
+            let version = u64::from_le_bytes(result.get(..8)?.try_into().ok()?);
+            let payload = result.get(9..)?;
+            match result.get(8)? {
+                1 => Some(format!("version {version}: {}", bytes_text(payload, usize::MAX))),
+                2 => Some(format!("version {version}: counter {}", i64::from_le_bytes(payload.try_into().ok()?))),
+                3 => Some(format!("version {version}: list item {}", bytes_text(payload, usize::MAX))),
+                _ => None,
+            }
         }
         _ => None,
     }

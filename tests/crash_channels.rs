@@ -6,13 +6,16 @@
 //! order, and each atom's output is what it received), and an acknowledged atom is there.
 //! Resuming then finishes the exchange with every message consumed exactly once. Each producer
 //! also sends to a store-wide topic (another run, the same batch): its message exists iff the
-//! producer completed.
+//! producer completed. Every atom also writes shared state in its batch (producers add to a
+//! counter, consumers read-modify-write one key and add to another): at every crash point the
+//! state agrees with the completed atoms.
 
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
 use continuum::channel::{Exchange, Message};
+use continuum::shared_state::{StateValue, Versioned};
 use continuum::storage::sim::{CrashDamage, SimStorage};
 use continuum::{AtomFailure, AtomOutput, AtomStatus, RunSpec, Store};
 
@@ -31,6 +34,7 @@ fn produce(step: &str) -> impl FnOnce(&mut Exchange<'_>) -> Result<AtomOutput, A
         // A topic's message lives in another run, in the same batch.
         // Creating the topics run on first use may fail: the atom fails, retryably.
         exchange.send_topic("news", step.as_bytes().to_vec())?;
+        exchange.add("sent", 2)?;
         Ok(AtomOutput::default())
     }
 }
@@ -38,6 +42,13 @@ fn produce(step: &str) -> impl FnOnce(&mut Exchange<'_>) -> Result<AtomOutput, A
 fn consume(exchange: &mut Exchange<'_>) -> Result<AtomOutput, AtomFailure> {
     let failure = |e: continuum::Error| AtomFailure { message: e.to_string(), retryable: true };
     let messages = exchange.receive("tasks", "worker", 3).map_err(failure)?;
+    // Shared state in the same batch: a read-modify-write of "seen" and a merge into "consumed".
+    let seen = match exchange.read("seen").map_err(failure)? {
+        Some(Versioned { value: StateValue::Bytes(bytes), .. }) => u64::from_le_bytes(bytes.try_into().expect("8")),
+        _ => 0,
+    };
+    exchange.put("seen", (seen + messages.len() as u64).to_le_bytes().to_vec()).map_err(failure)?;
+    exchange.add("consumed", messages.len() as i64).map_err(failure)?;
     Ok(AtomOutput { result: joined(&messages), ..AtomOutput::default() })
 }
 
@@ -86,8 +97,16 @@ fn check(store: &Store, acknowledged: &[&str], context: &str) -> Vec<Vec<u8>> {
         assert_eq!(on_topic, usize::from(sent), "{context}: {step}'s topic message vs its atom");
         expected_payloads.extend(from_step.iter().map(|m| m.payload.clone()));
     }
+    let counter = |key: &str| match store.read_state(run, key).expect("state") {
+        Some(Versioned { value: StateValue::Counter(total), .. }) => total as usize,
+        None => 0,
+        other => panic!("{context}: {key} holds a counter: {other:?}"),
+    };
+    assert_eq!(counter("sent"), expected_payloads.len(), "{context}: the sent counter vs the producers");
     let mut consumed: Vec<Message> = Vec::new();
+    let mut consumers = 0;
     for step in STEPS.iter().filter(|step| step.starts_with('c')) {
+        consumers += usize::from(completed("consumer", step));
         if !completed("consumer", step) {
             assert!(!acknowledged.contains(step), "{context}: acknowledged {step} lost");
             continue;
@@ -99,6 +118,13 @@ fn check(store: &Store, acknowledged: &[&str], context: &str) -> Vec<Vec<u8>> {
         consumed.extend(messages);
     }
     assert_eq!(consumed, all[..consumed.len()].to_vec(), "{context}: consumed is not a prefix, once each");
+    assert_eq!(counter("consumed"), consumed.len(), "{context}: the consumed counter vs the consuming atoms");
+    let seen = store.read_state(run, "seen").expect("seen");
+    let expected = (consumers > 0).then(|| Versioned {
+        version: consumers as u64,
+        value: StateValue::Bytes((consumed.len() as u64).to_le_bytes().to_vec()),
+    });
+    assert_eq!(seen, expected, "{context}: one version of \"seen\" per consuming atom, holding what they consumed");
     let offset = store.consumer_offset(run, "tasks", "worker").expect("offset");
     assert_eq!(offset, consumed.last().map_or(0, |m| m.id.get()), "{context}: offset vs consuming atoms");
     assert_eq!(all.iter().map(|m| m.payload.clone()).collect::<Vec<_>>(), expected_payloads, "{context}: order");

@@ -674,3 +674,27 @@ fn atom_decodes_channel_messages_and_consumer_offsets() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&format!("consumed messages {}..={}", 1, message.get())), "{out}");
 }
+
+/// `dump DIR atom N` decodes a shared-state version atom (bytes and counter).
+#[test]
+fn atom_decodes_shared_state_versions() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (put, add) = {
+        let store = continuum::Store::open(dir.path()).expect("open");
+        let run = store.create_run(continuum::RunSpec::new("team")).expect("run");
+        store
+            .execute_with(run, "writer", "w1", &[], |x| {
+                x.put("plan", "fly tuesday")?;
+                x.add("spent", -42)?;
+                Ok(continuum::AtomOutput::default())
+            })
+            .expect("write");
+        (store.agent_atoms(run, "continuum.state/plan")[0], store.agent_atoms(run, "continuum.state/spent")[0])
+    };
+    let (code, out, err) = dump(dir.path(), &["atom", &put.get().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("version 1: \"fly tuesday\""), "{out}");
+    let (code, out, err) = dump(dir.path(), &["atom", &add.get().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("version 1: counter -42"), "{out}");
+}

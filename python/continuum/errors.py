@@ -16,7 +16,8 @@ class InvalidArgumentError(Error, ValueError):
 
 class ConflictError(Error):
     """The step is already recorded (same run, agent and key on the same branch); ``atom``
-    is the recorded atom."""
+    is the recorded atom. Also raised for a shared-state key read at a version another atom
+    changed before the commit (``key``, ``expected``, ``found``)."""
 
 
 class KeyCollisionError(ConflictError):

@@ -38,6 +38,9 @@ fn classify(error: &Error) -> (&'static str, Vec<(&'static str, Fact)>) {
         Error::UnknownRun { run } => ("UnknownRunError", vec![("run", Str(run.clone()))]),
         Error::UnknownAtom { atom } => ("UnknownAtomError", vec![("atom", Int(*atom))]),
         Error::AtomExists { atom } => ("ConflictError", vec![("atom", Int(*atom))]),
+        Error::Conflict { key, expected, found } => {
+            ("ConflictError", vec![("key", Str(key.clone())), ("expected", Int(*expected)), ("found", Int(*found))])
+        }
         Error::KeyCollision { key } => ("KeyCollisionError", vec![("key", Str(key.clone()))]),
         Error::InvalidTransition { atom, from, to } => (
             "InvalidTransitionError",
