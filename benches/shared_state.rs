@@ -10,7 +10,7 @@
 //! refused and `execute_retrying` runs the atom again. Committed atoms per second of the
 //! contended agent, the other agent's writes excluded from the time.
 //!
-//! `cargo bench --bench shared_state`; without `--bench` (as `cargo test --benches` runs it) a
+//! `cargo bench --bench shared_state` (`CONTINUUM_BENCH_DIR=/dev/shm` for the CPU cost alone); without `--bench` (as `cargo test --benches` runs it) a
 //! few samples only. Prints to stderr.
 
 use std::path::Path;
@@ -50,7 +50,9 @@ fn occ_atom(store: &Store, run: RunId, (agent, key): (&str, &str), state: &str, 
 fn main() {
     let full = std::env::args().any(|arg| arg == "--bench");
     let samples = if full { 2_000 } else { 20 };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp");
+    // CONTINUUM_BENCH_DIR=/dev/shm measures the CPU cost alone (a tmpfs syncs at once).
+    let root = std::env::var_os("CONTINUUM_BENCH_DIR")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp"), std::path::PathBuf::from);
     std::fs::create_dir_all(&root).expect("bench dir");
     let dir = tempfile::tempdir_in(&root).expect("dir");
     let store = Store::builder(dir.path())

@@ -192,6 +192,14 @@ pub const STATE_LIST_ITEMS_MAX: u64 = 65_536;
 /// full).
 pub const STATE_VERSIONS_CACHED_MAX: usize = 65_536;
 
+/// Bytes of a bytes key's value kept with its newest version in that cache (larger ones are
+/// read from the log).
+pub const STATE_VALUE_CACHED_BYTES_MAX: usize = 1024;
+
+/// Bytes the cache of newest versions holds at most, values and names together (cleared when
+/// full).
+pub const STATE_CACHE_BYTES_MAX: usize = 16 * 1024 * 1024;
+
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
 const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);

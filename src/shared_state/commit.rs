@@ -26,7 +26,7 @@ impl StateCommit {
     pub(crate) fn publish(&self, store: &Store, ids: &[AtomId]) {
         assert_eq!(ids.len(), self.reached.len(), "one atom per write");
         for ((run, agent, latest), id) in self.reached.iter().zip(ids) {
-            store.cache_latest(*run, agent, Latest { atom: Some(*id), ..*latest });
+            store.cache_latest(*run, agent, Latest { atom: Some(*id), ..latest.clone() });
         }
     }
 }
@@ -51,15 +51,16 @@ impl Store {
         let mut commit = StateCommit::default();
         for (run, agent, write) in &ops.writes {
             let previous = match commit.reached.iter().rev().find(|(r, a, _)| r == run && a == agent) {
-                Some((_, _, latest)) => *latest,
+                Some((_, _, latest)) => latest.clone(),
                 None => self.latest_locked(*run, agent)?,
             };
-            let latest = next_version(previous, agent, write)?;
+            let mut latest = next_version(previous, agent, write)?;
             let payload = match write {
                 Write::Put(bytes) | Write::Append(bytes) => bytes.clone(),
                 Write::Add(_) => latest.total.to_le_bytes().to_vec(),
             };
             let kind = latest.kind.expect("a written key has a kind");
+            latest.bytes = Latest::small_bytes(kind, &payload);
             let result = names::encode_version(latest.version, kind, &payload);
             let key = names::version_key(latest.version);
             commit.drafts.push(ControlDraft { run: *run, agent: agent.clone(), key, result });
@@ -87,5 +88,5 @@ fn next_version(previous: Latest, agent: &str, write: &Write) -> Result<Latest> 
         }
         (kind, _) => return Err(misfit(agent, kind, write)),
     };
-    Ok(Latest { version, atom: None, kind: Some(kind), total })
+    Ok(Latest { version, atom: None, kind: Some(kind), total, bytes: None })
 }

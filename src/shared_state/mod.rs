@@ -21,6 +21,7 @@ mod retry;
 mod tests;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -99,7 +100,7 @@ pub struct Versioned {
 }
 
 /// The newest version of a key, as the key's lock holder knows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Latest {
     /// The version (0: never written).
     pub version: u64,
@@ -109,11 +110,27 @@ pub(crate) struct Latest {
     pub kind: Option<VersionKind>,
     /// A counter's total (0 unless the key is a counter).
     pub total: i64,
+    /// The bytes of a bytes key, when at most [`STATE_VALUE_CACHED_BYTES_MAX`]: a read then
+    /// needs no record from the log.
+    ///
+    /// [`STATE_VALUE_CACHED_BYTES_MAX`]: crate::limits::STATE_VALUE_CACHED_BYTES_MAX
+    pub bytes: Option<Arc<[u8]>>,
 }
 
 impl Latest {
     /// A key never written.
-    pub(crate) const ABSENT: Latest = Latest { version: 0, atom: None, kind: None, total: 0 };
+    pub(crate) const ABSENT: Latest = Latest { version: 0, atom: None, kind: None, total: 0, bytes: None };
+
+    /// Bytes worth keeping in the cache: a bytes key's value, if small.
+    pub(crate) fn small_bytes(kind: VersionKind, payload: &[u8]) -> Option<Arc<[u8]>> {
+        let small = kind == VersionKind::Bytes && payload.len() <= crate::limits::STATE_VALUE_CACHED_BYTES_MAX;
+        small.then(|| Arc::from(payload))
+    }
+
+    /// Bytes this entry holds in the cache.
+    fn cached_bytes(&self, key_agent: &str) -> usize {
+        key_agent.len() + self.bytes.as_ref().map_or(0, |bytes| bytes.len()) + 64
+    }
 }
 
 /// Number of locks the keys' commits are spread over.
@@ -128,12 +145,19 @@ pub(crate) struct StateTable {
     /// Newest versions, by run and key agent: written only under the key's lock (from the
     /// log, or by a commit after its index update), so a hit is never older than the last
     /// commit that released the lock. A cache: cleared when full.
-    latest: Mutex<HashMap<(u64, String), Latest>>,
+    latest: Mutex<LatestCache>,
+}
+
+/// The newest versions cached, and the bytes they hold.
+#[derive(Default)]
+struct LatestCache {
+    entries: HashMap<(u64, String), Latest>,
+    bytes: usize,
 }
 
 impl Default for StateTable {
     fn default() -> Self {
-        Self { key_locks: std::array::from_fn(|_| Mutex::new(())), latest: Mutex::new(HashMap::new()) }
+        Self { key_locks: std::array::from_fn(|_| Mutex::new(())), latest: Mutex::new(LatestCache::default()) }
     }
 }
 
@@ -145,15 +169,22 @@ impl StateTable {
 
     /// The cached newest version of a key agent of `run`, if any.
     fn cached(&self, run: RunId, key_agent: &str) -> Option<Latest> {
-        self.latest.lock().get(&(run.0, key_agent.to_owned())).copied()
+        self.latest.lock().entries.get(&(run.0, key_agent.to_owned())).cloned()
     }
 
     /// Caches a key agent's newest version; the caller holds its lock.
     fn cache(&self, run: RunId, key_agent: &str, latest: Latest) {
         let mut cache = self.latest.lock();
-        if cache.len() >= crate::limits::STATE_VERSIONS_CACHED_MAX {
-            cache.clear();
+        let adding = latest.cached_bytes(key_agent);
+        if cache.entries.len() >= crate::limits::STATE_VERSIONS_CACHED_MAX
+            || cache.bytes + adding > crate::limits::STATE_CACHE_BYTES_MAX
+        {
+            cache.entries.clear();
+            cache.bytes = 0;
         }
-        cache.insert((run.0, key_agent.to_owned()), latest);
+        if let Some(old) = cache.entries.insert((run.0, key_agent.to_owned()), latest) {
+            cache.bytes -= old.cached_bytes(key_agent);
+        }
+        cache.bytes += adding;
     }
 }

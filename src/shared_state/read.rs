@@ -65,7 +65,7 @@ impl Store {
             return Ok(latest);
         }
         let latest = self.latest_in_log(run, key_agent)?;
-        self.shared.state.cache(run, key_agent, latest);
+        self.shared.state.cache(run, key_agent, latest.clone());
         Ok(latest)
     }
 
@@ -88,7 +88,8 @@ impl Store {
             VersionKind::Counter => names::counter_total(&payload).unwrap_or_default(),
             VersionKind::Bytes | VersionKind::Item => 0,
         };
-        Ok(Latest { version, atom: Some(atom), kind: Some(kind), total })
+        let bytes = Latest::small_bytes(kind, &payload);
+        Ok(Latest { version, atom: Some(atom), kind: Some(kind), total, bytes })
     }
 
     /// The value a key agent holds at `latest`; a list's items are read from every version.
@@ -96,7 +97,10 @@ impl Store {
         let (Some(atom), Some(kind)) = (latest.atom, latest.kind) else { return Ok(None) };
         let value = match kind {
             VersionKind::Counter => StateValue::Counter(latest.total),
-            VersionKind::Bytes => StateValue::Bytes(self.version_record(atom)?.2),
+            VersionKind::Bytes => match &latest.bytes {
+                Some(bytes) => StateValue::Bytes(bytes.to_vec()),
+                None => StateValue::Bytes(self.version_record(atom)?.2),
+            },
             VersionKind::Item => StateValue::List(self.list_items(run, key_agent, atom, latest.version)?),
         };
         Ok(Some(Versioned { version: latest.version, value }))
