@@ -511,12 +511,14 @@ impl Log {
         let Some(meta) = self.inner.index.read().find(lsn.get()).cloned() else {
             return Ok(None);
         };
-        // The first record an iteration of this one segment yields at or after `lsn` is it,
-        // unless `lsn` fell in a range recovery skipped.
-        match LogIter::new(vec![meta], lsn.get()).next().transpose()? {
-            Some((found, bytes)) if found == lsn => Ok(Some(bytes)),
-            _ => Ok(None),
-        }
+        // Frames before the record's are stepped over on their verified headers; only its own
+        // frame is read and verified.
+        let mut found = None;
+        iter::visit_lsns(vec![meta], &[lsn.get()], |_, record| {
+            found = Some(record.to_bytes());
+            Ok(false)
+        })?;
+        Ok(found)
     }
 
     /// Calls `visit` with each record whose LSN is in `from..=to`, in order, until it returns
