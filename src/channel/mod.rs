@@ -19,6 +19,7 @@ use parking_lot::{Condvar, Mutex};
 
 pub use exchange::{Exchange, Exchanged, Received};
 pub use names::{CHANNEL_AGENT_PREFIX, CONSUMER_AGENT_PREFIX};
+pub(crate) use names::MESSAGE_HEADER_BYTES;
 
 use crate::store::AtomId;
 
