@@ -59,6 +59,9 @@ pub struct CompactionReport {
     pub snapshots_deleted: usize,
     /// Atoms whose deltas were reclaimed (their completion records rewritten).
     pub deltas_reclaimed: u64,
+    /// Channel messages whose payloads were reclaimed: every live consumer had consumed them
+    /// (their completion records rewritten without the payload).
+    pub messages_reclaimed: u64,
     /// Segments rewritten (for their dead bytes, for cold compression, or both).
     pub segments_rewritten: usize,
     /// Of those, segments rewritten with compressed frames (cold compression).
@@ -211,12 +214,12 @@ impl Store {
             }
             // IMPORTANT: no index snapshot may outlive a change to the records it covers.
             self.shared.remove_index_snapshot()?;
-            let mut stripped;
+            let (mut stripped, mut emptied);
             // A rewrite that runs out of space is tried once more after the ballast (if any) is
             // given back.
             let mut ballast_released = false;
             let rewrite = loop {
-                stripped = 0;
+                (stripped, emptied) = (0, 0);
                 let rewrite = self.shared.log.rewrite_segment_with(Lsn::new(tally.first_lsn), options, |lsn, bytes| {
                     // A long compressed rewrite gives way to a closing store (the original stays).
                     if closing() {
@@ -225,7 +228,10 @@ impl Store {
                     let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
                     index_snapshot
                         .note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
-                    stripped += u64::from(matches!(decision, Rewrite::Replace(_)));
+                    if matches!(decision, Rewrite::Replace(_)) {
+                        let message = plan.decision.messages_reclaimed.contains(&self.subject(bytes));
+                        *(if message { &mut emptied } else { &mut stripped }) += 1;
+                    }
                     match decision {
                         // Cold compression stores records plain, to compress them together.
                         Rewrite::Keep if options.compression.is_some() => {
@@ -261,6 +267,7 @@ impl Store {
             report.segments_rewritten += 1;
             report.segments_compressed += usize::from(options.compression.is_some());
             report.deltas_reclaimed += stripped;
+            report.messages_reclaimed += emptied;
             report.bytes_read += rewrite.bytes_before;
             report.bytes_written += rewrite.bytes_after;
             // Background work yields half of its time to the foreground.
@@ -646,6 +653,11 @@ impl Store {
         done.result.truncate(crate::channel::MESSAGE_HEADER_BYTES);
         done.delta = None;
         Ok(self.shared.codec.encode(&StoreRecord::AtomReclaimed(done)))
+    }
+
+    /// The subject of a record the rewrite already decoded once (0 if it cannot be peeked).
+    fn subject(&self, bytes: &Bytes) -> u64 {
+        self.shared.codec.peek(bytes).map_or(0, |(_, subject)| subject)
     }
 
     /// Deletes leading sealed segments that hold no record; returns how many and their bytes.

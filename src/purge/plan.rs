@@ -247,9 +247,10 @@ fn rebuild_starts(inputs: &PurgeInputs<'_>, kept: &BTreeSet<u64>, strip: &BTreeS
     let from_nothing = Rc::new(vec![FROM_NOTHING]);
     for (&id, parents) in inputs.parents {
         // A message's delta is empty: reclaiming its payload takes nothing a rebuild applies.
-        let intact = inputs.facts.get(&id).is_some_and(|facts| {
-            facts.message || !facts.completed || (!facts.reclaimed && !strip.contains(&id))
-        });
+        let intact = inputs
+            .facts
+            .get(&id)
+            .is_some_and(|facts| facts.message || !facts.completed || (!facts.reclaimed && !strip.contains(&id)));
         let mut set = match (intact, parents.is_empty()) {
             (false, _) => Rc::clone(&empty),
             (true, true) => Rc::clone(&from_nothing),
@@ -407,6 +408,42 @@ mod tests {
         assert!(decision.snapshots_kept.is_empty(), "{decision:?}");
         assert!(decision.strip.iter().all(|id| *id > 5), "{decision:?}");
         assert!(decision.released.is_empty(), "{decision:?}");
+    }
+
+    #[test]
+    fn consumed_messages_lose_their_payloads_and_are_never_released() {
+        // Agent 0 sends from 1..=10; its messages 11..=20 are parentless atoms of agent 1.
+        let (mut parents, mut facts) = chain(10);
+        for id in 11..=20 {
+            parents.insert(id, vec![]);
+            facts.insert(id, AtomFacts { agent: 1, completed: true, message: true, ..AtomFacts::default() });
+        }
+        let channels = [ChannelFacts { messages: (11..=20).collect(), offsets: vec![20, 15] }];
+        let snapshots = BTreeSet::from([10]);
+        let inputs = PurgeInputs {
+            parents: &parents,
+            facts: &facts,
+            snapshots: &snapshots,
+            snapshots_per_agent: 1,
+            channels: &channels,
+        };
+        let decision = decide(&inputs);
+        assert_eq!(decision.messages_reclaimed, (11..=15).collect(), "{decision:?}");
+        assert!(decision.strip.iter().all(|id| *id <= 10), "a message's delta is not stripped: {decision:?}");
+        assert!(decision.released.iter().all(|id| *id < 10), "no message is released: {decision:?}");
+        // A later round: 11..=20 reclaimed, the head 20 among them; still nothing of them released.
+        for id in 11..=20 {
+            facts.get_mut(&id).expect("message").reclaimed = true;
+        }
+        let inputs = PurgeInputs {
+            parents: &parents,
+            facts: &facts,
+            snapshots: &snapshots,
+            snapshots_per_agent: 1,
+            channels: &[],
+        };
+        let decision = decide(&inputs);
+        assert!(decision.messages_reclaimed.is_empty() && decision.released.iter().all(|id| *id < 10), "{decision:?}");
     }
 
     #[test]
