@@ -17,6 +17,7 @@ pub mod group_floor;
 mod okaywal_sink;
 mod raft_engine_sink;
 mod sqlite_sink;
+pub mod sqlite_queue;
 mod workload;
 
 use std::path::Path;
