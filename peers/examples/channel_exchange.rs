@@ -43,19 +43,31 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp");
     std::fs::create_dir_all(&root).expect("bench dir");
     let dir = tempfile::tempdir_in(&root).expect("dir");
-    let pools: Vec<Vec<Encoded>> =
-        (0..AGENTS).map(|agent| (0..POOL).map({ let mut d = Deltas::new(u64::from(agent)); move |_| d.next_encoded() }).collect()).collect();
+    let pools: Vec<Vec<Encoded>> = (0..AGENTS)
+        .map(|agent| {
+            (0..POOL)
+                .map({
+                    let mut d = Deltas::new(u64::from(agent));
+                    move |_| d.next_encoded()
+                })
+                .collect()
+        })
+        .collect();
 
     let w2 = Engine::ContinuumStore.open(&dir.path().join("w2"), Mode::Durable).expect("w2 store");
     let exchange = Exchange::open(&dir.path().join("exchange"));
     let queue = SqliteQueue::open(&dir.path().join("sqlite")).expect("sqlite queue");
 
     let (mut w2_rates, mut ours, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
-    let mut per_sync = Vec::new();
+    let (mut per_sync, mut w2_per_sync) = (Vec::new(), Vec::new());
     for trial in 0..trials {
         let first = trial as u64 * steps;
         std::thread::sleep(SETTLE);
+        let before = w2.commit_metrics().expect("the store keeps metrics");
         w2_rates.push(atoms_w2(w2.as_ref(), &pools, first, steps));
+        let after = w2.commit_metrics().expect("the store keeps metrics");
+        let syncs = after.fdatasyncs.saturating_sub(before.fdatasyncs).max(1);
+        w2_per_sync.push((u64::from(AGENTS) * steps) as f64 / syncs as f64);
         std::thread::sleep(SETTLE);
         let before = exchange.store.metrics();
         ours.push(exchange.trial(&pools, first, steps));
@@ -72,10 +84,11 @@ fn main() {
     let to_w2: Vec<f64> = ours.iter().zip(&w2_rates).map(|(o, w)| o / w).collect();
     let to_sqlite: Vec<f64> = ours.iter().zip(&theirs).map(|(o, s)| o / s).collect();
     eprintln!(
-        "==== summary channel_exchange: {trials} trials of {AGENTS} x {steps} steps, medians: W2 {:.0} atoms/s, \
-         continuum exchange {:.0} msgs/s ({:.1} steps per fdatasync), SQLite exchange {:.0} msgs/s; \
+        "==== summary channel_exchange: {trials} trials of {AGENTS} x {steps} steps, medians: W2 {:.0} atoms/s \
+         ({:.1} atoms per fdatasync), continuum exchange {:.0} msgs/s ({:.1} steps per fdatasync), SQLite exchange {:.0} msgs/s; \
          paired ratios (median, low-high): exchange / W2 {} (goal >= 0.7), exchange / SQLite {} (goal >= 5)",
         median(&w2_rates),
+        median(&w2_per_sync),
         median(&ours),
         median(&per_sync),
         median(&theirs),

@@ -16,8 +16,8 @@ mod disk;
 pub mod group_floor;
 mod okaywal_sink;
 mod raft_engine_sink;
-mod sqlite_sink;
 pub mod sqlite_queue;
+mod sqlite_sink;
 mod workload;
 
 use std::path::Path;

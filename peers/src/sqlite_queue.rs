@@ -152,7 +152,16 @@ mod tests {
     fn each_message_is_received_once_and_offsets_survive_a_reopen() {
         let dir = tempfile::tempdir().expect("dir");
         let step = |queue: &SqliteQueue, agent: &str, atom_id: u64, inbox: &str, outbox: &str| {
-            let step = Step { run: "r", agent, atom_id, delta: b"d", inbox, outbox, payload: agent.as_bytes(), receive_max: 10 };
+            let step = Step {
+                run: "r",
+                agent,
+                atom_id,
+                delta: b"d",
+                inbox,
+                outbox,
+                payload: agent.as_bytes(),
+                receive_max: 10,
+            };
             queue.step(&step).expect("step")
         };
         let queue = SqliteQueue::open(dir.path()).expect("open");
