@@ -235,3 +235,50 @@ fn a_crash_anywhere_in_a_round_loses_no_unconsumed_message() {
     eprintln!("message retention crash points: {ops} I/O calls, {states} crash states");
     assert!(ops >= 10, "a round makes many I/O calls ({ops})");
 }
+
+/// With `Buffered` atoms a consumer's completed offset atom may not be durable when a round
+/// plans: the round makes it durable before it rewrites a payload away, so that a power loss
+/// right after the round never leaves a consumer's offset below a reclaimed message. The
+/// consumers consume last, after the messages' segments sealed, so their offset atoms sit
+/// unsynced in the active segment when the round starts.
+#[test]
+fn a_round_makes_the_offsets_it_relies_on_durable_first() {
+    let sim = SimStorage::new(11);
+    let open = |sim: &SimStorage| {
+        configure(Store::builder(Path::new("/store")).storage(Arc::new(sim.clone())))
+            .atom_durability(continuum::Durability::Buffered)
+            // Only the round's own syncs make the offsets durable, not the timed flusher.
+            .flush_interval(Duration::from_secs(3600))
+            .open()
+    };
+    let store = open(&sim).expect("open");
+    let run = store.create_run(RunSpec::new("team")).expect("run");
+    store
+        .execute_with(run, "planner", "plan", &[], |exchange| {
+            (0..8).try_for_each(|i| exchange.send("tasks", payload(i))).map_err(failure)?;
+            Ok(AtomOutput::default())
+        })
+        .expect("send");
+    let mut transcript = Transcript::new(6);
+    for i in 0..40 {
+        let output = AtomOutput { delta: transcript.next_delta(400), result: Vec::new() };
+        store.record_atom(run, "filler", &i.to_string(), &[], "", &output).expect("filler");
+    }
+    consume(&store, run, "fast", "fast-1", 8);
+    consume(&store, run, "slow", "slow-1", 4);
+    let report = store.compact().expect("compact");
+    assert_eq!(report.messages_reclaimed, 4, "{report:?}");
+    // Power is lost right after the round: the store's close syncs nothing more.
+    sim.halt_after(0);
+    drop(store);
+    sim.crash(CrashDamage { data: continuum::storage::sim::DataDamage::DropUnsynced, ..CrashDamage::ALL[0] });
+
+    let store = open(&sim).expect("reopen");
+    let ids: Vec<AtomId> = store.agent_atoms(run, "continuum.channel/tasks");
+    assert_eq!(ids.len(), 8, "every message survived");
+    // The offsets that let the round reclaim survived the power loss with it.
+    assert_eq!(store.consumer_offset(run, "tasks", "fast").expect("offset"), ids[7].get());
+    assert_eq!(store.consumer_offset(run, "tasks", "slow").expect("offset"), ids[3].get());
+    let slow = pending(&store, run, "slow");
+    assert_eq!(slow, (4..8).map(|i| (ids[i], payload(i))).collect::<Vec<_>>(), "byte for byte");
+}
