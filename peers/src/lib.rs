@@ -16,6 +16,7 @@ mod disk;
 pub mod group_floor;
 mod okaywal_sink;
 mod raft_engine_sink;
+pub mod sqlite_queue;
 mod sqlite_sink;
 mod workload;
 

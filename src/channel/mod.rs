@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use parking_lot::{Condvar, Mutex};
 
 pub use exchange::{Exchange, Exchanged, Received};
+pub(crate) use names::MESSAGE_HEADER_BYTES;
 pub use names::{CHANNEL_AGENT_PREFIX, CONSUMER_AGENT_PREFIX};
 
 use crate::store::AtomId;

@@ -1,5 +1,10 @@
 //! Reading channels: a consumer's offset, the messages past it, and the messages a completed
 //! atom consumed (its view of the exchange, returned on replay).
+//!
+//! A message whose payload compaction reclaimed (every live consumer had consumed it,
+//! `purge/messages.rs`) is never read again: receives skip it (only a consumer that first
+//! consumes after the reclaim meets one: it starts past them), and a replayed atom's view lists
+//! the messages of its range that are still held.
 
 use crate::channel::Message;
 use crate::channel::exchange::Received;
@@ -81,14 +86,24 @@ impl Store {
 
     /// Up to `max` completed messages of `channel` with ids above `after`, oldest first. A
     /// message whose batch is still being appended ends the list: no later message is
-    /// returned before it lands (or its append fails), so consumers see one order.
+    /// returned before it lands (or its append fails), so consumers see one order. Messages
+    /// whose payload was reclaimed are skipped.
     pub(crate) fn messages_after(&self, run: RunId, channel: &str, after: u64, max: usize) -> Result<Vec<Message>> {
         let ids = self.message_ids(run, channel, (after, u64::MAX), max)?;
-        ids.into_iter().map(|id| self.message(id)).collect()
+        self.messages_held(ids)
     }
 
-    /// Ids of completed messages of `channel` within `(from, to]`, at most `max`, up to the
-    /// first one in flight.
+    /// The messages `ids` whose payloads are still held, in order.
+    fn messages_held(&self, ids: Vec<AtomId>) -> Result<Vec<Message>> {
+        let mut messages = Vec::with_capacity(ids.len());
+        for id in ids {
+            messages.extend(self.message(id)?);
+        }
+        Ok(messages)
+    }
+
+    /// Ids of completed messages of `channel` within `(from, to]` whose payload is held, at
+    /// most `max`, up to the first one in flight.
     fn message_ids(&self, run: RunId, channel: &str, (from, to): (u64, u64), max: usize) -> Result<Vec<AtomId>> {
         let index = self.shared.index.read();
         let run32 = u32::try_from(run.0).map_err(|_| unknown_run(run))?;
@@ -105,6 +120,7 @@ impl Store {
                 continue;
             }
             match entry.state {
+                EntryState::Completed if entry.reclaimed => {}
                 EntryState::Completed => ids.push(AtomId(id)),
                 EntryState::Starting => break,
                 _ => {}
@@ -113,20 +129,31 @@ impl Store {
         Ok(ids)
     }
 
-    /// Message `id`, read from its completion record alone.
-    fn message(&self, id: AtomId) -> Result<Message> {
+    /// Message `id`, read from its completion record alone; `None` if its payload was
+    /// reclaimed (marked in the index, or, when a round marked and rewrote it since the caller
+    /// listed it, an `AtomReclaimed` record: FORMAT.md §8, "Control atoms: channels").
+    fn message(&self, id: AtomId) -> Result<Option<Message>> {
         let ended_lsn = {
             let index = self.shared.index.read();
             let entry = index.atom(id).filter(|entry| entry.state == EntryState::Completed);
-            entry.ok_or(Error::UnknownAtom { atom: id.get() })?.ended_lsn
+            let entry = entry.ok_or(Error::UnknownAtom { atom: id.get() })?;
+            if entry.reclaimed {
+                return Ok(None);
+            }
+            entry.ended_lsn
         };
         let inconsistent = |reason| Error::InconsistentLog { lsn: ended_lsn, reason };
-        let (StoreRecord::AtomCompleted(done) | StoreRecord::AtomReclaimed(done)) = self.read_record(ended_lsn)? else {
-            return Err(inconsistent("a message's end is not a completion"));
+        let done = match self.read_record(ended_lsn)? {
+            StoreRecord::AtomCompleted(done) => done,
+            StoreRecord::AtomReclaimed(done) => {
+                names::decode_message(&done.result).ok_or_else(|| inconsistent("a message names no sender"))?;
+                return Ok(None);
+            }
+            _ => return Err(inconsistent("a message's end is not a completion")),
         };
         let (sender, payload) =
             names::decode_message(&done.result).ok_or_else(|| inconsistent("a message names no sender"))?;
-        Ok(Message { id, sender, payload: payload.to_vec() })
+        Ok(Some(Message { id, sender, payload: payload.to_vec() }))
     }
 
     /// The messages the completed atom `atom` of `run` consumed, per channel and consumer (in
@@ -151,7 +178,7 @@ impl Store {
                 .ok_or(Error::InvalidArgument { reason: format!("consumer agent {agent:?} names no consumer") })?;
             let range = self.offset_range(offset_atom)?;
             let ids = self.message_ids(run, channel, range, usize::MAX)?;
-            let messages = ids.into_iter().map(|id| self.message(id)).collect::<Result<_>>()?;
+            let messages = self.messages_held(ids)?;
             received.push(Received { run, channel: channel.to_owned(), consumer: consumer.to_owned(), messages });
         }
         Ok(received)

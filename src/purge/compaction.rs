@@ -59,6 +59,9 @@ pub struct CompactionReport {
     pub snapshots_deleted: usize,
     /// Atoms whose deltas were reclaimed (their completion records rewritten).
     pub deltas_reclaimed: u64,
+    /// Channel messages whose payloads were reclaimed: every live consumer had consumed them
+    /// (their completion records rewritten without the payload).
+    pub messages_reclaimed: u64,
     /// Segments rewritten (for their dead bytes, for cold compression, or both).
     pub segments_rewritten: usize,
     /// Of those, segments rewritten with compressed frames (cold compression).
@@ -104,6 +107,8 @@ enum Fate {
     Dead,
     /// A completion whose delta is reclaimable.
     Strip,
+    /// A message's completion whose payload every live consumer has consumed.
+    StripPayload,
 }
 
 /// What became of an atom reserved before a round's marks.
@@ -167,6 +172,7 @@ impl Plan {
             RecordKind::AtomsAbandoned | RecordKind::AtomPinned if dropped(subject) => Fate::Dead,
             RecordKind::AtomCompleted if dropped(subject) => Fate::Dead,
             RecordKind::AtomCompleted if self.decision.strip.contains(&subject) => Fate::Strip,
+            RecordKind::AtomCompleted if self.decision.messages_reclaimed.contains(&subject) => Fate::StripPayload,
             RecordKind::GuardStarted | RecordKind::GuardCompleted | RecordKind::GuardFailed
                 if self.dead_guards.contains(&lsn) =>
             {
@@ -208,12 +214,12 @@ impl Store {
             }
             // IMPORTANT: no index snapshot may outlive a change to the records it covers.
             self.shared.remove_index_snapshot()?;
-            let mut stripped;
+            let (mut stripped, mut emptied);
             // A rewrite that runs out of space is tried once more after the ballast (if any) is
             // given back.
             let mut ballast_released = false;
             let rewrite = loop {
-                stripped = 0;
+                (stripped, emptied) = (0, 0);
                 let rewrite = self.shared.log.rewrite_segment_with(Lsn::new(tally.first_lsn), options, |lsn, bytes| {
                     // A long compressed rewrite gives way to a closing store (the original stays).
                     if closing() {
@@ -222,7 +228,10 @@ impl Store {
                     let decision = self.rewrite_decision(&plan, lsn.get(), bytes)?;
                     index_snapshot
                         .note(lsn.get(), &decision, || self.shared.codec.peek(bytes).map(|(_, atom)| atom).ok());
-                    stripped += u64::from(matches!(decision, Rewrite::Replace(_)));
+                    if matches!(decision, Rewrite::Replace(_)) {
+                        let message = plan.decision.messages_reclaimed.contains(&self.subject(bytes));
+                        *(if message { &mut emptied } else { &mut stripped }) += 1;
+                    }
                     match decision {
                         // Cold compression stores records plain, to compress them together.
                         Rewrite::Keep if options.compression.is_some() => {
@@ -258,6 +267,7 @@ impl Store {
             report.segments_rewritten += 1;
             report.segments_compressed += usize::from(options.compression.is_some());
             report.deltas_reclaimed += stripped;
+            report.messages_reclaimed += emptied;
             report.bytes_read += rewrite.bytes_before;
             report.bytes_written += rewrite.bytes_after;
             // Background work yields half of its time to the foreground.
@@ -390,13 +400,22 @@ impl Store {
         let graph = self.scan_graph(&mut plan)?;
         // IMPORTANT: what the newest checkpoints name stays rebuildable (invariant 7).
         let checkpointed = self.checkpointed_heads()?;
-        let facts = self.entry_facts(&graph, &plan.dropped_runs, &checkpointed);
+        let channel_agents = self.channel_agents(&plan.dropped_runs);
+        let facts = self.entry_facts(&graph, &plan.dropped_runs, &checkpointed, &channel_agents);
+        // IMPORTANT: what a live consumer has not consumed keeps its payload (invariant 7).
+        let channels = self.channel_facts(&channel_agents, &facts)?;
         plan.decision = crate::purge::plan::decide(&PurgeInputs {
             parents: &graph.parents,
             facts: &facts,
             snapshots: &snapshots,
             snapshots_per_agent: self.shared.policies.retention.snapshots_per_agent,
+            channels: &channels,
         });
+        if !plan.decision.messages_reclaimed.is_empty() {
+            // IMPORTANT: the offsets that let these payloads go are durable before any is
+            // rewritten away (with `Buffered` atoms a completed offset atom may not be yet).
+            self.shared.log.sync()?;
+        }
         self.tally_segments(&mut plan)?;
         Ok(plan)
     }
@@ -456,6 +475,7 @@ impl Store {
         graph: &Graph,
         dropped_runs: &HashSet<u32>,
         checkpointed: &HashSet<u64>,
+        channels: &crate::purge::messages::ChannelAgents,
     ) -> HashMap<u64, AtomFacts> {
         const CHUNK: usize = 4096;
         let ids: Vec<u64> = graph.parents.keys().copied().collect();
@@ -473,6 +493,7 @@ impl Store {
                         abandoned: e.abandoned,
                         released: e.released,
                         dropped: dropped_runs.contains(&e.run),
+                        message: channels.holds_messages(e.agent),
                     };
                     facts.insert(id, fact);
                 }
@@ -515,7 +536,7 @@ impl Store {
             tally.live += match plan.fate(kind, subject, lsn) {
                 Fate::Live => size,
                 Fate::Dead => 0,
-                Fate::Strip => size.min(RECLAIMED_RECORD_BYTES_ESTIMATE),
+                Fate::Strip | Fate::StripPayload => size.min(RECLAIMED_RECORD_BYTES_ESTIMATE),
             };
         }
         plan.segments = tallies;
@@ -561,10 +582,11 @@ impl Store {
     }
 
     /// Sets (or takes back) the marks of what `plan` strips and releases. The plan strips only
-    /// deltas not reclaimed before and releases only atoms not released before, so taking the
-    /// marks back restores the index as it was.
+    /// deltas (and message payloads) not reclaimed before and releases only atoms not released
+    /// before, so taking the marks back restores the index as it was. Once marked, a message is
+    /// no longer read (`channel/read.rs`), before its payload is rewritten away.
     fn set_released_marks(&self, index: &mut crate::store::index::StoreIndex, plan: &Plan, on: bool) {
-        for id in &plan.decision.strip {
+        for id in plan.decision.strip.iter().chain(&plan.decision.messages_reclaimed) {
             if let Some(entry) = index.atom_mut(AtomId(*id)) {
                 entry.reclaimed = on;
             }
@@ -613,7 +635,29 @@ impl Store {
                 }
                 _ => return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" }),
             },
+            Fate::StripPayload => Rewrite::Replace(self.reclaimed_message(lsn, bytes)?),
         })
+    }
+
+    /// A message's completion without its payload: an `AtomReclaimed` record whose result keeps
+    /// only the sender's id (FORMAT.md §8, "Control atoms: channels").
+    fn reclaimed_message(&self, lsn: u64, bytes: &Bytes) -> Result<Vec<u8>> {
+        let StoreRecord::AtomCompleted(mut done) =
+            self.shared.codec.decode(bytes).map_err(|source| Error::Codec { lsn, source })?
+        else {
+            return Err(Error::InconsistentLog { lsn, reason: "kind and body disagree" });
+        };
+        if done.result.len() < crate::channel::MESSAGE_HEADER_BYTES {
+            return Err(Error::InconsistentLog { lsn, reason: "a message names no sender" });
+        }
+        done.result.truncate(crate::channel::MESSAGE_HEADER_BYTES);
+        done.delta = None;
+        Ok(self.shared.codec.encode(&StoreRecord::AtomReclaimed(done)))
+    }
+
+    /// The subject of a record the rewrite already decoded once (0 if it cannot be peeked).
+    fn subject(&self, bytes: &Bytes) -> u64 {
+        self.shared.codec.peek(bytes).map_or(0, |(_, subject)| subject)
     }
 
     /// Deletes leading sealed segments that hold no record; returns how many and their bytes.

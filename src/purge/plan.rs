@@ -13,7 +13,10 @@
 //!   history if it has none), so it needs the deltas of its ancestors above that snapshot;
 //! - the **atoms released**: after the round (its snapshots pruned, its deltas stripped), the
 //!   atoms no rebuild can reach any more. They can no longer be a parent, a rollback's target or
-//!   pinned; the store records them durably before the round deletes or rewrites anything.
+//!   pinned; the store records them durably before the round deletes or rewrites anything;
+//! - the **messages reclaimed**: a channel's message whose every live consumer has consumed it
+//!   (its offset is at or past the message) loses its payload; a channel no consumer has
+//!   consumed from yet keeps every message (`purge/messages.rs`).
 //!
 //! A rebuild of atom `x` can start from snapshot `s` when every path down from `x` meets `s`
 //! before any smaller id (`Store::rebuild_context`), and needs the delta of every completed atom
@@ -22,6 +25,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
+
+pub(crate) use crate::purge::messages::ChannelFacts;
 
 /// What the index knows of one atom, as the plan needs it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,6 +44,10 @@ pub(crate) struct AtomFacts {
     pub released: bool,
     /// Its run was dropped: nothing of it is live.
     pub dropped: bool,
+    /// A channel's message: a control atom without parents whose delta is empty, so no rebuild
+    /// needs more than its start and end records; its payload (in its result) is kept by its
+    /// consumers, not by rebuilds, and `reclaimed` means the payload is gone.
+    pub message: bool,
 }
 
 impl AtomFacts {
@@ -58,6 +67,9 @@ pub(crate) struct PurgeInputs<'a> {
     pub snapshots: &'a BTreeSet<u64>,
     /// How many snapshots on its live paths each agent keeps (pinned ones aside).
     pub snapshots_per_agent: usize,
+    /// Every channel of a live run, with its messages whose payload is still held and the
+    /// offsets of its live consumers.
+    pub channels: &'a [ChannelFacts],
 }
 
 /// What one purge plan decided.
@@ -72,6 +84,9 @@ pub(crate) struct PurgeDecision {
     /// Atoms of live runs, not abandoned and not released before, that no rebuild can reach
     /// once the round is done.
     pub released: Vec<u64>,
+    /// Messages every live consumer of their channel has consumed: compaction drops their
+    /// payloads.
+    pub messages_reclaimed: BTreeSet<u64>,
 }
 
 /// The snapshot id that stands for "no snapshot: the rebuild starts from nothing".
@@ -106,7 +121,12 @@ pub(crate) fn decide(inputs: &PurgeInputs<'_>) -> PurgeDecision {
     if let Some(today) = today.as_ref().filter(|_| cfg!(debug_assertions)) {
         assert_targets_kept(inputs, &heads, today, &rebuildable);
     }
-    PurgeDecision { snapshots_kept, snapshots_pruned, strip, released }
+    let messages_reclaimed = crate::purge::messages::reclaimable(inputs.channels);
+    for id in &messages_reclaimed {
+        assert!(!strip.contains(id), "a message's payload is reclaimed, never its (empty) delta");
+        assert!(inputs.facts.get(id).is_some_and(|facts| facts.message), "only messages lose payloads");
+    }
+    PurgeDecision { snapshots_kept, snapshots_pruned, strip, released, messages_reclaimed }
 }
 
 /// The heads: each agent's newest live atom (not abandoned, of a live run).
@@ -226,8 +246,11 @@ fn rebuild_starts(inputs: &PurgeInputs<'_>, kept: &BTreeSet<u64>, strip: &BTreeS
     let empty = Rc::new(Vec::new());
     let from_nothing = Rc::new(vec![FROM_NOTHING]);
     for (&id, parents) in inputs.parents {
-        let intact =
-            inputs.facts.get(&id).is_some_and(|facts| !facts.completed || (!facts.reclaimed && !strip.contains(&id)));
+        // A message's delta is empty: reclaiming its payload takes nothing a rebuild applies.
+        let intact = inputs
+            .facts
+            .get(&id)
+            .is_some_and(|facts| facts.message || !facts.completed || (!facts.reclaimed && !strip.contains(&id)));
         let mut set = match (intact, parents.is_empty()) {
             (false, _) => Rc::clone(&empty),
             (true, true) => Rc::clone(&from_nothing),
@@ -299,7 +322,7 @@ mod tests {
         k: usize,
     ) -> PurgeDecision {
         let snapshots: BTreeSet<u64> = snapshots.iter().copied().collect();
-        decide(&PurgeInputs { parents, facts, snapshots: &snapshots, snapshots_per_agent: k })
+        decide(&PurgeInputs { parents, facts, snapshots: &snapshots, snapshots_per_agent: k, channels: &[] })
     }
 
     #[test]
@@ -385,6 +408,42 @@ mod tests {
         assert!(decision.snapshots_kept.is_empty(), "{decision:?}");
         assert!(decision.strip.iter().all(|id| *id > 5), "{decision:?}");
         assert!(decision.released.is_empty(), "{decision:?}");
+    }
+
+    #[test]
+    fn consumed_messages_lose_their_payloads_and_are_never_released() {
+        // Agent 0 sends from 1..=10; its messages 11..=20 are parentless atoms of agent 1.
+        let (mut parents, mut facts) = chain(10);
+        for id in 11..=20 {
+            parents.insert(id, vec![]);
+            facts.insert(id, AtomFacts { agent: 1, completed: true, message: true, ..AtomFacts::default() });
+        }
+        let channels = [ChannelFacts { messages: (11..=20).collect(), offsets: vec![20, 15] }];
+        let snapshots = BTreeSet::from([10]);
+        let inputs = PurgeInputs {
+            parents: &parents,
+            facts: &facts,
+            snapshots: &snapshots,
+            snapshots_per_agent: 1,
+            channels: &channels,
+        };
+        let decision = decide(&inputs);
+        assert_eq!(decision.messages_reclaimed, (11..=15).collect(), "{decision:?}");
+        assert!(decision.strip.iter().all(|id| *id <= 10), "a message's delta is not stripped: {decision:?}");
+        assert!(decision.released.iter().all(|id| *id < 10), "no message is released: {decision:?}");
+        // A later round: 11..=20 reclaimed, the head 20 among them; still nothing of them released.
+        for id in 11..=20 {
+            facts.get_mut(&id).expect("message").reclaimed = true;
+        }
+        let inputs = PurgeInputs {
+            parents: &parents,
+            facts: &facts,
+            snapshots: &snapshots,
+            snapshots_per_agent: 1,
+            channels: &[],
+        };
+        let decision = decide(&inputs);
+        assert!(decision.messages_reclaimed.is_empty() && decision.released.iter().all(|id| *id < 10), "{decision:?}");
     }
 
     #[test]

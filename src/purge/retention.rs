@@ -170,7 +170,8 @@ impl Store {
         Ok(())
     }
 
-    /// Drops every finished run that ended more than the retention age ago: a durable
+    /// Drops every finished run that ended more than the retention age ago (never the topics
+    /// run, [`TOPICS_RUN`](crate::channel::TOPICS_RUN)): a durable
     /// `RunDropped` record first (after a crash the run stays dropped), then its snapshots.
     /// Compaction removes its records. Returns the dropped runs.
     pub(crate) fn drop_expired_runs(&self) -> Result<Vec<RunId>> {
@@ -185,6 +186,9 @@ impl Store {
                         matches!(entry.status, RunStatus::Finished { .. }) && entry.ended_at_unix_us <= cutoff
                     })
                 })
+                // The topics run is store-wide: its consumers are atoms of other runs, so it
+                // never ends for them; its messages go one by one (`purge/messages.rs`).
+                .filter(|run| index.run_names.get(crate::channel::TOPICS_RUN) != u32::try_from(run.0).ok().as_ref())
                 .collect()
         };
         for run in &expired {
