@@ -40,7 +40,7 @@ pub struct Message {
 }
 
 /// Number of locks consumers' commits are spread over.
-const CONSUMER_LOCKS: usize = 64;
+const CONSUMER_LOCKS: usize = 1024;
 
 /// The channels' in-memory state of an open store.
 pub(crate) struct ChannelState {

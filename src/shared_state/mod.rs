@@ -134,7 +134,7 @@ impl Latest {
 }
 
 /// Number of locks the keys' commits are spread over.
-const KEY_LOCKS: usize = 64;
+const KEY_LOCKS: usize = 1024;
 
 /// Shared state's in-memory part of an open store: the keys' locks and a cache of their newest
 /// versions.
