@@ -173,6 +173,22 @@ pub const CHANNEL_OFFSETS_CACHED_MAX: usize = 65_536;
 /// Channels and consumers one atom receives from (each becomes an offset control atom).
 pub const CHANNEL_CONSUMERS_PER_ATOM_MAX: usize = 64;
 
+/// Bytes of a lease holder's name.
+pub const LEASE_HOLDER_BYTES_MAX: usize = 256;
+
+/// A lease's time to live (one day): a holder that needs longer renews.
+pub const LEASE_TTL_US_MAX: u64 = 24 * 60 * 60 * 1_000_000;
+
+/// Runs whose lease state an open store keeps in memory (a cache of the newest lease atom of
+/// each run, cleared when full).
+pub const LEASE_RUNS_CACHED_MAX: usize = 4096;
+
+/// Atoms begun under a lease and not yet ended, in one open store.
+pub const LEASED_ATOMS_IN_FLIGHT_MAX: usize = 65_536;
+
+/// Locks the runs' leases are spread over (a run's completions and its grants take one).
+pub const LEASE_LOCKS: usize = 64;
+
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
 const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);
@@ -200,3 +216,6 @@ const _: () = assert!(
         <= BATCH_BYTES_MAX as usize / 2
 );
 const _: () = assert!(CHANNEL_MESSAGE_BYTES_MAX < RECORD_BYTES_MAX as usize);
+// A lease atom's result (a fixed header and the holder) fits in any record.
+const _: () = assert!(LEASE_HOLDER_BYTES_MAX + 64 < RECORD_BYTES_MAX as usize);
+const _: () = assert!(LEASE_LOCKS.is_power_of_two());
