@@ -95,9 +95,10 @@ fn lease_holder_child() {
         let lease = store.acquire_lease(run, "child", LONG).expect("child lease");
         store.release_lease(lease).expect("child release");
     }
-    let lease = store.acquire_lease(run, "child", Duration::from_secs(3)).expect("child lease");
+    let lease = store.acquire_lease(run, "child", Duration::from_secs(5)).expect("child lease");
     store.execute_leased(&lease, "agent", "step-1", &[], |_| Ok(output("child"))).expect("child step");
-    println!("LEASED {} {}", lease.token, lease.expires_at_unix_us);
+    // On a line of its own: the test harness prints the test's name before its output.
+    println!("\nLEASED {} {}", lease.token, lease.expires_at_unix_us);
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }

@@ -43,15 +43,15 @@ pub struct Lease {
 pub fn describe_event(result: &[u8]) -> Option<String> {
     let event = record::decode(result, 0).ok()?;
     let what = match event.kind {
-        record::EventKind::Grant => "granted",
-        record::EventKind::Renewal => "renewed",
-        record::EventKind::Release => "released",
+        record::EventKind::Grant => "granted to",
+        record::EventKind::Renewal => "renewed for",
+        record::EventKind::Release => "released by",
     };
     let until = match event.expires_at_unix_us {
         0 => String::new(),
         at => format!(" until unix microsecond {at}"),
     };
-    Some(format!("lease event {}: token {} {what} to {:?}{until}", event.event, event.token, event.holder))
+    Some(format!("lease event {}: token {} {what} {:?}{until}", event.event, event.token, event.holder))
 }
 
 #[cfg(test)]

@@ -112,3 +112,25 @@ fn a_leased_atom_is_fenced_for_its_own_thread_only() {
     assert!(again.executed.replayed);
     assert!(store.shared.leases.forget_atom(executed.atom).is_none(), "nothing stays noted");
 }
+
+#[test]
+fn a_lease_atom_s_result_is_described_for_the_dump_tool() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Store::open(dir.path()).expect("open");
+    let run = store.create_run(RunSpec::new("r")).expect("run");
+    let lease = store.acquire_lease(run, "w1", LONG).expect("grant");
+    store.release_lease(lease.clone()).expect("release");
+    let described: Vec<String> = store
+        .agent_history(run, LEASE_AGENT)
+        .map(|atom| crate::lease::describe_event(&atom.expect("atom").output.expect("output").result).expect("decodes"))
+        .collect();
+    let until = lease.expires_at_unix_us;
+    assert_eq!(
+        described,
+        [
+            format!("lease event 1: token 1 granted to \"w1\" until unix microsecond {until}"),
+            "lease event 2: token 1 released by \"w1\"".to_owned(),
+        ]
+    );
+    assert_eq!(crate::lease::describe_event(b"not a lease event"), None);
+}
