@@ -5,7 +5,7 @@
 //! run holds a lease (each completion takes its run's lease lock and one index lookup), and
 //! the leased run itself under `execute_leased` for scale. Prints the medians (µs per atom).
 //!
-//! `cargo run --release --example lease_overhead [rounds] [block]`; `docs/BENCHMARKS.md` §5
+//! `cargo run --release --example lease_overhead [rounds] [block]`; `docs/BENCHMARKS.md` §14
 //! has the A/B against a build without the check.
 
 use std::path::Path;
