@@ -58,7 +58,8 @@ fn main() {
     };
     let begin_complete = |store: &Store, run: RunId, round: u64| {
         per_atom(block, |i| {
-            let atom = store.begin_atom(run, &format!("agent-{round}"), &format!("b{round}-{i}"), &[], "").expect("begin");
+            let atom =
+                store.begin_atom(run, &format!("agent-{round}"), &format!("b{round}-{i}"), &[], "").expect("begin");
             store.complete_atom(atom, &output).expect("complete");
         })
     };

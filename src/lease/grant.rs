@@ -153,7 +153,8 @@ impl Store {
         let lease = match newest {
             Some(atom) => {
                 let lsn = atom.started_lsn.get();
-                let output = atom.output.ok_or(Error::InconsistentLog { lsn, reason: "a lease atom without result" })?;
+                let output =
+                    atom.output.ok_or(Error::InconsistentLog { lsn, reason: "a lease atom without result" })?;
                 RunLease::from(record::decode(&output.result, lsn)?)
             }
             None => RunLease::default(),

@@ -28,8 +28,7 @@ fn grants_renewals_and_releases_are_control_atoms_read_back_after_a_reopen() {
     assert_eq!(renewed.token, 1);
     assert!(renewed.expires_at_unix_us > first.expires_at_unix_us);
     assert_eq!(store.lease_of(run).expect("lease_of"), Some(renewed.clone()));
-    let keys: Vec<String> =
-        store.agent_history(run, LEASE_AGENT).map(|atom| atom.expect("atom").key).collect();
+    let keys: Vec<String> = store.agent_history(run, LEASE_AGENT).map(|atom| atom.expect("atom").key).collect();
     assert_eq!(keys, ["1", "2"], "one control atom per event, keyed by its number");
     drop(store);
     let store = open(&sim);
