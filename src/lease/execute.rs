@@ -7,7 +7,7 @@ use crate::channel::{Exchange, Exchanged};
 use crate::error::Result;
 use crate::lease::Lease;
 use crate::lease::fence::admit;
-use crate::lease::table::LeasedAtom;
+use crate::lease::table::{LeasedAtom, too_many_atoms};
 use crate::store::control::check_caller_agent;
 use crate::store::{AtomFailure, AtomId, AtomOutput, Store, now_us};
 
@@ -62,7 +62,7 @@ impl Store {
         }
         let noted = |deferred| LeasedAtom { token: lease.token, thread: std::thread::current().id(), deferred };
         if let Some(atom) = found {
-            return self.shared.leases.note_atom(atom, noted(None)).map(|()| atom).map_err(|(error, _)| error);
+            return self.shared.leases.note_atom(atom, noted(None)).map(|()| atom).map_err(|_| too_many_atoms());
         }
         let admission = self.shared.stop.admit(lease.run)?;
         let (reservation, start, _) = self.reserve_and_encode_start(lease.run, agent, key, parents, "")?;
@@ -72,10 +72,10 @@ impl Store {
                 admission.begun(atom);
                 Ok(atom)
             }
-            Err((error, leased)) => {
+            Err(leased) => {
                 let (reservation, _) = leased.deferred.expect("the refused note holds the reservation");
                 self.release_reserved(&reservation);
-                Err(error)
+                Err(too_many_atoms())
             }
         }
     }

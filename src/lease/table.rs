@@ -150,16 +150,12 @@ impl LeaseState {
         runs.insert(run.get(), lease);
     }
 
-    /// Notes an atom begun under a lease.
-    ///
-    /// # Errors
-    /// [`Error::LimitExceeded`] past [`LEASED_ATOMS_IN_FLIGHT_MAX`] (nothing is noted: the
-    /// leased atom is handed back).
-    pub fn note_atom(&self, atom: AtomId, leased: LeasedAtom) -> std::result::Result<(), (Error, LeasedAtom)> {
+    /// Notes an atom begun under a lease; hands it back, noting nothing, past
+    /// [`LEASED_ATOMS_IN_FLIGHT_MAX`] ([`too_many_atoms`] is the error to return then).
+    pub fn note_atom(&self, atom: AtomId, leased: LeasedAtom) -> std::result::Result<(), LeasedAtom> {
         let mut atoms = self.atoms.lock();
         if atoms.len() >= LEASED_ATOMS_IN_FLIGHT_MAX {
-            let limit = LEASED_ATOMS_IN_FLIGHT_MAX as u64;
-            return Err((Error::LimitExceeded { what: "atoms in flight under leases".into(), limit }, leased));
+            return Err(leased);
         }
         let previous = atoms.insert(atom.get(), leased);
         assert!(previous.is_none(), "an atom is begun under one lease at a time");
@@ -200,6 +196,11 @@ impl LeaseState {
         claims.insert(claimed.clone());
         Claim { state: self, claimed }
     }
+}
+
+/// [`Error::LimitExceeded`] for an atom begun past [`LEASED_ATOMS_IN_FLIGHT_MAX`].
+pub(crate) fn too_many_atoms() -> Error {
+    Error::LimitExceeded { what: "atoms in flight under leases".into(), limit: LEASED_ATOMS_IN_FLIGHT_MAX as u64 }
 }
 
 /// A key claimed by [`LeaseState::claim`].
