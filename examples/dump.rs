@@ -996,7 +996,7 @@ fn atom_detail(store: &Store, id: AtomId, json: bool, out: &mut dyn Write) -> Re
 }
 
 /// The result of one of the store's own atoms decoded (a continuation event, a run checkpoint,
-/// a migration, a channel's message, a consumer's offset, a shared-state version), pretty-printed; `None` for another agent or bytes that do not decode.
+/// a migration, a channel's message, a consumer's offset, a shared-state version, a lease event), pretty-printed; `None` for another agent or bytes that do not decode.
 fn control_result(agent: &str, result: &[u8]) -> Option<String> {
     use continuum::codec::proto;
     use prost::Message;
@@ -1010,6 +1010,7 @@ fn control_result(agent: &str, result: &[u8]) -> Option<String> {
         continuum::checkpoint::MIGRATION_AGENT => {
             proto::MigrationApplied::decode(result).ok().map(|migration| format!("{migration:#?}"))
         }
+        continuum::lease::LEASE_AGENT => continuum::lease::describe_event(result),
         _ if agent.starts_with(continuum::channel::CHANNEL_AGENT_PREFIX) => {
             // FORMAT.md §8, "Control atoms: channels": sender:u64le payload.
             let (sender, payload) = result.split_at_checked(8)?;

@@ -432,6 +432,33 @@ pub enum Error {
         /// The bound.
         limit: u64,
     },
+
+    /// Another unexpired lease holds the run ([`Store::acquire_lease`](crate::Store::acquire_lease)):
+    /// a grant, or a completion of an atom of the run that does not present the lease's token,
+    /// is refused. Nothing was written.
+    #[error("run {run} is leased to {holder:?} (token {token}) until unix microsecond {expires_at_unix_us}")]
+    LeaseHeld {
+        /// The run.
+        run: u64,
+        /// The lease's holder.
+        holder: String,
+        /// The lease's fencing token.
+        token: u64,
+        /// When the lease expires, in microseconds since the Unix epoch (wall clock).
+        expires_at_unix_us: u64,
+    },
+
+    /// A lease's token is no longer the run's current one, or the lease expired: its holder
+    /// lost the run and may not write under it. Nothing was written.
+    #[error("the lease of run {run} with token {token} is stale: the run's current token is {current}")]
+    StaleLease {
+        /// The run.
+        run: u64,
+        /// The token presented.
+        token: u64,
+        /// The run's newest granted token (equal to `token` when the lease expired).
+        current: u64,
+    },
 }
 
 /// What is wrong with damaged bytes.
@@ -586,6 +613,15 @@ impl Error {
             Error::InvalidConfig { reason } => Error::InvalidConfig { reason: reason.clone() },
             Error::InvalidArgument { reason } => Error::InvalidArgument { reason: reason.clone() },
             Error::LimitExceeded { what, limit } => Error::LimitExceeded { what: what.clone(), limit: *limit },
+            Error::LeaseHeld { run, holder, token, expires_at_unix_us } => Error::LeaseHeld {
+                run: *run,
+                holder: holder.clone(),
+                token: *token,
+                expires_at_unix_us: *expires_at_unix_us,
+            },
+            Error::StaleLease { run, token, current } => {
+                Error::StaleLease { run: *run, token: *token, current: *current }
+            }
             Error::NotSealed { first_lsn } => Error::NotSealed { first_lsn: *first_lsn },
             Error::HistoryReclaimed { atom, reclaimed } => {
                 Error::HistoryReclaimed { atom: *atom, reclaimed: *reclaimed }

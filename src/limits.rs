@@ -199,6 +199,21 @@ pub const STATE_VALUE_CACHED_BYTES_MAX: usize = 1024;
 /// Bytes the cache of newest versions holds at most, values and names together (cleared when
 /// full).
 pub const STATE_CACHE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Bytes of a lease holder's name.
+pub const LEASE_HOLDER_BYTES_MAX: usize = 256;
+
+/// A lease's time to live (one day): a holder that needs longer renews.
+pub const LEASE_TTL_US_MAX: u64 = 24 * 60 * 60 * 1_000_000;
+
+/// Runs whose lease state an open store keeps in memory (a cache of the newest lease atom of
+/// each run, cleared when full).
+pub const LEASE_RUNS_CACHED_MAX: usize = 4096;
+
+/// Atoms begun under a lease and not yet ended, in one open store.
+pub const LEASED_ATOMS_IN_FLIGHT_MAX: usize = 65_536;
+
+/// Locks the runs' leases are spread over (a run's completions and its grants take one).
+pub const LEASE_LOCKS: usize = 64;
 
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
@@ -232,3 +247,6 @@ const _: () = assert!(
     STATE_WRITES_PER_ATOM_MAX * (STATE_VALUE_BYTES_MAX + 4 * STATE_KEY_BYTES_MAX + 64) <= BATCH_BYTES_MAX as usize / 4
 );
 const _: () = assert!(STATE_KEYS_PER_ATOM_MAX <= STATE_WRITES_PER_ATOM_MAX);
+// A lease atom's result (a fixed header and the holder) fits in any record.
+const _: () = assert!(LEASE_HOLDER_BYTES_MAX + 64 < RECORD_BYTES_MAX as usize);
+const _: () = assert!(LEASE_LOCKS.is_power_of_two());

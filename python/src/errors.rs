@@ -66,6 +66,18 @@ fn classify(error: &Error) -> (&'static str, Vec<(&'static str, Fact)>) {
             ("HistoryReclaimedError", vec![("atom", Int(*atom)), ("reclaimed", Int(*reclaimed))])
         }
         Error::NotSealed { .. } => ("InvalidArgumentError", Vec::new()),
+        Error::LeaseHeld { run, holder, token, expires_at_unix_us } => (
+            "ConflictError",
+            vec![
+                ("run", Int(*run)),
+                ("holder", Str(holder.clone())),
+                ("token", Int(*token)),
+                ("expires_at_unix_us", Int(*expires_at_unix_us)),
+            ],
+        ),
+        Error::StaleLease { run, token, current } => {
+            ("ConflictError", vec![("run", Int(*run)), ("token", Int(*token)), ("current", Int(*current))])
+        }
         _ => ("Error", Vec::new()),
     }
 }

@@ -297,7 +297,20 @@ impl Store {
         work: impl FnOnce(&mut Exchange<'_>) -> std::result::Result<AtomOutput, AtomFailure>,
     ) -> Result<Exchanged> {
         check_caller_agent(agent)?;
-        let atom = match self.atom_by_key_on(run, agent, key, parents)? {
+        let begin = |found: Option<AtomId>| found.map_or_else(|| self.begin_atom(run, agent, key, parents, ""), Ok);
+        self.exchange_in(run, (agent, key, parents), begin, work)
+    }
+
+    /// [`Store::execute_with`]'s body: `begin` gets the key's atom left running or failed
+    /// retryably, if there is one, and returns the atom `work` runs in.
+    pub(crate) fn exchange_in(
+        &self,
+        run: RunId,
+        (agent, key, parents): (&str, &str, &[AtomId]),
+        begin: impl FnOnce(Option<AtomId>) -> Result<AtomId>,
+        work: impl FnOnce(&mut Exchange<'_>) -> std::result::Result<AtomOutput, AtomFailure>,
+    ) -> Result<Exchanged> {
+        let found = match self.atom_by_key_on(run, agent, key, parents)? {
             Some(atom) => match self.replay(atom)? {
                 Some(executed) => {
                     self.shared.log.metrics_handle().record_atom_skipped();
@@ -307,10 +320,11 @@ impl Store {
                     }
                     return Ok(Exchanged { executed, received });
                 }
-                None => atom,
+                None => Some(atom),
             },
-            None => self.begin_atom(run, agent, key, parents, "")?,
+            None => None,
         };
+        let atom = begin(found)?;
         let mut exchange = Exchange::new(self, run, atom);
         match work(&mut exchange) {
             Ok(output) => self.commit_exchange(exchange, output),

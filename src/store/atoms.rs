@@ -51,23 +51,33 @@ impl Store {
         check_caller_agent(agent)?;
         let admission = self.shared.stop.admit(run)?;
         let (reservation, record, _) = self.reserve_and_encode_start(run, agent, key, parents, idempotency_key)?;
-        let atom = reservation.atom;
-        let appended = self.shared.log.append_with(&record, Durability::None);
+        self.append_start(&reservation, &record)?;
+        admission.begun(reservation.atom);
+        Ok(reservation.atom)
+    }
+
+    /// Appends the start `record` of the reserved atom (ordered, not synced on its own) and
+    /// marks it running, or gives the reservation back if the append fails.
+    pub(crate) fn append_start(&self, reservation: &Reservation, record: &[u8]) -> Result<()> {
+        let appended = self.shared.log.append_with(record, Durability::None);
         let mut index = self.shared.index.write();
         match appended {
             Ok(lsn) => {
-                let entry = index.atom_slot(atom);
+                let entry = index.atom_slot(reservation.atom);
                 entry.started_lsn = lsn.get();
                 entry.state = entry.state.transition(EntryState::Running);
-                drop(index);
-                admission.begun(atom);
-                Ok(atom)
+                Ok(())
             }
             Err(error) => {
-                release_reservation(&mut index, &reservation);
+                release_reservation(&mut index, reservation);
                 Err(error)
             }
         }
+    }
+
+    /// Gives back a reservation whose start was never written.
+    pub(crate) fn release_reserved(&self, reservation: &Reservation) {
+        release_reservation(&mut self.shared.index.write(), reservation);
     }
 
     /// Records an atom that has already run: its start and its completion with `output`, in
@@ -189,6 +199,8 @@ impl Store {
         completion_bytes: usize,
         completion: impl FnOnce(&Codec, &mut Vec<u8>, u64, u64),
     ) -> Result<AtomId> {
+        // Held until the index update: no lease is granted on the run before the atom lands.
+        let _fence = self.fence_record(run, agent)?;
         let reservation = self.reserve_atom(run, agent, key, parents)?;
         let atom = reservation.atom;
         let now = now_us();
@@ -230,7 +242,7 @@ impl Store {
 
     /// Reserves a new atom ([`Store::reserve_atom`]) and encodes its start record, stamped now:
     /// the reservation, the record and the time (Unix microseconds).
-    fn reserve_and_encode_start(
+    pub(crate) fn reserve_and_encode_start(
         &self,
         run: RunId,
         agent: &str,
@@ -349,6 +361,8 @@ impl Store {
         to: &'static str,
         state: EntryState,
     ) -> Result<(u32, SnapshotPolicy)> {
+        // Held until the index update: no lease is granted on the run before the end lands.
+        let _fence = self.fence_end(atom)?;
         let previous = self.mark_finishing(atom, to)?;
         // IMPORTANT: with the default `Sync`, this record and the atom's start record are
         // durable before return.
@@ -468,8 +482,8 @@ impl Store {
 }
 
 /// A new atom's id and key, taken by [`Store::reserve_atom`] until its start is written.
-pub(super) struct Reservation {
-    pub(super) atom: AtomId,
+pub(crate) struct Reservation {
+    pub(crate) atom: AtomId,
     /// The hash under which the index maps the key to its newest atom.
     key_hash: u64,
     /// The atom the key mapped to before (on another branch, or abandoned).
@@ -479,7 +493,7 @@ pub(super) struct Reservation {
 /// Frees the id and key [`Store::reserve_atom`] took for an atom whose start was not written:
 /// the key maps again to the atom it mapped to before, so that its branch still finds it
 /// (unless another atom took the key since).
-pub(super) fn release_reservation(index: &mut StoreIndex, reservation: &Reservation) {
+pub(crate) fn release_reservation(index: &mut StoreIndex, reservation: &Reservation) {
     let id = u32::try_from(reservation.atom.0).expect("a reserved id fits in 32 bits");
     index.give_key_back(reservation.key_hash, id, reservation.previous_holder);
     let entry = index.atom_slot(reservation.atom);

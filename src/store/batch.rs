@@ -48,6 +48,8 @@ impl Store {
         controls: &[ControlDraft],
     ) -> Result<Vec<AtomId>> {
         assert!(controls.iter().all(|draft| is_control_agent(&draft.agent)), "control atoms are the store's own");
+        // Held until the index update: no lease is granted on the run before the batch lands.
+        let _fence = self.fence_end(atom)?;
         let previous = self.mark_finishing(atom, "completed")?;
         let reservations = match self.reserve_controls(controls) {
             Ok(reservations) => reservations,

@@ -285,6 +285,9 @@ pub(crate) struct Shared {
     /// The stop request and the atoms and runs in flight (`store/stop.rs`), shared with the
     /// store's stop tokens.
     pub(crate) stop: Arc<stop::StopState>,
+    /// The runs' leases: their locks, the cache of their newest lease atoms, the atoms begun
+    /// under one (`lease/`). Its locks are taken before `index`.
+    pub(crate) leases: crate::lease::LeaseState,
 }
 
 impl std::fmt::Debug for Store {

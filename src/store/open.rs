@@ -83,6 +83,7 @@ impl Shared {
             unsynced_snapshots: Mutex::new(std::collections::BTreeSet::new()),
             targeted_scans: std::sync::atomic::AtomicBool::new(true),
             stop,
+            leases: Default::default(),
         })
     }
 
