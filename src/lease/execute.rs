@@ -15,8 +15,8 @@ impl Store {
     /// [`Store::execute_with`] in `lease`'s run, under `lease`: the atom's end (completion or
     /// failure, with its messages and offsets) lands only if `lease`'s token is still its
     /// run's current one and the lease has not expired when the end is appended; otherwise it
-    /// is refused and nothing of the atom is written (a new atom's start record is written
-    /// with its end, not before `work`). A completed atom replays as in
+    /// is refused, nothing of its end is written, and the atom stays running for the run's
+    /// next holder to execute again. A completed atom replays as in
     /// [`Store::execute_with`], without a check (its output is recorded already).
     ///
     /// Two threads executing the same (agent, key) under leases of the run take turns: the
@@ -51,38 +51,27 @@ impl Store {
         self.exchange_in(lease.run, (agent, key, parents), begin, work)
     }
 
-    /// Notes `found` (an atom of the key left running or failed retryably), or reserves a new
-    /// atom, as begun under `lease` by this thread; a new atom's start record is encoded now and
-    /// written by its end's fence.
+    /// Notes `found` (an atom of the key left running or failed retryably), or begins a new
+    /// atom, as begun under `lease` by this thread.
     fn begin_leased(&self, lease: &Lease, found: Option<AtomId>, atom: (&str, &str, &[AtomId])) -> Result<AtomId> {
         let (agent, key, parents) = atom;
         {
             let _shared = self.shared.leases.lock(lease.run).read();
             admit(lease.run, self.run_lease(lease.run)?, Some(lease.token), now_us())?;
         }
-        let noted = |deferred| LeasedAtom { token: lease.token, thread: std::thread::current().id(), deferred };
-        if let Some(atom) = found {
-            return self.shared.leases.note_atom(atom, noted(None)).map(|()| atom).map_err(|_| too_many_atoms());
-        }
-        let admission = self.shared.stop.admit(lease.run)?;
-        let (reservation, start, _) = self.reserve_and_encode_start(lease.run, agent, key, parents, "")?;
-        let atom = reservation.atom;
-        match self.shared.leases.note_atom(atom, noted(Some((reservation, start)))) {
-            Ok(()) => {
-                admission.begun(atom);
-                Ok(atom)
-            }
-            Err(leased) => {
-                let (reservation, _) = leased.deferred.expect("the refused note holds the reservation");
-                self.release_reserved(&reservation);
-                Err(too_many_atoms())
-            }
-        }
+        let noted = LeasedAtom { token: lease.token, thread: std::thread::current().id() };
+        let atom = match found {
+            Some(atom) => atom,
+            // The start record is written now, as `execute_with` writes it: work inside the atom
+            // (a guard, a suspension) needs the atom in the log. A refused end leaves it running,
+            // for the next holder to execute again.
+            None => self.begin_atom(lease.run, agent, key, parents, "")?,
+        };
+        self.shared.leases.note_atom(atom, noted).map(|()| atom).map_err(|_| too_many_atoms())
     }
 }
 
-/// Forgets the atom an [`Store::execute_leased`] began when it returns (or unwinds): a new
-/// atom whose start was never written gives its id and key back.
+/// Forgets the atom an [`Store::execute_leased`] began when it returns (or unwinds).
 struct Forget<'a> {
     store: &'a Store,
     atom: &'a Cell<Option<AtomId>>,
@@ -91,10 +80,6 @@ struct Forget<'a> {
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
         let Some(atom) = self.atom.get() else { return };
-        let Some(leased) = self.store.shared.leases.forget_atom(atom) else { return };
-        if let Some((reservation, _)) = leased.deferred {
-            self.store.release_reserved(&reservation);
-            self.store.shared.stop.ended(atom);
-        }
+        self.store.shared.leases.forget_atom(atom);
     }
 }

@@ -25,12 +25,10 @@ impl Store {
     /// Checks that the end of `atom` may land now and holds that true until the fence drops:
     /// refused if its run has a live lease whose token the current thread does not present
     /// for it (an atom it began in [`Store::execute_leased`]), or if the token it presents is
-    /// no longer current or expired. An atom begun under a lease has its start record written
-    /// here, once its end passes the check: nothing of a refused atom is in the log.
+    /// no longer current or expired.
     ///
     /// # Errors
-    /// [`Error::LeaseHeld`], [`Error::StaleLease`]; the errors of reading the run's lease and of
-    /// appending a deferred start.
+    /// [`Error::LeaseHeld`], [`Error::StaleLease`]; the errors of reading the run's lease.
     pub(crate) fn fence_end(&self, atom: AtomId) -> Result<Fence<'_>> {
         if let Some(gate) = self.unleased_gate() {
             return Ok(Fence { _held: Some(gate) });
@@ -43,9 +41,6 @@ impl Store {
         let presented = leases.presented(atom);
         if presented.is_some() || self.has_lease_atoms(run) {
             admit(run, self.run_lease(run)?, presented, now_us())?;
-        }
-        if let Some((reservation, start)) = leases.take_deferred(atom) {
-            self.append_start(&reservation, &start)?;
         }
         Ok(Fence { _held: Some(shared) })
     }

@@ -12,7 +12,6 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::error::Error;
 use crate::lease::record::LeaseEvent;
 use crate::limits::{LEASE_LOCKS, LEASE_RUNS_CACHED_MAX, LEASED_ATOMS_IN_FLIGHT_MAX};
-use crate::store::atoms::Reservation;
 use crate::store::{AtomId, RunId};
 
 /// [`LeaseState::leased`]: not looked at yet since the open.
@@ -57,9 +56,6 @@ pub(crate) struct LeasedAtom {
     pub token: u64,
     /// The thread that begun it: only its completions present the token.
     pub thread: ThreadId,
-    /// For a new atom, its reservation and encoded start record, written only once its
-    /// completion passes the fence (so that a refused atom leaves nothing in the log).
-    pub deferred: Option<(Reservation, Vec<u8>)>,
 }
 
 /// The leases of an open store (a field of the store's shared state).
@@ -168,16 +164,6 @@ impl LeaseState {
         let atoms = self.atoms.lock();
         let leased = atoms.get(&atom.get())?;
         (leased.thread == std::thread::current().id()).then_some(leased.token)
-    }
-
-    /// Takes the deferred start of `atom` (begun under a lease by this thread), if it has one.
-    pub fn take_deferred(&self, atom: AtomId) -> Option<(Reservation, Vec<u8>)> {
-        let mut atoms = self.atoms.lock();
-        let leased = atoms.get_mut(&atom.get())?;
-        if leased.thread != std::thread::current().id() {
-            return None;
-        }
-        leased.deferred.take()
     }
 
     /// Forgets `atom`; returns what was noted of it.

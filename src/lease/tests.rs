@@ -133,3 +133,29 @@ fn a_lease_atom_s_result_is_described_for_the_dump_tool() {
     );
     assert_eq!(crate::lease::describe_event(b"not a lease event"), None);
 }
+
+/// A guarded side effect inside `execute_leased` work runs once and is recorded with the atom:
+/// the atom's start is in the log before its work runs, as in `execute_with`.
+#[test]
+fn a_guard_inside_leased_work_runs_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = crate::Store::open(dir.path()).expect("open");
+    let run = store.create_run(crate::RunSpec::new("r")).expect("run");
+    let lease = store.acquire_lease(run, "w", std::time::Duration::from_secs(60)).expect("lease");
+    let mut charged = 0;
+    let done = store
+        .execute_leased(&lease, "agent", "step", &[], |exchange| {
+            let atom = exchange.atom();
+            let receipt = store.guarded(atom, "charge", |_| {
+                charged += 1;
+                Ok(b"charged".to_vec())
+            })?;
+            Ok(crate::AtomOutput { result: receipt, ..crate::AtomOutput::default() })
+        })
+        .expect("leased step with a guard");
+    assert_eq!((charged, done.executed.output.result.as_slice()), (1, &b"charged"[..]));
+    drop(store);
+    let store = crate::Store::open(dir.path()).expect("reopen");
+    let lease = store.acquire_lease(run, "w2", std::time::Duration::from_secs(60));
+    assert!(matches!(lease, Err(crate::Error::LeaseHeld { .. })), "the first lease still holds");
+}

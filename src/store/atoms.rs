@@ -75,11 +75,6 @@ impl Store {
         }
     }
 
-    /// Gives back a reservation whose start was never written.
-    pub(crate) fn release_reserved(&self, reservation: &Reservation) {
-        release_reservation(&mut self.shared.index.write(), reservation);
-    }
-
     /// Records an atom that has already run: its start and its completion with `output`, in
     /// one batch that is durable on return (unless the store was opened with a weaker
     /// [`StoreBuilder::atom_durability`](crate::StoreBuilder::atom_durability)). This is what a framework's checkpointer does when
