@@ -555,15 +555,25 @@ impl PyStore {
         self.call(py, |store| store.pin(AtomId::from_raw(atom), pinned))
     }
 
-    /// Runs one compaction round now; returns what it did as a dict.
+    /// Runs one compaction round now; returns what it did as a dict: ``round``,
+    /// ``runs_dropped``, ``snapshots_deleted``, ``deltas_reclaimed``, ``messages_reclaimed``,
+    /// ``segments_rewritten``, ``segments_compressed``, ``segments_deleted``, ``bytes_read``,
+    /// ``bytes_written``, ``bytes_reclaimed`` and ``aborted``.
     fn compact<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let report = self.call(py, Store::compact)?;
         let dict = PyDict::new(py);
+        dict.set_item("round", report.round)?;
         dict.set_item("runs_dropped", report.runs_dropped)?;
         dict.set_item("snapshots_deleted", report.snapshots_deleted)?;
+        dict.set_item("deltas_reclaimed", report.deltas_reclaimed)?;
+        dict.set_item("messages_reclaimed", report.messages_reclaimed)?;
         dict.set_item("segments_rewritten", report.segments_rewritten)?;
+        dict.set_item("segments_compressed", report.segments_compressed)?;
         dict.set_item("segments_deleted", report.segments_deleted)?;
+        dict.set_item("bytes_read", report.bytes_read)?;
+        dict.set_item("bytes_written", report.bytes_written)?;
         dict.set_item("bytes_reclaimed", report.bytes_reclaimed)?;
+        dict.set_item("aborted", report.aborted)?;
         Ok(dict)
     }
 

@@ -192,7 +192,10 @@ def test_history_reclaimed(store_dir: pathlib.Path) -> None:
         for step in range(400):
             parents = [store.record_atom(run, "a", str(step), parents, b"", {"state": {"k": b"x" * 300}})]
         store.snapshot_now(parents[0])
-        assert store.compact()["segments_rewritten"] > 0
+        report = store.compact()
+        assert report["segments_rewritten"] > 0
+        assert report["deltas_reclaimed"] > 0
+        assert (report["messages_reclaimed"], report["aborted"]) == (0, False)
         first = store.run_atoms(run)[0]
         with pytest.raises(continuum.HistoryReclaimedError) as reclaimed:
             store.rebuild_context(first)
