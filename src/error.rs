@@ -459,6 +459,37 @@ pub enum Error {
         /// The run's newest granted token (equal to `token` when the lease expired).
         current: u64,
     },
+
+    /// Another host took the store over (it won the conditional write of the shipped
+    /// manifest, `docs/ARCHITECTURE.md`, "Object storage"): this owner's epoch is stale, its
+    /// store is read-only from now on and nothing it writes is shipped.
+    #[error("the store was taken over by another owner: epoch {epoch} is stale (the bucket's epoch is {current})")]
+    Fenced {
+        /// This owner's epoch.
+        epoch: u64,
+        /// The bucket's epoch when the takeover was seen (0 if unknown).
+        current: u64,
+    },
+
+    /// The object store refused or failed an operation (network, permissions, a missing
+    /// object the manifest lists); shipping retries, restore gives up.
+    #[error("object store {op} of {key:?} failed: {message}")]
+    ObjectStore {
+        /// What was attempted (`get`, `put`, `list`, ...).
+        op: &'static str,
+        /// The object's key.
+        key: String,
+        /// The client's description of the failure.
+        message: String,
+    },
+
+    /// A downloaded object's SHA-256 is not the one its manifest lists, twice in a row: the
+    /// object is damaged in the bucket.
+    #[error("shipped object {key:?} is damaged: its SHA-256 is not the manifest's")]
+    DamagedObject {
+        /// The object's key.
+        key: String,
+    },
 }
 
 /// What is wrong with damaged bytes.
@@ -622,6 +653,11 @@ impl Error {
             Error::StaleLease { run, token, current } => {
                 Error::StaleLease { run: *run, token: *token, current: *current }
             }
+            Error::Fenced { epoch, current } => Error::Fenced { epoch: *epoch, current: *current },
+            Error::ObjectStore { op, key, message } => {
+                Error::ObjectStore { op, key: key.clone(), message: message.clone() }
+            }
+            Error::DamagedObject { key } => Error::DamagedObject { key: key.clone() },
             Error::NotSealed { first_lsn } => Error::NotSealed { first_lsn: *first_lsn },
             Error::HistoryReclaimed { atom, reclaimed } => {
                 Error::HistoryReclaimed { atom: *atom, reclaimed: *reclaimed }

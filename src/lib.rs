@@ -69,6 +69,8 @@ pub mod metrics;
 pub(crate) mod purge;
 pub(crate) mod replay;
 pub mod shared_state;
+#[cfg(feature = "object-store")]
+pub mod ship;
 pub mod shutdown;
 pub(crate) mod snapshot;
 pub mod storage;

@@ -230,6 +230,23 @@ const _: () = assert!(COMMIT_GROUP_BYTES_MAX >= 64 * 1024);
 const _: () = assert!(ATOM_ID_MAX <= u32::MAX as u64);
 const _: () = assert!(INDEX_SNAPSHOT_BYTES_MAX <= usize::MAX as u64);
 // A checkpoint and the start record around it fit in one record.
+/// Largest shipped manifest read back from object storage (`ship/`): ~100 bytes per listed
+/// segment or snapshot, so a store of a million objects fits.
+pub const SHIP_MANIFEST_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
+/// Uploads or downloads of shipped objects in flight at once (`ship/`).
+pub const SHIP_TRANSFERS_IN_FLIGHT: usize = 8;
+
+/// Longest wait between two attempts of a failed shipping cycle (it doubles from the poll
+/// interval up to this).
+pub const SHIP_BACKOFF_MS_MAX: u64 = 30_000;
+
+/// Default time between two shipping cycles (looking for newly sealed segments and snapshots).
+pub const SHIP_POLL_MS_DEFAULT: u64 = 1_000;
+
+/// Default time an object no manifest lists stays in the bucket before retention deletes it.
+pub const SHIP_GRACE_MS_DEFAULT: u64 = 60 * 60 * 1000;
+
 const _: () = assert!(CHECKPOINT_BYTES_MAX * 2 <= RECORD_BYTES_MAX as usize);
 const _: () = assert!(CHECKPOINT_NAME_BYTES_MAX * 4 <= CHECKPOINT_BYTES_MAX);
 const _: () = assert!(CONTINUATION_BYTES_MAX < RECORD_DECOMPRESSED_BYTES_MAX as usize);

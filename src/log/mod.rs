@@ -29,6 +29,8 @@ use crate::config::{Config, Durability, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, MetricsOptions, MetricsSnapshot};
 use crate::storage::{DirLock, FileStorage, Storage};
+#[cfg(feature = "object-store")]
+use crate::storage::StorageFile;
 
 use index::SegmentIndex;
 use manifest::{Manifest, ManifestWriter, TailRecord};
@@ -143,6 +145,23 @@ pub struct SegmentInfo {
     pub compressed: bool,
 }
 
+/// One version of a segment and its open file (`Log::segment_files`).
+#[cfg(feature = "object-store")]
+#[derive(Clone)]
+pub(crate) struct SegmentFile {
+    pub seq: u64,
+    /// Its header's generation: which version of the segment `file` holds.
+    pub generation: u32,
+    pub first_lsn: u64,
+    /// The LSN after its last published record.
+    pub next_lsn: u64,
+    /// Offset after its last published frame.
+    pub data_end: u64,
+    /// Whether it is sealed (every segment but the last is).
+    pub sealed: bool,
+    pub file: Arc<dyn StorageFile>,
+}
+
 /// Builds a [`Log`]: `Log::builder(dir).segment_bytes(…).open()?`.
 #[must_use = "a builder does nothing until `open` is called"]
 pub struct LogBuilder {
@@ -247,6 +266,12 @@ impl LogBuilder {
     /// it recovers).
     pub(crate) fn location(&self) -> (&Path, &Arc<dyn Storage>) {
         (&self.dir, &self.storage)
+    }
+
+    /// The settings the log will open with.
+    #[cfg(feature = "object-store")]
+    pub(crate) fn settings(&self) -> &Config {
+        &self.config
     }
 
     /// Opens the log read-only: no lock is taken and nothing is ever written, truncated,
@@ -470,6 +495,12 @@ impl Log {
         self.append_encoded(batch.finish()?, durability)
     }
 
+    /// Refuses every append from now on with [`Error::Fenced`]: another owner took the
+    /// store over (`ship/`). Appends already acknowledged stay.
+    pub(crate) fn fence(&self, epoch: u64, current: u64) {
+        self.inner.writer.fence(epoch, current);
+    }
+
     fn append_encoded(&self, batch: EncodedBatch, durability: Durability) -> Result<LsnRange> {
         if durability == Durability::Buffered && !self.flusher_started.load(std::sync::atomic::Ordering::Relaxed) {
             self.inner.writer.check_writable()?;
@@ -669,6 +700,29 @@ impl Log {
                 data_bytes: meta.data_end,
                 sealed: i < last,
                 compressed: meta.compressed,
+            })
+            .collect()
+    }
+
+    /// Every segment's version and file, oldest first (the last one active): what shipping
+    /// uploads (`ship/`). A handle reads the version it names even after compaction renames a
+    /// rewrite over its path.
+    #[cfg(feature = "object-store")]
+    pub(crate) fn segment_files(&self) -> Vec<SegmentFile> {
+        let index = self.inner.index.read();
+        let last = index.segments.len().saturating_sub(1);
+        index
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, meta)| SegmentFile {
+                seq: meta.seq,
+                generation: meta.generation,
+                first_lsn: meta.first_lsn,
+                next_lsn: meta.next_lsn,
+                data_end: meta.data_end,
+                sealed: i < last,
+                file: Arc::clone(&meta.file),
             })
             .collect()
     }

@@ -171,6 +171,9 @@ struct CommitState {
     closed: bool,
     /// A read-only log: every append and sync is refused with `Error::ReadOnly`.
     read_only: bool,
+    /// A fenced log (another owner took the store over, `ship/`): every append is refused
+    /// with `Error::Fenced` carrying (this owner's epoch, the bucket's).
+    fenced: Option<(u64, u64)>,
     /// How many requests the next group is expected to gather: the last group's members (who
     /// are likely appending again) plus those that queued while it synced.
     expected_group: usize,
@@ -321,9 +324,23 @@ impl Writer {
         self.commit.lock().read_only = true;
     }
 
+    /// Refuses every append from now on with `Error::Fenced { epoch, current }`: another
+    /// owner took the store over.
+    pub fn fence(&self, epoch: u64, current: u64) {
+        self.commit.lock().fenced.get_or_insert((epoch, current));
+        self.room.notify_all();
+    }
+
     /// Whether the writer takes appends (`Error::ReadOnly` if it never will).
     pub fn check_writable(&self) -> Result<()> {
-        if self.commit.lock().read_only { Err(Error::ReadOnly) } else { Ok(()) }
+        let commit = self.commit.lock();
+        if commit.read_only {
+            return Err(Error::ReadOnly);
+        }
+        match commit.fenced {
+            Some((epoch, current)) => Err(Error::Fenced { epoch, current }),
+            None => Ok(()),
+        }
     }
 
     /// Refuses every later append.
@@ -397,6 +414,9 @@ impl Writer {
     fn check_open(commit: &CommitState) -> Result<()> {
         if commit.read_only {
             return Err(Error::ReadOnly);
+        }
+        if let Some((epoch, current)) = commit.fenced {
+            return Err(Error::Fenced { epoch, current });
         }
         if commit.closed {
             return Err(Error::Closed);

@@ -19,6 +19,9 @@ pub struct StoreBuilder {
     pub(crate) log: LogBuilder,
     pub(crate) policies: policy::Policies,
     pub(crate) background: bool,
+    /// Where the store ships to, if anywhere (`ship/`).
+    #[cfg(feature = "object-store")]
+    pub(crate) remote: Option<crate::ship::Remote>,
 }
 
 impl StoreBuilder {
@@ -145,6 +148,17 @@ impl StoreBuilder {
         self
     }
 
+    /// Ships the store to object storage (`docs/ARCHITECTURE.md`, "Object storage"): each
+    /// sealed segment and snapshot file is uploaded once, in the background, and listed in the
+    /// store's manifest under the remote's prefix. The open proves that this directory owns
+    /// the prefix (creating the manifest the first time), and fails with
+    /// [`Error::Fenced`](crate::Error::Fenced) when another host took the store over.
+    #[cfg(feature = "object-store")]
+    pub fn ship_to(mut self, remote: crate::ship::Remote) -> Self {
+        self.remote = Some(remote);
+        self
+    }
+
     /// Opens the log (running its recovery) and rebuilds the index from it.
     ///
     /// # Errors
@@ -173,6 +187,18 @@ impl StoreBuilder {
         Store::view(Arc::clone(&shared)).load_suspensions()?;
         let index_snapshot_writer = Mutex::new(Shared::write_pending_index_snapshot(&shared));
         let worker = if self.background { Some(crate::purge::background::Worker::start(&shared)?) } else { None };
-        Ok(Store { worker, shared, owner: true, index_snapshot_writer })
+        #[cfg(feature = "object-store")]
+        let shipper = match self.remote {
+            Some(remote) => Some(crate::ship::start(&shared, remote)?),
+            None => None,
+        };
+        Ok(Store {
+            worker,
+            #[cfg(feature = "object-store")]
+            shipper,
+            shared,
+            owner: true,
+            index_snapshot_writer,
+        })
     }
 }

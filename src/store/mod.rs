@@ -200,6 +200,10 @@ pub struct Store {
     /// handles the thread itself works through, and when disabled). Declared first: it is
     /// stopped before the store's files are closed.
     pub(crate) worker: Option<crate::purge::background::Worker>,
+    /// The shipping thread (`ship/`), owned as the worker is; stopped after a last cycle
+    /// before the store's files are closed.
+    #[cfg(feature = "object-store")]
+    pub(crate) shipper: Option<crate::ship::Shipper>,
     pub(crate) shared: Arc<Shared>,
     /// Opened by [`StoreBuilder::open`] (not a view): index snapshots the index when dropped.
     pub(crate) owner: bool,
@@ -213,6 +217,8 @@ impl Drop for Store {
     /// it costs only the next open's time).
     fn drop(&mut self) {
         drop(self.worker.take());
+        #[cfg(feature = "object-store")]
+        drop(self.shipper.take());
         self.wait_for_index_snapshot_writer();
         if let Err(error) = self.shared.sync_snapshot_dir(false) {
             tracing::warn!(%error, "snapshot directory not synced at close");
@@ -307,12 +313,25 @@ impl Store {
 
     /// A builder for a store in `dir`.
     pub fn builder(dir: impl AsRef<Path>) -> StoreBuilder {
-        StoreBuilder { log: Log::builder(dir), policies: policy::Policies::default(), background: true }
+        StoreBuilder {
+            log: Log::builder(dir),
+            policies: policy::Policies::default(),
+            background: true,
+            #[cfg(feature = "object-store")]
+            remote: None,
+        }
     }
 
     /// A handle over `shared` without a worker: what the background thread works through.
     pub(crate) fn view(shared: Arc<Shared>) -> Self {
-        Store { worker: None, shared, owner: false, index_snapshot_writer: Mutex::new(None) }
+        Store {
+            worker: None,
+            #[cfg(feature = "object-store")]
+            shipper: None,
+            shared,
+            owner: false,
+            index_snapshot_writer: Mutex::new(None),
+        }
     }
 
     /// A read-only view of the store's log: its records, segments, recovery report and
@@ -393,6 +412,8 @@ impl Store {
     /// The errors of [`Store::write_index_snapshot`]; the store is closed either way.
     pub fn close(mut self) -> Result<()> {
         drop(self.worker.take());
+        #[cfg(feature = "object-store")]
+        drop(self.shipper.take());
         self.wait_for_index_snapshot_writer();
         let snapshots = self.shared.sync_snapshot_dir(false);
         let due = self.owner && self.records_after_index_snapshot() >= self.shared.policies.index_snapshot_after;
