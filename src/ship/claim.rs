@@ -156,12 +156,13 @@ pub(crate) async fn prove(
 }
 
 /// Takes the store under `prefix` over for `owner`: the manifest's epoch + 1, by a conditional
-/// write on the version read. Exactly one of several racing takers wins.
+/// write on the version read; only from epoch `from` when given. Exactly one of several
+/// takers racing from the same epoch wins.
 ///
 /// # Errors
-/// [`Error::Fenced`] when another taker won; [`Error::ObjectStore`] when the bucket fails or has
-/// no manifest under `prefix`.
-pub(crate) async fn take_over(remote: &dyn ObjectStore, prefix: &str, owner: &str) -> Result<Owned> {
+/// [`Error::Fenced`] when another taker won, or the bucket's epoch is not `from`;
+/// [`Error::ObjectStore`] when the bucket fails or has no manifest under `prefix`.
+pub(crate) async fn take_over(remote: &dyn ObjectStore, prefix: &str, owner: &str, from: Option<u64>) -> Result<Owned> {
     let Some(read) = manifest::fetch(remote, prefix).await? else {
         return Err(Error::ObjectStore {
             op: "get",
@@ -169,6 +170,11 @@ pub(crate) async fn take_over(remote: &dyn ObjectStore, prefix: &str, owner: &st
             message: "there is no shipped store under this prefix".into(),
         });
     };
+    if let Some(from) = from
+        && from != read.manifest.epoch
+    {
+        return Err(Error::Fenced { epoch: from + 1, current: read.manifest.epoch });
+    }
     let claim = Claim { store_id: read.manifest.store_id, epoch: read.manifest.epoch + 1, nonce: nonce() };
     let manifest = ShippedManifest {
         epoch: claim.epoch,

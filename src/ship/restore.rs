@@ -56,7 +56,23 @@ impl StoreBuilder {
     /// without [`StoreBuilder::ship_to`] or on a directory that holds a store;
     /// [`Error::DamagedObject`] for a segment damaged in the bucket; [`Error::ObjectStore`] when
     /// the bucket fails; those of [`StoreBuilder::open`].
-    pub fn restore(mut self) -> Result<(Store, RestoreReport)> {
+    pub fn restore(self) -> Result<(Store, RestoreReport)> {
+        self.restore_taking_over(None)
+    }
+
+    /// [`StoreBuilder::restore`], taking the store over only from epoch `from`: what a host
+    /// that saw the owner of epoch `from` fail does, so that of several hosts that saw it, one
+    /// takes the store over and the others get [`Error::Fenced`] (rather than each taking it
+    /// from the one before).
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::restore`]; [`Error::Fenced`] as well when the bucket's epoch is not
+    /// `from`.
+    pub fn restore_from_epoch(self, from: u64) -> Result<(Store, RestoreReport)> {
+        self.restore_taking_over(Some(from))
+    }
+
+    fn restore_taking_over(mut self, from: Option<u64>) -> Result<(Store, RestoreReport)> {
         let started = Instant::now();
         let Some(remote) = self.remote.clone() else {
             return Err(Error::InvalidArgument { reason: "restore needs a remote: StoreBuilder::ship_to".into() });
@@ -66,7 +82,7 @@ impl StoreBuilder {
         check_empty(storage.as_ref(), &dir)?;
         let segment_bytes = self.log.settings().segment_bytes;
         let mut report = remote.block_on(async {
-            let owned = claim::take_over(remote.store.as_ref(), &remote.prefix, &remote.owner).await?;
+            let owned = claim::take_over(remote.store.as_ref(), &remote.prefix, &remote.owner, from).await?;
             let report = download(&remote, &owned, storage.as_ref(), &dir, segment_bytes).await?;
             claim::write(storage.as_ref(), &dir, owned.claim)?;
             Ok::<_, Error>(report)

@@ -191,7 +191,7 @@ impl Worker {
             self.note(&outcome);
             wait = match &outcome {
                 Ok(()) => poll,
-                Err(_) => (wait * 2).clamp(poll, Duration::from_millis(limits::SHIP_BACKOFF_MS_MAX)),
+                Err(_) => (wait * 2).clamp(poll, Duration::from_millis(limits::SHIP_BACKOFF_MS_MAX).max(poll)),
             };
             {
                 let mut state = self.control.state.lock();
@@ -458,7 +458,7 @@ impl Worker {
     async fn retention(&mut self) -> Result<()> {
         use futures::TryStreamExt;
         let grace = self.remote.options.grace;
-        let due = self.retention_ran.is_none_or(|ran| ran.elapsed() >= (grace / 4).max(self.remote.options.poll));
+        let due = self.retention_ran.is_none_or(|ran| ran.elapsed() >= grace / 4);
         if !due {
             return Ok(());
         }
