@@ -28,9 +28,9 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::config::{Config, Durability, RecoveryMode};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, MetricsOptions, MetricsSnapshot};
-use crate::storage::{DirLock, FileStorage, Storage};
 #[cfg(feature = "object-store")]
 use crate::storage::StorageFile;
+use crate::storage::{DirLock, FileStorage, Storage};
 
 use index::SegmentIndex;
 use manifest::{Manifest, ManifestWriter, TailRecord};

@@ -56,10 +56,7 @@ mod tests {
         let sha = [0xab; 32];
         assert_eq!(manifest("runs/a/").as_ref(), "runs/a/manifest");
         assert_eq!(manifest("").as_ref(), "manifest");
-        assert_eq!(
-            segment("p", 12, 2, 3, &sha).as_ref(),
-            "p/segments/00000000000000000012-g2-e3-abababababababab.seg"
-        );
+        assert_eq!(segment("p", 12, 2, 3, &sha).as_ref(), "p/segments/00000000000000000012-g2-e3-abababababababab.seg");
         assert_eq!(snapshot("p", 7, 1, &sha).as_ref(), "p/snapshots/00000000000000000007-e1-abababababababab.snap");
         assert_ne!(segment("p", 12, 2, 3, &sha), segment("p", 12, 2, 4, &sha));
     }

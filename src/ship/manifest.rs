@@ -175,8 +175,9 @@ pub(crate) async fn fetch(store: &dyn ObjectStore, prefix: &str) -> Result<Optio
     }
     let version = UpdateVersion { e_tag: got.meta.e_tag.clone(), version: got.meta.version.clone() };
     let bytes = got.bytes().await.map_err(|error| remote_error("get", key.as_ref(), &error))?;
-    let manifest = ShippedManifest::decode_object(&bytes)
-        .map_err(|why| Error::InvalidArgument { reason: format!("the object {key} is not a usable manifest: {why}") })?;
+    let manifest = ShippedManifest::decode_object(&bytes).map_err(|why| Error::InvalidArgument {
+        reason: format!("the object {key} is not a usable manifest: {why}"),
+    })?;
     Ok(Some(Versioned { manifest, version }))
 }
 

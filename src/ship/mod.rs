@@ -64,8 +64,6 @@ pub struct Remote {
     pub(crate) prefix: String,
     pub(crate) owner: String,
     pub(crate) options: ShipOptions,
-    /// The runtime the object store's futures run on (a thread of the caller's at a time).
-    pub(crate) runtime: Arc<tokio::runtime::Runtime>,
 }
 
 /// How often a store ships ([`Remote`]'s settings).
@@ -89,14 +87,7 @@ impl std::fmt::Debug for Remote {
 
 impl Remote {
     /// `store`, with this store's objects under `prefix` (one prefix per store).
-    ///
-    /// # Panics
-    /// Never in practice: only if the OS refuses to build a single-threaded async runtime.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Self {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a single-threaded tokio runtime builds");
         Remote {
             store,
             prefix: prefix.trim_matches('/').to_owned(),
@@ -106,7 +97,6 @@ impl Remote {
                 ship_interval: None,
                 grace: Duration::from_millis(limits::SHIP_GRACE_MS_DEFAULT),
             },
-            runtime: Arc::new(runtime),
         }
     }
 
@@ -181,10 +171,39 @@ impl Remote {
         self
     }
 
-    /// Runs `future` to completion on this remote's runtime.
-    pub(crate) fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
-        self.runtime.block_on(future)
+    /// The object store.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
     }
+
+    /// The prefix of this store's objects.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Runs `future` to completion on the runtime shipping runs its object store calls on:
+    /// what a tool that calls the object store itself uses, since an HTTP client's pooled
+    /// connections belong to the runtime that opened them.
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        runtime().block_on(future)
+    }
+}
+
+/// The process's runtime for object store calls: two I/O threads drive every connection, and
+/// each caller's thread runs its own future ([`Remote::block_on`]).
+///
+/// # Panics
+/// If the OS refuses the runtime's threads when it is first needed.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("continuum-io")
+            .enable_all()
+            .build()
+            .expect("the object store runtime's threads start")
+    })
 }
 
 /// `host-pid`, the default owner name.

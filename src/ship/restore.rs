@@ -13,9 +13,9 @@ use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::manifest::{self as log_manifest, Manifest, ManifestEntry, TailRecord};
 use crate::log::segment::{self, SegmentHeader};
+use crate::ship::Remote;
 use crate::ship::claim::{self, Owned};
 use crate::ship::manifest::{ShippedManifest, ShippedSegment, ShippedSnapshot, remote_error};
-use crate::ship::Remote;
 use crate::snapshot;
 use crate::storage::{OpenMode, Storage};
 use crate::store::{Store, StoreBuilder};
@@ -111,7 +111,9 @@ fn check_empty(storage: &dyn Storage, dir: &Path) -> Result<()> {
     storage.create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
     let names = storage.list_dir(dir).map_err(|e| Error::io("list directory", dir, e))?;
     let taken = names.iter().any(|name| {
-        segment::parse_file_name(name).is_some() || name == claim::CLAIM_FILE || name == log_manifest::MANIFEST_FILE_NAME
+        segment::parse_file_name(name).is_some()
+            || name == claim::CLAIM_FILE
+            || name == log_manifest::MANIFEST_FILE_NAME
     });
     if taken {
         return Err(Error::InvalidArgument { reason: format!("{} already holds a store", dir.display()) });
@@ -270,7 +272,12 @@ fn finish_log(
         }
     };
     let active_generation = manifest.tail.as_ref().map_or(segment::GENERATION_WRITER, |tail| tail.generation);
-    entries.push(ManifestEntry { seq: tail.seq, first_lsn: entries_end(&entries, manifest), end_lsn: 0, generation: active_generation });
+    entries.push(ManifestEntry {
+        seq: tail.seq,
+        first_lsn: entries_end(&entries, manifest),
+        end_lsn: 0,
+        generation: active_generation,
+    });
     let log = Manifest { store_id: manifest.store_id, tail, segments: entries };
     log_manifest::write(storage, dir, &log)?;
     Ok(tail.next_lsn)

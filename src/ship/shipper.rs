@@ -120,11 +120,7 @@ impl Shipper {
 
     fn stopped_error(&self) -> Error {
         let status = self.control.status.lock();
-        if status.fenced {
-            Error::Fenced { epoch: status.epoch, current: 0 }
-        } else {
-            Error::Closed
-        }
+        if status.fenced { Error::Fenced { epoch: status.epoch, current: 0 } } else { Error::Closed }
     }
 
     /// Stops the thread after a last cycle, and waits for it.
@@ -184,9 +180,9 @@ impl Worker {
                 }
                 (state.stop, state.requested, state.requested > state.finished)
             };
-            let runtime = Arc::clone(&self.remote.runtime);
             // A cycle someone waits for (or the last one) ships the tail whether it is due or not.
-            let outcome = runtime.block_on(self.cycle(asked || stop));
+            let remote = self.remote.clone();
+            let outcome = remote.block_on(self.cycle(asked || stop));
             let fenced = matches!(outcome, Err(Error::Fenced { .. }));
             self.note(&outcome);
             wait = match &outcome {
@@ -232,7 +228,8 @@ impl Worker {
         let files = self.shared.log.segment_files();
         let next = self.next_manifest(&files, tail_now).await?;
         let current = &self.owned.current.manifest;
-        let changed = next.segments != current.segments || next.snapshots != current.snapshots || next.tail != current.tail;
+        let changed =
+            next.segments != current.segments || next.snapshots != current.snapshots || next.tail != current.tail;
         if changed {
             self.publish(next).await?;
         } else {
@@ -272,9 +269,10 @@ impl Worker {
                     _ => Some(self.upload_segment(active, true).await?),
                 }
             }
-            // Not due: the shipped tail stays while its segment is still the active one.
-            (Some(active), Some(_)) => current.tail.clone().filter(|tail| tail.seq == active.seq),
-            _ => None,
+            // Not due (or tail shipping off, on a store restored from a tail): the shipped tail
+            // stays listed while its segment is still the active one, never dropped.
+            (Some(active), _) => current.tail.clone().filter(|tail| tail.seq == active.seq),
+            (None, _) => None,
         };
         let active = active.map_or((0, 0), |active| (active.seq, active.first_lsn));
         Ok(ShippedManifest {
@@ -306,7 +304,12 @@ impl Worker {
             let sha256: [u8; 32] = Sha256::digest(&bytes).into();
             let key = layout::snapshot(&self.remote.prefix, atom, self.owned.claim.epoch, &sha256);
             self.upload(&key, bytes.clone()).await?;
-            shipped.push(ShippedSnapshot { key: key.to_string(), atom, bytes: bytes.len() as u64, sha256: sha256.into() });
+            shipped.push(ShippedSnapshot {
+                key: key.to_string(),
+                atom,
+                bytes: bytes.len() as u64,
+                sha256: sha256.into(),
+            });
         }
         Ok(shipped)
     }
@@ -383,7 +386,9 @@ impl Worker {
             Ok(_) | Err(object_store::Error::NotFound { .. }) => {
                 // Changed: it may still be ours (a store that reports no tag); read it.
                 match manifest::fetch(self.remote.store.as_ref(), &self.remote.prefix).await? {
-                    Some(read) if self.owned.claim.owns(&read.manifest) && read.manifest == self.owned.current.manifest => {
+                    Some(read)
+                        if self.owned.claim.owns(&read.manifest) && read.manifest == self.owned.current.manifest =>
+                    {
                         Ok(())
                     }
                     _ => Err(self.fenced().await),
@@ -477,7 +482,8 @@ impl Worker {
                 .map_err(|error| manifest::remote_error("list", folder.as_ref(), &error))?;
             for object in objects {
                 let key = object.location.to_string();
-                let old = now.saturating_sub(object.last_modified.timestamp_micros().max(0) as u64) >= grace.as_micros() as u64;
+                let old = now.saturating_sub(object.last_modified.timestamp_micros().max(0) as u64)
+                    >= grace.as_micros() as u64;
                 let dropped_long_ago = self.dropped.get(&key).is_none_or(|at| at.elapsed() >= grace);
                 if listed.contains(&key) || !old || !dropped_long_ago {
                     continue;

@@ -43,7 +43,8 @@ fn a_restored_store_has_every_shipped_atom_and_continues() {
     let remote = Remote::in_memory("stores/a");
     let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
     let (original, ids) = shipped(a.path(), &remote.clone().owner("a"), 300);
-    let sealed_end = original.log().segments().iter().filter(|s| s.sealed).map(|s| s.next_lsn.get()).max().expect("sealed");
+    let sealed_end =
+        original.log().segments().iter().filter(|s| s.sealed).map(|s| s.next_lsn.get()).max().expect("sealed");
     assert!(original.log().segments().len() > 3, "the test needs several sealed segments");
     let status = original.shipping_status().expect("shipping");
     assert_eq!(status.shipped_next_lsn, sealed_end);
