@@ -24,33 +24,93 @@ pub const PROTOCOL_VERSION: u32 = 1;
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Request {
     /// The first message of a connection.
-    Hello { version: u32 },
-    CreateRun { name: String, pipeline: String, pipeline_version: String, environment: BTreeMap<String, String> },
-    RunId { name: String },
-    AcquireLease { run: RunId, holder: String, ttl_us: u64 },
-    RenewLease { lease: Lease, ttl_us: u64 },
-    ReleaseLease { lease: Lease },
-    LeaseOf { run: RunId },
-    RecordAtom { run: RunId, agent: String, key: String, parents: Vec<AtomId>, output: AtomOutput },
-    Atom { atom: AtomId },
-    ReadState { run: RunId, key: StateKey },
+    Hello {
+        version: u32,
+    },
+    CreateRun {
+        name: String,
+        pipeline: String,
+        pipeline_version: String,
+        environment: BTreeMap<String, String>,
+    },
+    RunId {
+        name: String,
+    },
+    AcquireLease {
+        run: RunId,
+        holder: String,
+        ttl_us: u64,
+    },
+    RenewLease {
+        lease: Lease,
+        ttl_us: u64,
+    },
+    ReleaseLease {
+        lease: Lease,
+    },
+    LeaseOf {
+        run: RunId,
+    },
+    RecordAtom {
+        run: RunId,
+        agent: String,
+        key: String,
+        parents: Vec<AtomId>,
+        output: AtomOutput,
+    },
+    Atom {
+        atom: AtomId,
+    },
+    ReadState {
+        run: RunId,
+        key: StateKey,
+    },
     /// Begins (or replays) a leased atom: answered with [`Response::Begun`] or the outcome.
-    ExecuteLeased { lease: Lease, agent: String, key: String, parents: Vec<AtomId> },
+    ExecuteLeased {
+        lease: Lease,
+        agent: String,
+        key: String,
+        parents: Vec<AtomId>,
+    },
     // Inside a leased atom, between `Begun` and its end.
-    Send { channel: String, payload: Vec<u8> },
-    Receive { channel: String, consumer: String, max: u32 },
-    Read { key: StateKey },
-    Put { key: StateKey, value: Vec<u8> },
-    Add { key: StateKey, amount: i64 },
-    Append { key: StateKey, item: Vec<u8> },
-    Complete { output: AtomOutput },
-    Fail { failure: AtomFailure },
+    Send {
+        channel: String,
+        payload: Vec<u8>,
+    },
+    Receive {
+        channel: String,
+        consumer: String,
+        max: u32,
+    },
+    Read {
+        key: StateKey,
+    },
+    Put {
+        key: StateKey,
+        value: Vec<u8>,
+    },
+    Add {
+        key: StateKey,
+        amount: i64,
+    },
+    Append {
+        key: StateKey,
+        item: Vec<u8>,
+    },
+    Complete {
+        output: AtomOutput,
+    },
+    Fail {
+        failure: AtomFailure,
+    },
 }
 
 /// What the server answers, one frame each.
 #[derive(Debug)]
 pub(crate) enum Response {
-    Hello { version: u32 },
+    Hello {
+        version: u32,
+    },
     Done,
     Run(RunId),
     MaybeRun(Option<RunId>),
@@ -61,7 +121,9 @@ pub(crate) enum Response {
     State(Option<Versioned>),
     Messages(Vec<Message>),
     /// The leased atom began: the client runs its work now.
-    Begun { atom: AtomId },
+    Begun {
+        atom: AtomId,
+    },
     /// A leased atom's outcome: recorded now, or replayed.
     Exchanged(Box<Exchanged>),
     Error(Error),
@@ -641,12 +703,9 @@ fn get_error(r: &mut Reader<'_>, nest: bool) -> Result<Error> {
         }
         error_tag::STALE_LEASE => Error::StaleLease { run: r.u64()?, token: r.u64()?, current: r.u64()? },
         error_tag::CONFLICT => Error::Conflict { key: r.string()?, expected: r.u64()?, found: r.u64()? },
-        error_tag::CONSUMER_CONFLICT => Error::ConsumerConflict {
-            channel: r.string()?,
-            consumer: r.string()?,
-            expected: r.u64()?,
-            found: r.u64()?,
-        },
+        error_tag::CONSUMER_CONFLICT => {
+            Error::ConsumerConflict { channel: r.string()?, consumer: r.string()?, expected: r.u64()?, found: r.u64()? }
+        }
         error_tag::OUTPUT_NOT_RECORDED if nest => Error::OutputNotRecorded {
             atom: r.u64()?,
             output: Box::new(get_output(r)?),

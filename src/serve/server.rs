@@ -19,9 +19,9 @@ use crate::channel::Exchange;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::limits::{SERVE_CLIENTS_MAX, SERVE_RECEIVE_MESSAGES_MAX, SERVE_SOCKET_PATH_BYTES_MAX};
+use crate::serve::SOCKET_FILE_NAME;
 use crate::serve::frame::{Frame, protocol, read_frame, write_frame};
 use crate::serve::protocol::{PROTOCOL_VERSION, Request, Response};
-use crate::serve::SOCKET_FILE_NAME;
 use crate::store::{AtomFailure, AtomId, AtomOutput, RunSpec, Store};
 
 /// A store's server: serves [`Client`](crate::serve::Client)s on a Unix domain socket until
@@ -262,7 +262,9 @@ fn call(store: &Store, request: Request) -> Result<Response> {
         Request::AcquireLease { run, holder, ttl_us } => {
             Response::Lease(store.acquire_lease(run, &holder, Duration::from_micros(ttl_us))?)
         }
-        Request::RenewLease { lease, ttl_us } => Response::Lease(store.renew_lease(&lease, Duration::from_micros(ttl_us))?),
+        Request::RenewLease { lease, ttl_us } => {
+            Response::Lease(store.renew_lease(&lease, Duration::from_micros(ttl_us))?)
+        }
         Request::ReleaseLease { lease } => {
             store.release_lease(lease)?;
             Response::Done
@@ -351,7 +353,8 @@ fn exchange_call(exchange: &mut Exchange<'_>, request: Request) -> Result<Respon
 pub(crate) fn check_receive_max(max: u32) -> Result<usize> {
     let max = max as usize;
     if max == 0 || max > SERVE_RECEIVE_MESSAGES_MAX {
-        let reason = format!("a receive through the socket asks for 1 to {SERVE_RECEIVE_MESSAGES_MAX} messages, not {max}");
+        let reason =
+            format!("a receive through the socket asks for 1 to {SERVE_RECEIVE_MESSAGES_MAX} messages, not {max}");
         return Err(Error::InvalidArgument { reason });
     }
     Ok(max)

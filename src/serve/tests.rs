@@ -111,7 +111,10 @@ fn every_request_round_trips_and_no_prefix_of_one_decodes() {
         assert_eq!(u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize, message.len());
         assert_eq!(Request::decode(message).expect("decode"), request);
         for cut in 0..message.len() {
-            assert!(matches!(Request::decode(&message[..cut]), Err(Error::Protocol { .. })), "{request:?} cut at {cut}");
+            assert!(
+                matches!(Request::decode(&message[..cut]), Err(Error::Protocol { .. })),
+                "{request:?} cut at {cut}"
+            );
         }
         let mut longer = message.to_vec();
         longer.push(0);
@@ -237,11 +240,15 @@ fn a_leased_atom_across_the_socket_records_what_its_work_did_and_replays() {
     let again = client.execute_leased(&lease, "researcher", "r1", &[], |_| panic!("replayed")).expect("replay");
     assert!(again.executed.replayed);
     assert_eq!(again.received, first.received, "a replay returns what the atom consumed");
-    let local: Exchanged = store.execute_leased(&lease, "researcher", "r1", &[], |_| panic!("replayed")).expect("local");
+    let local: Exchanged =
+        store.execute_leased(&lease, "researcher", "r1", &[], |_| panic!("replayed")).expect("local");
     assert_eq!(local, again, "the same Exchanged as the store's");
     let steps = client.read_state(run, StateKey::store("steps")).expect("read_state").expect("written");
     assert_eq!(steps.value, StateValue::Counter(2));
-    assert_eq!(store.read_state(run, "log").expect("read").expect("list").value, StateValue::List(vec![b"planned".to_vec()]));
+    assert_eq!(
+        store.read_state(run, "log").expect("read").expect("list").value,
+        StateValue::List(vec![b"planned".to_vec()])
+    );
     let atom = client.atom(sent.executed.atom).expect("atom");
     assert_eq!((atom.status, atom.output), (AtomStatus::Completed, Some(output("planned"))));
     let failed = client.execute_leased(&lease, "planner", "broken", &[], |_| {
