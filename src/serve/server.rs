@@ -109,9 +109,12 @@ impl Server {
     fn stop_serving(&mut self) {
         let Some(accept) = self.accept.take() else { return };
         self.shared.stopping.store(true, Ordering::SeqCst);
-        // Wakes the accept thread, blocked in `accept`, to see the flag.
-        drop(UnixStream::connect(&self.shared.path));
-        let _ = accept.join();
+        // Wakes the accept thread, blocked in `accept`, to see the flag. If the socket file was
+        // removed meanwhile, nothing can reach the thread any more: it is left blocked, and
+        // ends with the process.
+        if UnixStream::connect(&self.shared.path).is_ok() {
+            let _ = accept.join();
+        }
         let threads = {
             let mut connections = self.shared.connections.lock();
             for stream in connections.open.values() {
