@@ -235,42 +235,64 @@ impl Request {
                 w.str(key);
                 put_atoms(&mut w, parents);
             }
+            Request::Send { .. }
+            | Request::Receive { .. }
+            | Request::Read { .. }
+            | Request::Put { .. }
+            | Request::Add { .. }
+            | Request::Append { .. }
+            | Request::Complete { .. }
+            | Request::Fail { .. } => w = self.encode_in_atom(),
+        }
+        w.finish()
+    }
+
+    /// The frame of a request made inside a leased atom, before its length is filled in.
+    fn encode_in_atom(&self) -> Writer {
+        match self {
             Request::Send { channel, payload } => {
-                w = Writer::new(tag::SEND);
+                let mut w = Writer::new(tag::SEND);
                 w.str(channel);
                 w.bytes(payload);
+                w
             }
             Request::Receive { channel, consumer, max } => {
-                w = Writer::new(tag::RECEIVE);
+                let mut w = Writer::new(tag::RECEIVE);
                 w.str(channel);
                 w.str(consumer);
                 w.u32(*max);
+                w
             }
             Request::Read { key } => {
-                w = Writer::new(tag::READ);
+                let mut w = Writer::new(tag::READ);
                 put_key(&mut w, key);
+                w
             }
             Request::Put { key, value } | Request::Append { key, item: value } => {
-                w = Writer::new(if matches!(self, Request::Put { .. }) { tag::PUT } else { tag::APPEND });
+                let mut w = Writer::new(if matches!(self, Request::Put { .. }) { tag::PUT } else { tag::APPEND });
                 put_key(&mut w, key);
                 w.bytes(value);
+                w
             }
             Request::Add { key, amount } => {
-                w = Writer::new(tag::ADD);
+                let mut w = Writer::new(tag::ADD);
                 put_key(&mut w, key);
                 w.i64(*amount);
+                w
             }
             Request::Complete { output } => {
-                w = Writer::new(tag::COMPLETE);
+                let mut w = Writer::new(tag::COMPLETE);
                 put_output(&mut w, output);
+                w
             }
             Request::Fail { failure } => {
-                w = Writer::new(tag::FAIL);
+                let mut w = Writer::new(tag::FAIL);
                 w.str(&failure.message);
                 w.bool(failure.retryable);
+                w
             }
+            _ => unreachable!("only a request inside an atom is encoded here"),
         }
-        w.finish()
     }
 
     /// Decodes a request from a frame's message.
