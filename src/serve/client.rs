@@ -270,8 +270,7 @@ impl Client {
     /// is broken off.
     fn unexpected(&mut self, response: &Response) -> Error {
         self.break_off();
-        let kind = format!("{response:?}");
-        protocol(format!("an unexpected response: {}", kind.split(['(', ' ', '{']).next().unwrap_or("")))
+        protocol(format!("an unexpected response: {}", response.name()))
     }
 
     fn break_off(&mut self) {

@@ -409,6 +409,25 @@ impl Response {
         w.finish()
     }
 
+    /// The response's name, for an error that says which came out of turn.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Response::Hello { .. } => "hello",
+            Response::Done => "done",
+            Response::Run(_) => "run",
+            Response::MaybeRun(_) => "run id",
+            Response::Lease(_) => "lease",
+            Response::MaybeLease(_) => "lease of",
+            Response::AtomId(_) => "atom id",
+            Response::Atom(_) => "atom",
+            Response::State(_) => "state",
+            Response::Messages(_) => "messages",
+            Response::Begun { .. } => "begun",
+            Response::Exchanged(_) => "exchanged",
+            Response::Error(_) => "error",
+        }
+    }
+
     /// Decodes a response from a frame's message.
     ///
     /// # Errors
