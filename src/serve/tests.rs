@@ -387,3 +387,69 @@ fn a_stale_socket_file_is_replaced_and_bad_paths_are_refused() {
     assert!(matches!(store.serve(Some(&file)), Err(Error::InvalidArgument { .. })));
     assert_eq!(std::fs::read(&file).expect("read"), b"not a socket", "left as it was");
 }
+
+#[test]
+fn every_response_round_trips_and_no_prefix_of_one_decodes() {
+    let lease = Lease { run: RunId::from_raw(3), holder: "w".into(), token: 9, expires_at_unix_us: 77 };
+    let message =
+        crate::channel::Message { id: AtomId::from_raw(8), sender: AtomId::from_raw(7), payload: b"m".to_vec() };
+    let received = crate::channel::Received {
+        run: RunId::from_raw(3),
+        channel: "c".into(),
+        consumer: "x".into(),
+        messages: vec![message.clone()],
+    };
+    let executed = crate::store::Executed {
+        atom: AtomId::from_raw(4),
+        output: output("o"),
+        replayed: true,
+        delta_reclaimed: false,
+    };
+    let atom = crate::store::Atom {
+        id: AtomId::from_raw(4),
+        run: RunId::from_raw(3),
+        agent: "a".into(),
+        key: "k".into(),
+        parents: vec![AtomId::from_raw(1)],
+        idempotency_key: String::new(),
+        status: AtomStatus::Failed { retryable: true },
+        started_at_unix_us: 5,
+        ended_at_unix_us: Some(6),
+        output: None,
+        error: Some("no".into()),
+        started_lsn: crate::log::Lsn::new(12),
+        abandoned: false,
+        delta_reclaimed: true,
+    };
+    let list =
+        crate::shared_state::Versioned { version: 2, value: StateValue::List(vec![b"a".to_vec(), b"b".to_vec()]) };
+    let responses = [
+        Response::Hello { version: PROTOCOL_VERSION },
+        Response::Done,
+        Response::Run(RunId::from_raw(3)),
+        Response::MaybeRun(Some(RunId::from_raw(3))),
+        Response::Lease(lease.clone()),
+        Response::MaybeLease(None),
+        Response::MaybeLease(Some(lease)),
+        Response::AtomId(AtomId::from_raw(4)),
+        Response::Atom(Box::new(atom)),
+        Response::State(Some(list)),
+        Response::State(None),
+        Response::Messages(vec![message]),
+        Response::Begun { atom: AtomId::from_raw(4) },
+        Response::Exchanged(Box::new(Exchanged { executed, received: vec![received] })),
+        Response::Error(Error::StaleLease { run: 1, token: 2, current: 3 }),
+    ];
+    for response in responses {
+        let frame = response.encode().expect("encode");
+        let message = &frame[4..];
+        let decoded = Response::decode(message).expect("decode");
+        assert_eq!(format!("{decoded:?}"), format!("{response:?}"));
+        for cut in 0..message.len() {
+            assert!(
+                matches!(Response::decode(&message[..cut]), Err(Error::Protocol { .. })),
+                "{response:?} cut at {cut}"
+            );
+        }
+    }
+}
