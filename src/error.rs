@@ -490,6 +490,42 @@ pub enum Error {
         /// The object's key.
         key: String,
     },
+
+    /// The connection to a store's server ([`serve::Client`](crate::serve::Client)) is
+    /// closed: the server stopped or died, or an earlier call broke the connection. An atom
+    /// in flight did not complete through it; connect again.
+    #[error("the connection to the store's server at {} is closed", path.display())]
+    Disconnected {
+        /// The socket's path.
+        path: PathBuf,
+    },
+
+    /// A peer on a store's socket sent bytes that are no message of the protocol: a frame
+    /// longer than [`SERVE_FRAME_BYTES_MAX`](crate::limits::SERVE_FRAME_BYTES_MAX), a
+    /// truncated frame, an unknown tag, or a message out of turn. The connection is closed.
+    #[error("protocol error on the store's socket: {reason}")]
+    Protocol {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A client and a store's server speak different protocol versions: they refuse each
+    /// other at the first message.
+    #[error("the client speaks protocol version {client} and the server version {server}")]
+    ProtocolVersion {
+        /// The client's version.
+        client: u32,
+        /// The server's version.
+        server: u32,
+    },
+
+    /// The store's server refused a call with an error the protocol carries as its message
+    /// only (the errors a caller handles keep their own variant).
+    #[error("the store's server refused the call: {message}")]
+    Remote {
+        /// The server's error, as a sentence.
+        message: String,
+    },
 }
 
 /// What is wrong with damaged bytes.
@@ -721,6 +757,10 @@ impl Error {
             Error::RecordsLost { evidence, log_end } => {
                 Error::RecordsLost { evidence: evidence.clone(), log_end: *log_end }
             }
+            Error::Disconnected { path } => Error::Disconnected { path: path.clone() },
+            Error::Protocol { reason } => Error::Protocol { reason: reason.clone() },
+            Error::ProtocolVersion { client, server } => Error::ProtocolVersion { client: *client, server: *server },
+            Error::Remote { message } => Error::Remote { message: message.clone() },
         }
     }
 }

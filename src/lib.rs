@@ -68,6 +68,8 @@ pub mod log;
 pub mod metrics;
 pub(crate) mod purge;
 pub(crate) mod replay;
+#[cfg(unix)]
+pub mod serve;
 pub mod shared_state;
 #[cfg(feature = "object-store")]
 pub mod ship;

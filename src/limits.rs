@@ -215,6 +215,29 @@ pub const LEASED_ATOMS_IN_FLIGHT_MAX: usize = 65_536;
 /// Locks the runs' leases are spread over (a run's completions and its grants take one).
 pub const LEASE_LOCKS: usize = 64;
 
+/// Largest frame on a store's socket (`serve`), in bytes after its 4-byte length: an atom's
+/// largest record and 1 MiB of framing. A longer declared length is refused before any
+/// allocation.
+pub const SERVE_FRAME_BYTES_MAX: u32 = RECORD_BYTES_MAX + 1024 * 1024;
+
+/// Clients one store's server serves at once (`serve`): one thread each. A client beyond them
+/// is refused with [`Error::LimitExceeded`](crate::Error::LimitExceeded).
+pub const SERVE_CLIENTS_MAX: usize = 64;
+
+/// Most messages one receive asks for through a store's socket, so that its answer fits in a
+/// frame.
+pub const SERVE_RECEIVE_MESSAGES_MAX: usize = 64;
+
+/// Bytes of a socket path (the operating system's `sun_path` less its terminating zero: 108
+/// bytes on Linux, 104 on the BSDs and macOS).
+#[cfg(target_os = "linux")]
+pub const SERVE_SOCKET_PATH_BYTES_MAX: usize = 107;
+
+/// Bytes of a socket path (the operating system's `sun_path` less its terminating zero: 108
+/// bytes on Linux, 104 on the BSDs and macOS).
+#[cfg(not(target_os = "linux"))]
+pub const SERVE_SOCKET_PATH_BYTES_MAX: usize = 103;
+
 const _: () = assert!(RECORD_BYTES_MAX <= BATCH_BYTES_MAX - 4);
 const _: () = assert!(RECORD_DECOMPRESSED_BYTES_MAX <= RECORD_BYTES_MAX);
 const _: () = assert!(DICTIONARY_BYTES <= DICTIONARY_TRAINING_BYTES_MAX);
@@ -267,3 +290,7 @@ const _: () = assert!(STATE_KEYS_PER_ATOM_MAX <= STATE_WRITES_PER_ATOM_MAX);
 // A lease atom's result (a fixed header and the holder) fits in any record.
 const _: () = assert!(LEASE_HOLDER_BYTES_MAX + 64 < RECORD_BYTES_MAX as usize);
 const _: () = assert!(LEASE_LOCKS.is_power_of_two());
+// A remote receive's messages, with their ids and lengths, fit in one frame.
+const _: () = assert!(SERVE_RECEIVE_MESSAGES_MAX * (CHANNEL_MESSAGE_BYTES_MAX + 64) <= SERVE_FRAME_BYTES_MAX as usize);
+const _: () = assert!(SERVE_RECEIVE_MESSAGES_MAX <= CHANNEL_RECEIVE_MESSAGES_MAX);
+const _: () = assert!(SERVE_FRAME_BYTES_MAX > RECORD_BYTES_MAX);

@@ -78,6 +78,8 @@ fn classify(error: &Error) -> (&'static str, Vec<(&'static str, Fact)>) {
         Error::StaleLease { run, token, current } => {
             ("ConflictError", vec![("run", Int(*run)), ("token", Int(*token)), ("current", Int(*current))])
         }
+        Error::Disconnected { path } => ("ClosedError", vec![("path", Str(path.display().to_string()))]),
+        Error::Protocol { .. } | Error::ProtocolVersion { .. } | Error::Remote { .. } => ("Error", Vec::new()),
         _ => ("Error", Vec::new()),
     }
 }
