@@ -7,6 +7,11 @@
 # are pinned in python/requirements-test.txt; the extension is built in release mode and
 # installed into it with maturin.
 #
+# The object storage tests (tests/ship_s3.rs) run against a real S3-compatible server:
+# scripts/s3-server.sh installs SeaweedFS into .venv, starts it on 127.0.0.1 with its data in
+# target/s3-server/, and this script stops it by its PID when it exits. They fail, rather than
+# skip, if it cannot start (CONTINUUM_S3_REQUIRED=1).
+#
 # Usage: scripts/test.sh [--python-only] [pytest arguments...]
 #   --python-only  skips `cargo test` (for work on the Python package)
 set -euo pipefail
@@ -19,8 +24,19 @@ if [ "${1:-}" = "--python-only" ]; then
 fi
 
 if $rust; then
-    echo "== cargo test"
-    cargo test --locked
+    echo "== S3-compatible server (SeaweedFS on 127.0.0.1)"
+    s3_dir="$PWD/target/s3-server"
+    rm -rf "$s3_dir"
+    trap 'scripts/s3-server.sh stop "$s3_dir"' EXIT
+    export CONTINUUM_S3_REQUIRED=1
+    if s3_env=$(scripts/s3-server.sh start "$s3_dir"); then
+        eval "$s3_env"
+    else
+        echo "the S3-compatible server did not start: the object storage tests will fail" >&2
+    fi
+    echo "== cargo test (with the object-store feature)"
+    cargo test --locked --features object-store
+    scripts/s3-server.sh stop "$s3_dir"
 fi
 
 echo "== python: virtual environment (.venv)"
