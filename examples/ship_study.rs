@@ -89,7 +89,12 @@ fn workload(remote: Option<Remote>, output: &Arc<AtomOutput>) -> continuum::Resu
 
 /// Writes `atoms` atoms in `runs` runs, ships them (tail included), restores into a fresh
 /// directory: the restore's time.
-fn restore_after(remote: &Remote, atoms: usize, runs: usize, output: &AtomOutput) -> continuum::Result<(Duration, String)> {
+fn restore_after(
+    remote: &Remote,
+    atoms: usize,
+    runs: usize,
+    output: &AtomOutput,
+) -> continuum::Result<(Duration, String)> {
     let source = tempfile::tempdir().expect("a temporary directory");
     {
         let store = Store::builder(source.path())
@@ -134,7 +139,8 @@ fn restore_and_reopen(remote: &Remote, atoms: usize, output: &AtomOutput) -> con
 }
 
 fn fill(store: &Store, atoms: usize, runs: usize, output: &AtomOutput) -> continuum::Result<()> {
-    let ids: Vec<_> = (0..runs).map(|r| store.create_run(RunSpec::new(format!("run-{r}")))).collect::<Result<_, _>>()?;
+    let ids: Vec<_> =
+        (0..runs).map(|r| store.create_run(RunSpec::new(format!("run-{r}")))).collect::<Result<_, _>>()?;
     std::thread::scope(|scope| {
         let per = atoms / 4;
         for t in 0..4 {

@@ -27,6 +27,9 @@ fn classify(error: &Error) -> (&'static str, Vec<(&'static str, Fact)>) {
         Error::Locked { dir } => ("LockedError", vec![("path", Str(dir.display().to_string()))]),
         Error::Closed => ("ClosedError", Vec::new()),
         Error::ReadOnly => ("ReadOnlyError", Vec::new()),
+        Error::Fenced { epoch, current } => ("ReadOnlyError", vec![("epoch", Int(*epoch)), ("current", Int(*current))]),
+        Error::ObjectStore { key, .. } => ("IoError", vec![("path", Str(key.clone()))]),
+        Error::DamagedObject { key } => ("CorruptionError", vec![("path", Str(key.clone()))]),
         Error::RecordTooLarge { .. }
         | Error::BatchTooLarge { .. }
         | Error::EmptyBatch

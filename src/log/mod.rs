@@ -497,6 +497,7 @@ impl Log {
 
     /// Refuses every append from now on with [`Error::Fenced`]: another owner took the
     /// store over (`ship/`). Appends already acknowledged stay.
+    #[cfg(feature = "object-store")]
     pub(crate) fn fence(&self, epoch: u64, current: u64) {
         self.inner.writer.fence(epoch, current);
     }

@@ -326,6 +326,7 @@ impl Writer {
 
     /// Refuses every append from now on with `Error::Fenced { epoch, current }`: another
     /// owner took the store over.
+    #[cfg(feature = "object-store")]
     pub fn fence(&self, epoch: u64, current: u64) {
         self.commit.lock().fenced.get_or_insert((epoch, current));
         self.room.notify_all();

@@ -258,7 +258,9 @@ mod tests {
         manifest.segments[1].first_lsn = 11;
         assert!(ShippedManifest::decode_object(&manifest.encode_object()).is_err());
         let mut manifest = sample();
-        manifest.tail.as_mut().map(|tail| tail.first_lsn = 21);
+        if let Some(tail) = manifest.tail.as_mut() {
+            tail.first_lsn = 21;
+        }
         assert!(ShippedManifest::decode_object(&manifest.encode_object()).is_err());
     }
 }

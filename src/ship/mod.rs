@@ -9,7 +9,7 @@
 //! takes the store over on another host (the manifest's epoch + 1, by a conditional write,
 //! first), downloads what the manifest lists, verifies it and opens the store there; the
 //! previous owner's next manifest write fails its condition, and its store refuses every
-//! append from then on with [`Error::Fenced`](crate::Error::Fenced).
+//! append from then on with [`Error::Fenced`].
 //!
 //! ```
 //! use continuum::{AtomOutput, RunSpec, Store, ship::Remote};
