@@ -687,22 +687,23 @@ impl Log {
 
     /// Every segment, oldest first.
     pub fn segments(&self) -> Vec<SegmentInfo> {
+        self.map_segments(|meta, sealed| SegmentInfo {
+            path: meta.path.to_path_buf(),
+            seq: meta.seq,
+            first_lsn: Lsn(meta.first_lsn),
+            next_lsn: Lsn(meta.next_lsn),
+            data_bytes: meta.data_end,
+            sealed,
+            compressed: meta.compressed,
+        })
+    }
+
+    /// `view` of every segment (and whether it is sealed), oldest first, under one read of the
+    /// index.
+    fn map_segments<T>(&self, view: impl Fn(&index::SegmentMeta, bool) -> T) -> Vec<T> {
         let index = self.inner.index.read();
         let last = index.segments.len().saturating_sub(1);
-        index
-            .segments
-            .iter()
-            .enumerate()
-            .map(|(i, meta)| SegmentInfo {
-                path: meta.path.to_path_buf(),
-                seq: meta.seq,
-                first_lsn: Lsn(meta.first_lsn),
-                next_lsn: Lsn(meta.next_lsn),
-                data_bytes: meta.data_end,
-                sealed: i < last,
-                compressed: meta.compressed,
-            })
-            .collect()
+        index.segments.iter().enumerate().map(|(i, meta)| view(meta, i < last)).collect()
     }
 
     /// Every segment's version and file, oldest first (the last one active): what shipping
@@ -710,22 +711,15 @@ impl Log {
     /// rewrite over its path.
     #[cfg(feature = "object-store")]
     pub(crate) fn segment_files(&self) -> Vec<SegmentFile> {
-        let index = self.inner.index.read();
-        let last = index.segments.len().saturating_sub(1);
-        index
-            .segments
-            .iter()
-            .enumerate()
-            .map(|(i, meta)| SegmentFile {
-                seq: meta.seq,
-                generation: meta.generation,
-                first_lsn: meta.first_lsn,
-                next_lsn: meta.next_lsn,
-                data_end: meta.data_end,
-                sealed: i < last,
-                file: Arc::clone(&meta.file),
-            })
-            .collect()
+        self.map_segments(|meta, sealed| SegmentFile {
+            seq: meta.seq,
+            generation: meta.generation,
+            first_lsn: meta.first_lsn,
+            next_lsn: meta.next_lsn,
+            data_end: meta.data_end,
+            sealed,
+            file: Arc::clone(&meta.file),
+        })
     }
 
     /// Deletes every sealed segment whose records all have LSNs below `lsn`, oldest first.
