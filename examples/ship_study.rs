@@ -129,11 +129,23 @@ fn restore_and_reopen(remote: &Remote, atoms: usize, output: &AtomOutput) -> con
     let started = Instant::now();
     drop(Store::open(source.path())?);
     let local = started.elapsed();
+    // The same store's open without its index snapshot: the whole log folded, as a restore's is.
+    std::fs::remove_file(source.path().join("index.snapshot")).expect("an index snapshot");
+    let started = Instant::now();
+    drop(Store::builder(source.path()).index_snapshot_after(u64::MAX).open()?);
+    println!("  local reopen folding the whole log (no index snapshot): {:.2} s", started.elapsed().as_secs_f64());
     let target = tempfile::tempdir().expect("a temporary directory");
     let started = Instant::now();
     let (store, report) = Store::restore_from(remote.clone().owner("restorer"), target.path())?;
     let restored = started.elapsed();
-    println!("  restored {} segments, {} bytes", report.segments, report.bytes);
+    println!(
+        "  restored {} segments, {} bytes: takeover and downloads {:.2} s ({:.0} MB/s), open {:.2} s",
+        report.segments,
+        report.bytes,
+        report.downloaded_in.as_secs_f64(),
+        report.bytes as f64 / 1e6 / report.downloaded_in.as_secs_f64(),
+        (report.took - report.downloaded_in).as_secs_f64()
+    );
     drop(store);
     Ok((restored, local))
 }

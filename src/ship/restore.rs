@@ -38,6 +38,8 @@ pub struct RestoreReport {
     pub bytes: u64,
     /// The LSN the restored log continues at.
     pub next_lsn: u64,
+    /// How long the takeover and the downloads took (files written and synced included).
+    pub downloaded_in: Duration,
     /// How long the restore took, the store's open included.
     pub took: Duration,
 }
@@ -88,6 +90,7 @@ impl StoreBuilder {
             Ok::<_, Error>(report)
         })?;
         self.remote = Some(remote);
+        report.downloaded_in = started.elapsed();
         let store = self.open()?;
         report.took = started.elapsed();
         tracing::info!(epoch = report.epoch, segments = report.segments, bytes = report.bytes, "store restored");
