@@ -254,8 +254,11 @@ fn finish_log(
             generation: header.generation,
         })
         .collect();
-    let tail = match &manifest.tail {
-        Some(tail) => TailRecord { seq: tail.seq, next_lsn: tail.next_lsn, trimmed_bytes: 0 },
+    // The active segment: the shipped tail, or a new empty segment after the sealed ones.
+    let active = match &manifest.tail {
+        Some(tail) => {
+            ManifestEntry { seq: tail.seq, first_lsn: tail.first_lsn, end_lsn: 0, generation: tail.generation }
+        }
         None => {
             let (seq, first_lsn) = match manifest.segments.last() {
                 Some(last) => (last.seq + 1, last.next_lsn),
@@ -271,27 +274,13 @@ fn finish_log(
                 generation: segment::GENERATION_WRITER,
             };
             drop(segment::create(storage, dir, header)?);
-            TailRecord { seq, next_lsn: first_lsn, trimmed_bytes: 0 }
+            ManifestEntry { seq, first_lsn, end_lsn: 0, generation: segment::GENERATION_WRITER }
         }
     };
-    let active_generation = manifest.tail.as_ref().map_or(segment::GENERATION_WRITER, |tail| tail.generation);
-    entries.push(ManifestEntry {
-        seq: tail.seq,
-        first_lsn: entries_end(&entries, manifest),
-        end_lsn: 0,
-        generation: active_generation,
-    });
+    let next_lsn = manifest.tail.as_ref().map_or(active.first_lsn, |tail| tail.next_lsn);
+    let tail = TailRecord { seq: active.seq, next_lsn, trimmed_bytes: 0 };
+    entries.push(active);
     let log = Manifest { store_id: manifest.store_id, tail, segments: entries };
     log_manifest::write(storage, dir, &log)?;
     Ok(tail.next_lsn)
-}
-
-/// The first LSN of the active segment: where the sealed ones end (or the tail's, or the
-/// manifest's active segment's).
-fn entries_end(entries: &[ManifestEntry], manifest: &ShippedManifest) -> u64 {
-    match (&manifest.tail, entries.last()) {
-        (Some(tail), _) => tail.first_lsn,
-        (None, Some(last)) => last.end_lsn,
-        (None, None) => manifest.active_first_lsn.max(1),
-    }
 }
