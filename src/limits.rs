@@ -270,6 +270,20 @@ pub const SHIP_POLL_MS_DEFAULT: u64 = 1_000;
 /// Default time an object no manifest lists stays in the bucket before retention deletes it.
 pub const SHIP_GRACE_MS_DEFAULT: u64 = 60 * 60 * 1000;
 
+/// zstd level of shipped sealed segments: level 1 compresses the log's frames at hundreds of
+/// MB/s on the shipping thread, and a restore decompresses them faster than a bucket serves
+/// them (`docs/BENCHMARKS.md` §17).
+pub const SHIP_SEGMENT_ZSTD_LEVEL: i32 = 1;
+
+/// Attempts an S3 request is retried (after the first) inside one shipping cycle, within
+/// [`SHIP_RETRY_TIMEOUT_MS`]: the cycle then fails and the shipping thread's own backoff
+/// takes over, so that a bucket out of reach holds a close or a restore this long at most
+/// per request.
+pub const SHIP_REQUEST_RETRIES: usize = 3;
+
+/// Longest time an S3 request's retries may take ([`SHIP_REQUEST_RETRIES`]).
+pub const SHIP_RETRY_TIMEOUT_MS: u64 = 15_000;
+
 const _: () = assert!(CHECKPOINT_BYTES_MAX * 2 <= RECORD_BYTES_MAX as usize);
 const _: () = assert!(CHECKPOINT_NAME_BYTES_MAX * 4 <= CHECKPOINT_BYTES_MAX);
 const _: () = assert!(CONTINUATION_BYTES_MAX < RECORD_DECOMPRESSED_BYTES_MAX as usize);

@@ -52,7 +52,16 @@ pub(crate) struct ShippedManifest {
     pub active_seq: u64,
     #[prost(uint64, tag = "10")]
     pub active_first_lsn: u64,
+    /// An index snapshot of the shipped log, covering records below an LSN the listed segments
+    /// (or the tail) reach: a restore's open folds only the records after it.
+    #[prost(message, optional, tag = "11")]
+    pub index: Option<ShippedIndex>,
 }
+
+/// How a shipped segment's object holds its bytes.
+pub(crate) const ENCODING_PLAIN: u32 = 0;
+/// One zstd frame of the segment's bytes.
+pub(crate) const ENCODING_ZSTD: u32 = 1;
 
 /// One shipped segment (or the active segment's prefix).
 #[derive(Clone, PartialEq, Eq, prost::Message)]
@@ -68,10 +77,31 @@ pub(crate) struct ShippedSegment {
     pub next_lsn: u64,
     #[prost(uint32, tag = "5")]
     pub generation: u32,
-    /// The object's length: the segment's header and frames, without its zero fill.
+    /// The segment's length: its header and frames, without its zero fill.
     #[prost(uint64, tag = "6")]
     pub bytes: u64,
+    /// SHA-256 of those bytes (of the segment, not of a compressed object).
     #[prost(bytes = "vec", tag = "7")]
+    pub sha256: Vec<u8>,
+    /// [`ENCODING_PLAIN`] or [`ENCODING_ZSTD`].
+    #[prost(uint32, tag = "8")]
+    pub encoding: u32,
+    /// The object's length as uploaded (the compressed length for [`ENCODING_ZSTD`]).
+    #[prost(uint64, tag = "9")]
+    pub object_bytes: u64,
+}
+
+/// One shipped index snapshot (`docs/FORMAT.md` §9a), byte for byte.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub(crate) struct ShippedIndex {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// Every record below this LSN is in it.
+    #[prost(uint64, tag = "2")]
+    pub covered: u64,
+    #[prost(uint64, tag = "3")]
+    pub bytes: u64,
+    #[prost(bytes = "vec", tag = "4")]
     pub sha256: Vec<u8>,
 }
 
@@ -123,6 +153,12 @@ impl ShippedManifest {
         Ok(manifest)
     }
 
+    /// Every record below this LSN is in a listed segment or the tail (0: none is listed).
+    pub fn shipped_next_lsn(&self) -> u64 {
+        let last = self.tail.as_ref().or(self.segments.last());
+        last.map_or(0, |segment| segment.next_lsn)
+    }
+
     /// The invariants a restore relies on: consecutive segments, hashes of 32 bytes.
     fn check(&self) -> std::result::Result<(), &'static str> {
         for pair in self.segments.windows(2) {
@@ -131,8 +167,17 @@ impl ShippedManifest {
             }
         }
         let hashes = self.segments.iter().map(|s| &s.sha256).chain(self.snapshots.iter().map(|s| &s.sha256));
-        if hashes.chain(self.tail.iter().map(|t| &t.sha256)).any(|sha| sha.len() != 32) {
+        let mut hashes = hashes.chain(self.tail.iter().map(|t| &t.sha256)).chain(self.index.iter().map(|i| &i.sha256));
+        if hashes.any(|sha| sha.len() != 32) {
             return Err("a hash is not 32 bytes");
+        }
+        if self.segments.iter().chain(self.tail.iter()).any(|s| s.encoding > ENCODING_ZSTD) {
+            return Err("a segment's encoding is unknown");
+        }
+        if let Some(index) = &self.index
+            && index.covered > self.shipped_next_lsn()
+        {
+            return Err("its index snapshot covers records it does not list");
         }
         if let (Some(last), Some(tail)) = (self.segments.last(), &self.tail)
             && (tail.first_lsn != last.next_lsn || tail.seq <= last.seq)
@@ -225,6 +270,8 @@ mod tests {
             generation: 1,
             bytes: 100,
             sha256: vec![seq as u8; 32],
+            encoding: u32::from(seq == 1),
+            object_bytes: 60,
         };
         ShippedManifest {
             store_id: 7,
@@ -237,6 +284,7 @@ mod tests {
             tail: Some(segment(3, 20, 25)),
             active_seq: 3,
             active_first_lsn: 20,
+            index: Some(ShippedIndex { key: "i".into(), covered: 25, bytes: 9, sha256: vec![2; 32] }),
         }
     }
 
@@ -261,6 +309,18 @@ mod tests {
         if let Some(tail) = manifest.tail.as_mut() {
             tail.first_lsn = 21;
         }
+        assert!(ShippedManifest::decode_object(&manifest.encode_object()).is_err());
+    }
+
+    #[test]
+    fn an_index_snapshot_past_the_shipped_records_or_an_unknown_encoding_is_refused() {
+        let mut manifest = sample();
+        if let Some(index) = manifest.index.as_mut() {
+            index.covered = 26;
+        }
+        assert!(ShippedManifest::decode_object(&manifest.encode_object()).is_err());
+        let mut manifest = sample();
+        manifest.segments[0].encoding = 2;
         assert!(ShippedManifest::decode_object(&manifest.encode_object()).is_err());
     }
 }

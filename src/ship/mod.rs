@@ -112,7 +112,7 @@ impl Remote {
     /// # Errors
     /// [`Error::InvalidConfig`] when the configuration is incomplete or invalid.
     pub fn s3_from_env(bucket: &str, prefix: &str) -> Result<Self> {
-        let builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+        let builder = tuned(object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket));
         let store = builder.build().map_err(|error| Error::InvalidConfig { reason: error.to_string() })?;
         Ok(Remote::new(Arc::new(store), prefix))
     }
@@ -123,7 +123,7 @@ impl Remote {
     /// # Errors
     /// [`Error::InvalidConfig`] when the configuration is invalid.
     pub fn s3(endpoint: &str, bucket: &str, prefix: &str, access_key: &str, secret_key: &str) -> Result<Self> {
-        let mut builder = object_store::aws::AmazonS3Builder::new()
+        let mut builder = tuned(object_store::aws::AmazonS3Builder::new())
             .with_endpoint(endpoint)
             .with_bucket_name(bucket)
             .with_region("us-east-1")
@@ -187,6 +187,18 @@ impl Remote {
     pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
         runtime().block_on(future)
     }
+}
+
+/// `builder` with shipping's retries: [`limits::SHIP_REQUEST_RETRIES`] within
+/// [`limits::SHIP_RETRY_TIMEOUT_MS`] (the client's default, 10 within 3 minutes, would hold a
+/// close or a restore that long on a bucket out of reach; the shipping thread backs off on its
+/// own).
+fn tuned(builder: object_store::aws::AmazonS3Builder) -> object_store::aws::AmazonS3Builder {
+    builder.with_retry(object_store::RetryConfig {
+        backoff: object_store::BackoffConfig::default(),
+        max_retries: limits::SHIP_REQUEST_RETRIES,
+        retry_timeout: Duration::from_millis(limits::SHIP_RETRY_TIMEOUT_MS),
+    })
 }
 
 /// The process's runtime for object store calls: two I/O threads drive every connection, and

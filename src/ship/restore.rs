@@ -15,7 +15,9 @@ use crate::log::manifest::{self as log_manifest, Manifest, ManifestEntry, TailRe
 use crate::log::segment::{self, SegmentHeader};
 use crate::ship::Remote;
 use crate::ship::claim::{self, Owned};
-use crate::ship::manifest::{ShippedManifest, ShippedSegment, ShippedSnapshot, remote_error};
+use crate::ship::manifest::{
+    ENCODING_PLAIN, ENCODING_ZSTD, ShippedIndex, ShippedManifest, ShippedSegment, ShippedSnapshot, remote_error,
+};
 use crate::snapshot;
 use crate::storage::{OpenMode, Storage};
 use crate::store::{Store, StoreBuilder};
@@ -34,6 +36,10 @@ pub struct RestoreReport {
     /// Snapshots left out because their object is damaged (rebuilds fall back to an older
     /// snapshot or to the log, as on disk).
     pub damaged_snapshots: Vec<u64>,
+    /// The LSN the restored index snapshot covers, if one was shipped and is intact: the open
+    /// folds only the records after it (as a local reopen does). The open still checks it
+    /// against the restored log ([`Store::index_snapshot`] says whether it used it).
+    pub index_snapshot: Option<u64>,
     /// Bytes downloaded.
     pub bytes: u64,
     /// The LSN the restored log continues at.
@@ -136,37 +142,98 @@ async fn download(
     let mut report = RestoreReport { epoch: owned.claim.epoch, ..RestoreReport::default() };
     let segments: Vec<&ShippedSegment> = manifest.segments.iter().chain(manifest.tail.iter()).collect();
     let mut fetched = futures::stream::iter(segments.iter().copied())
-        .map(|shipped| fetch_verified(remote, &shipped.key, shipped.bytes, &shipped.sha256))
+        .map(|shipped| fetch_verified(remote, Wanted::segment(shipped)))
         .buffered(limits::SHIP_TRANSFERS_IN_FLIGHT);
     let mut headers = Vec::with_capacity(segments.len());
     let mut at = 0;
-    while let Some(bytes) = fetched.next().await {
+    while let Some(fetched) = fetched.next().await {
         let shipped = segments[at];
         at += 1;
-        let bytes = bytes?.ok_or_else(|| Error::DamagedObject { key: shipped.key.clone() })?;
+        let (bytes, downloaded) = fetched?.ok_or_else(|| Error::DamagedObject { key: shipped.key.clone() })?;
         headers.push(write_segment(storage, dir, manifest.store_id, shipped, &bytes)?);
-        report.bytes += bytes.len() as u64;
+        report.bytes += downloaded;
     }
     report.segments = manifest.segments.len();
     report.tail = manifest.tail.is_some();
     restore_snapshots(remote, manifest, storage, dir, &mut report).await?;
+    if let Some(index) = &manifest.index {
+        match fetch_verified(remote, Wanted::index(index)).await? {
+            Some((bytes, downloaded)) => {
+                crate::store::place_index_snapshot(storage, dir, &bytes)?;
+                report.index_snapshot = Some(index.covered);
+                report.bytes += downloaded;
+            }
+            None => {
+                tracing::warn!(key = index.key, "the shipped index snapshot is damaged: the open folds the whole log")
+            }
+        }
+    }
     report.next_lsn = finish_log(storage, dir, manifest, &headers, segment_bytes)?;
     storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
     Ok(report)
 }
 
-/// The object's bytes if their SHA-256 is `sha256` (downloaded twice at most), `None` if it is
-/// damaged.
-async fn fetch_verified(remote: &Remote, key: &str, bytes: u64, sha256: &[u8]) -> Result<Option<Vec<u8>>> {
-    if bytes > limits::SEGMENT_BYTES_MAX.max(limits::SNAPSHOT_BYTES_MAX) {
-        return Err(Error::LimitExceeded { what: format!("bytes of the shipped object {key}"), limit: bytes });
+/// What a shipped object holds, and how to check it.
+struct Wanted<'a> {
+    key: &'a str,
+    /// The content's length and SHA-256.
+    bytes: u64,
+    sha256: &'a [u8],
+    /// [`ENCODING_PLAIN`] or [`ENCODING_ZSTD`].
+    encoding: u32,
+    /// The largest content a restore accepts of this kind of object.
+    limit: u64,
+}
+
+impl<'a> Wanted<'a> {
+    fn segment(shipped: &'a ShippedSegment) -> Self {
+        let (key, bytes, sha256, encoding) = (&shipped.key, shipped.bytes, &shipped.sha256, shipped.encoding);
+        Wanted { key, bytes, sha256, encoding, limit: limits::SEGMENT_BYTES_MAX }
+    }
+
+    fn snapshot(shipped: &'a ShippedSnapshot) -> Self {
+        let (key, bytes, sha256) = (&shipped.key, shipped.bytes, &shipped.sha256);
+        Wanted { key, bytes, sha256, encoding: ENCODING_PLAIN, limit: limits::SNAPSHOT_BYTES_MAX }
+    }
+
+    fn index(shipped: &'a ShippedIndex) -> Self {
+        let (key, bytes, sha256) = (&shipped.key, shipped.bytes, &shipped.sha256);
+        Wanted { key, bytes, sha256, encoding: ENCODING_PLAIN, limit: limits::INDEX_SNAPSHOT_BYTES_MAX }
+    }
+}
+
+/// An object's content and the bytes downloaded for it, if its length and SHA-256 (after
+/// decompression) are the manifest's (downloaded twice at most); `None` if it is damaged.
+async fn fetch_verified(remote: &Remote, wanted: Wanted<'_>) -> Result<Option<(Vec<u8>, u64)>> {
+    let key = wanted.key;
+    if wanted.bytes > wanted.limit {
+        return Err(Error::LimitExceeded { what: format!("bytes of the shipped object {key}"), limit: wanted.limit });
     }
     let path = object_store::path::Path::from(key);
     for _ in 0..2 {
         let got = remote.store.get(&path).await.map_err(|error| remote_error("get", key, &error))?;
-        let got = got.bytes().await.map_err(|error| remote_error("get", key, &error))?;
-        if got.len() as u64 == bytes && Sha256::digest(&got).as_slice() == sha256 {
-            return Ok(Some(got.to_vec()));
+        // Nothing is read of an object larger than its content can compress to.
+        let bound = zstd::zstd_safe::compress_bound(wanted.bytes as usize) as u64;
+        if got.meta.size > wanted.bytes.max(bound) {
+            tracing::warn!(key, size = got.meta.size, "a shipped object is larger than its content can be");
+            continue;
+        }
+        let object = got.bytes().await.map_err(|error| remote_error("get", key, &error))?.to_vec();
+        let (bytes, sha256, encoding) = (wanted.bytes, wanted.sha256.to_vec(), wanted.encoding);
+        // Decompressing and hashing run beside the downloads still in flight.
+        let checked = tokio::task::spawn_blocking(move || {
+            let downloaded = object.len() as u64;
+            let content = match encoding {
+                ENCODING_ZSTD => zstd::bulk::decompress(&object, bytes as usize).ok()?,
+                _ => object,
+            };
+            let intact = content.len() as u64 == bytes && Sha256::digest(&content).as_slice() == sha256.as_slice();
+            intact.then_some((content, downloaded))
+        })
+        .await
+        .map_err(|error| Error::io("check a downloaded object", key, std::io::Error::other(error.to_string())))?;
+        if checked.is_some() {
+            return Ok(checked);
         }
         tracing::warn!(key, "a downloaded object's SHA-256 is not the manifest's");
     }
@@ -210,17 +277,17 @@ async fn restore_snapshots(
 ) -> Result<()> {
     let shipped: Vec<&ShippedSnapshot> = manifest.snapshots.iter().collect();
     let mut fetched = futures::stream::iter(shipped.iter().copied())
-        .map(|shipped| fetch_verified(remote, &shipped.key, shipped.bytes, &shipped.sha256))
+        .map(|shipped| fetch_verified(remote, Wanted::snapshot(shipped)))
         .buffered(limits::SHIP_TRANSFERS_IN_FLIGHT);
     let mut at = 0;
-    while let Some(bytes) = fetched.next().await {
+    while let Some(fetched) = fetched.next().await {
         let shipped = shipped[at];
         at += 1;
-        match bytes? {
-            Some(bytes) if snapshot::verify(&bytes, shipped.atom, manifest.store_id).is_ok() => {
+        match fetched? {
+            Some((bytes, downloaded)) if snapshot::verify(&bytes, shipped.atom, manifest.store_id).is_ok() => {
                 snapshot::publish(storage, dir, shipped.atom, &bytes)?;
                 report.snapshots += 1;
-                report.bytes += bytes.len() as u64;
+                report.bytes += downloaded;
             }
             _ => report.damaged_snapshots.push(shipped.atom),
         }

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::limits;
 use crate::log::SegmentFile;
 use crate::ship::claim::Owned;
-use crate::ship::manifest::{self, ShippedManifest, ShippedSegment, ShippedSnapshot, Versioned, Written};
+use crate::ship::manifest::{self, ShippedIndex, ShippedManifest, ShippedSegment, ShippedSnapshot, Versioned, Written};
 use crate::ship::{Remote, layout};
 use crate::snapshot;
 use crate::store::{Shared, now_us};
@@ -228,8 +228,10 @@ impl Worker {
         let files = self.shared.log.segment_files();
         let next = self.next_manifest(&files, tail_now).await?;
         let current = &self.owned.current.manifest;
-        let changed =
-            next.segments != current.segments || next.snapshots != current.snapshots || next.tail != current.tail;
+        let changed = next.segments != current.segments
+            || next.snapshots != current.snapshots
+            || next.tail != current.tail
+            || next.index != current.index;
         if changed {
             self.publish(next).await?;
         } else {
@@ -258,7 +260,6 @@ impl Worker {
                 None => segments.push(self.upload_segment(file, false).await?),
             }
         }
-        let snapshots = self.snapshots().await?;
         let active = files.last().filter(|file| !file.sealed);
         let tail = match (active, self.remote.options.ship_interval) {
             (Some(active), Some(_)) if tail_due => {
@@ -275,28 +276,76 @@ impl Worker {
             (None, _) => None,
         };
         let active = active.map_or((0, 0), |active| (active.seq, active.first_lsn));
-        Ok(ShippedManifest {
+        let mut next = ShippedManifest {
             segments,
-            snapshots,
+            snapshots: Vec::new(),
             tail,
             active_seq: active.0,
             active_first_lsn: active.1,
             written_at_unix_us: now_us(),
             ..current.clone()
-        })
+        };
+        next.snapshots = self.snapshots(next.shipped_next_lsn()).await?;
+        next.index = self.index(&next).await?;
+        Ok(next)
     }
 
-    /// The snapshot files to list: those already listed that still exist, and the new ones,
-    /// uploaded.
-    async fn snapshots(&self) -> Result<Vec<ShippedSnapshot>> {
+    /// The index snapshot to list beside `next`'s segments: the listed one while the segments
+    /// below it are unchanged, replaced by one covering every shipped record once as many
+    /// records came after it as the store waits for before it writes one locally (at least a
+    /// quarter of those it covers), or at once when the local one covers exactly the shipped
+    /// records (a close's, with tail shipping on).
+    async fn index(&self, next: &ShippedManifest) -> Result<Option<ShippedIndex>> {
+        let current = &self.owned.current.manifest;
+        let below = |manifest: &'_ ShippedManifest, covered: u64| -> Vec<(u64, u32, String)> {
+            let segments = manifest.segments.iter().filter(|segment| segment.first_lsn < covered);
+            segments.map(|segment| (segment.seq, segment.generation, segment.key.clone())).collect()
+        };
+        let listed = current.index.clone().filter(|index| below(current, index.covered) == below(next, index.covered));
+        let until = next.shipped_next_lsn();
+        let covered = listed.as_ref().map_or(0, |index| index.covered);
+        let first = next.segments.first().or(next.tail.as_ref()).map_or(until, |segment| segment.first_lsn);
+        let (after, before) = (until.saturating_sub(covered.max(first)), covered.saturating_sub(first));
+        let local = self.shared.index_snapshot.covered();
+        let due = after > 0 && (local == until || after >= self.shared.policies.index_snapshot_after.max(before / 4));
+        if !due {
+            return Ok(listed);
+        }
+        let shared = Arc::clone(&self.shared);
+        let bytes =
+            tokio::task::spawn_blocking(move || shared.index_snapshot_until(until)).await.map_err(|error| {
+                Error::io("build an index snapshot to ship", "", std::io::Error::other(error.to_string()))
+            })??;
+        assert_eq!(crate::store::index_snapshot_covers(&bytes), Some(until), "an index snapshot of other records");
+        let sha256: [u8; 32] = Sha256::digest(&bytes).into();
+        let key = layout::index(&self.remote.prefix, until, self.owned.claim.epoch, &sha256);
+        let len = bytes.len() as u64;
+        self.upload(&key, bytes).await?;
+        Ok(Some(ShippedIndex { key: key.to_string(), covered: until, bytes: len, sha256: sha256.into() }))
+    }
+
+    /// The snapshot files to list: those already listed that still exist, and the new ones of
+    /// atoms whose completion is below `shipped` (in a shipped segment or the tail: a restore
+    /// holds it), uploaded.
+    async fn snapshots(&self, shipped: u64) -> Result<Vec<ShippedSnapshot>> {
         let atoms: Vec<u64> = self.shared.snapshots.lock().iter().copied().collect();
+        let ended = |atom: u64| {
+            let index = self.shared.index.read();
+            index.atom(crate::AtomId(atom)).map_or(0, |entry| entry.ended_lsn)
+        };
         let listed: HashMap<u64, ShippedSnapshot> =
             self.owned.current.manifest.snapshots.iter().map(|shipped| (shipped.atom, shipped.clone())).collect();
         let (storage, dir) = (self.shared.log.storage(), self.shared.log.dir());
+        let shipped_next = shipped;
         let mut shipped = Vec::with_capacity(atoms.len());
         for atom in atoms {
             if let Some(listed) = listed.get(&atom) {
                 shipped.push(listed.clone());
+                continue;
+            }
+            // IMPORTANT: a snapshot of an atom whose completion the bucket lacks would be
+            // evidence of lost records in the restored store.
+            if !(1..shipped_next).contains(&ended(atom)) {
                 continue;
             }
             // A snapshot deleted since the listing, or unreadable, is not shipped.
@@ -314,7 +363,8 @@ impl Worker {
         Ok(shipped)
     }
 
-    /// Uploads a sealed segment (or the active one's prefix, `tail`): its header and frames.
+    /// Uploads a sealed segment, compressed (or the active one's prefix, `tail`, plain: it is
+    /// uploaded anew at every tail cycle): its header and frames.
     async fn upload_segment(&self, file: &SegmentFile, tail: bool) -> Result<ShippedSegment> {
         let len = usize::try_from(file.data_end).map_err(|_| Error::LimitExceeded {
             what: "bytes of a segment to ship".into(),
@@ -328,12 +378,17 @@ impl Worker {
         assert_eq!(header.generation.max(1), file.generation.max(1), "a segment file holds another generation");
         let sha256: [u8; 32] = Sha256::digest(&bytes).into();
         let epoch = self.owned.claim.epoch;
-        let key = if tail {
-            layout::tail(&self.remote.prefix, file.first_lsn, file.next_lsn, epoch, &sha256)
+        let (key, encoding, object) = if tail {
+            let key = layout::tail(&self.remote.prefix, file.first_lsn, file.next_lsn, epoch, &sha256);
+            (key, manifest::ENCODING_PLAIN, bytes)
         } else {
-            layout::segment(&self.remote.prefix, file.first_lsn, file.generation, epoch, &sha256)
+            let key = layout::segment(&self.remote.prefix, file.first_lsn, file.generation, epoch, &sha256);
+            let compressed = zstd::bulk::compress(&bytes, limits::SHIP_SEGMENT_ZSTD_LEVEL)
+                .map_err(|e| Error::io("compress a segment to ship", "", e))?;
+            (key, manifest::ENCODING_ZSTD, compressed)
         };
-        self.upload(&key, bytes).await?;
+        let object_bytes = object.len() as u64;
+        self.upload(&key, object).await?;
         Ok(ShippedSegment {
             key: key.to_string(),
             seq: file.seq,
@@ -342,6 +397,8 @@ impl Worker {
             generation: file.generation,
             bytes: file.data_end,
             sha256: sha256.into(),
+            encoding,
+            object_bytes,
         })
     }
 
@@ -508,5 +565,6 @@ impl Worker {
 /// Every object key `manifest` lists.
 fn keys(manifest: &ShippedManifest) -> impl Iterator<Item = &str> {
     let segments = manifest.segments.iter().chain(manifest.tail.iter()).map(|segment| segment.key.as_str());
-    segments.chain(manifest.snapshots.iter().map(|snapshot| snapshot.key.as_str()))
+    let snapshots = manifest.snapshots.iter().map(|snapshot| snapshot.key.as_str());
+    segments.chain(snapshots).chain(manifest.index.iter().map(|index| index.key.as_str()))
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use sha2::{Digest, Sha256};
 
 use crate::codec::proto::{ChatMessage, Delta};
 use crate::ship::{Remote, layout, manifest};
@@ -212,6 +213,125 @@ fn a_prefix_holding_another_store_is_refused() {
     // A restore into a directory that holds a store is refused before anything changes.
     assert!(matches!(Store::restore_from(remote.clone(), a.path()), Err(Error::InvalidArgument { .. })));
     assert_eq!(remote.block_on(bucket_manifest(&remote)).epoch, 1);
+}
+
+#[test]
+fn sealed_segments_ship_compressed_and_restore_byte_for_byte() {
+    let remote = Remote::in_memory("stores/i");
+    let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let (original, _) = shipped(a.path(), &remote.clone().owner("a"), 200);
+    let listed = remote.block_on(bucket_manifest(&remote));
+    assert!(listed.segments.len() > 3);
+    for segment in &listed.segments {
+        assert_eq!(segment.encoding, manifest::ENCODING_ZSTD);
+        assert!(segment.object_bytes < segment.bytes, "a compressed segment is smaller: {segment:?}");
+        assert!(segment.key.ends_with(".seg.zst"));
+    }
+    let (_restored, report) = Store::restore_from(remote.clone().owner("b"), b.path()).expect("restore");
+    let plain: u64 = listed.segments.iter().map(|segment| segment.bytes).sum();
+    assert!(report.bytes < plain, "{} bytes downloaded for {plain} of segments", report.bytes);
+    for segment in original.log().segments().iter().filter(|segment| segment.sealed) {
+        let name = segment.path.file_name().expect("a name");
+        let (from, to) =
+            (std::fs::read(&segment.path).expect("read"), std::fs::read(b.path().join(name)).expect("read"));
+        let data = segment.data_bytes as usize;
+        assert_eq!(from[..data], to[..data], "segment {} differs", segment.seq);
+    }
+}
+
+#[test]
+fn the_shipped_index_snapshot_spares_the_restore_s_open_a_fold() {
+    let remote = Remote::in_memory("stores/j").owner("a");
+    let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let store = Store::builder(a.path())
+        .segment_bytes(4096)
+        .index_snapshot_after(100)
+        .ship_to(remote.clone().poll_interval(Duration::from_secs(3600)))
+        .open()
+        .expect("open");
+    let run = store.create_run(RunSpec::new("research")).expect("run");
+    let ids: Vec<AtomId> = (0..400)
+        .map(|i| store.record_atom(run, "planner", &format!("k{i}"), &[], "", &output(i)).expect("atom"))
+        .collect();
+    store.ship_now().expect("ship");
+    let listed = remote.block_on(bucket_manifest(&remote));
+    let index = listed.index.clone().expect("an index snapshot is shipped once enough records are");
+    // Without tail shipping it covers the sealed segments, exactly.
+    assert_eq!(index.covered, listed.shipped_next_lsn());
+    assert!(index.covered < store.log().next_lsn().get());
+
+    let (restored, report) = Store::restore_from(remote.clone().owner("b"), b.path()).expect("restore");
+    assert_eq!(report.index_snapshot, Some(index.covered));
+    let info = restored.index_snapshot();
+    assert_eq!((info.opened_from, info.ignored_at_open), (Some(crate::Lsn::new(index.covered)), None));
+    assert!(restored.recovery_report().is_lossless());
+    let restored_atoms = restored.run_atoms(run);
+    assert!(restored_atoms.len() > 300, "{} atoms restored", restored_atoms.len());
+    for &id in ids.iter().filter(|id| restored_atoms.contains(id)) {
+        assert_eq!(restored.atom(id).expect("restored"), store.atom(id).expect("original"));
+    }
+}
+
+#[test]
+fn with_tail_shipping_a_close_ships_its_index_snapshot() {
+    let remote = Remote::in_memory("stores/k").ship_interval(Some(Duration::from_secs(3600)));
+    let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let store = Store::builder(a.path())
+        .index_snapshot_after(100)
+        .ship_to(remote.clone().owner("a").poll_interval(Duration::from_secs(3600)))
+        .open()
+        .expect("open");
+    let run = store.create_run(RunSpec::new("research")).expect("run");
+    for i in 0..300 {
+        store.record_atom(run, "planner", &format!("k{i}"), &[], "", &output(i)).expect("atom");
+    }
+    store.close().expect("close");
+    let listed = remote.block_on(bucket_manifest(&remote));
+    // The close's index snapshot covers every record, the close's own included, as the tail does.
+    let end = listed.shipped_next_lsn();
+    assert_eq!(listed.index.as_ref().map(|index| index.covered), Some(end), "the close's index snapshot");
+    let local = std::fs::read(a.path().join(crate::store::INDEX_SNAPSHOT_FILE_NAME)).expect("the local one");
+    assert_eq!(Sha256::digest(&local).to_vec(), listed.index.expect("listed").sha256, "shipped byte for byte");
+    let (restored, report) = Store::restore_from(remote.clone().owner("b"), b.path()).expect("restore");
+    assert_eq!((report.index_snapshot, report.next_lsn), (Some(end), end));
+    assert_eq!(restored.index_snapshot().opened_from, Some(crate::Lsn::new(end)));
+    assert_eq!(restored.run_atoms(run).len(), 300);
+}
+
+#[test]
+fn a_damaged_index_snapshot_is_left_out_and_the_open_folds_the_log() {
+    let remote = Remote::in_memory("stores/l").ship_interval(Some(Duration::from_secs(3600)));
+    let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let store =
+        Store::builder(a.path()).index_snapshot_after(100).ship_to(remote.clone().owner("a")).open().expect("open");
+    let run = store.create_run(RunSpec::new("research")).expect("run");
+    for i in 0..300 {
+        store.record_atom(run, "planner", &format!("k{i}"), &[], "", &output(i)).expect("atom");
+    }
+    store.close().expect("close");
+    let listed = remote.block_on(bucket_manifest(&remote));
+    flip_a_byte(&remote, &listed.index.expect("an index snapshot").key);
+    let (restored, report) = Store::restore_from(remote.clone().owner("b"), b.path()).expect("restore");
+    assert_eq!(report.index_snapshot, None);
+    assert_eq!(restored.index_snapshot().opened_from, None);
+    assert_eq!(restored.run_atoms(run).len(), 300);
+}
+
+#[test]
+fn a_snapshot_of_an_atom_the_bucket_lacks_is_not_listed() {
+    let remote = Remote::in_memory("stores/m");
+    let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let (store, ids) = shipped(a.path(), &remote.clone().owner("a"), 120);
+    let (early, last) = (ids[10], *ids.last().expect("atoms"));
+    store.snapshot_now(early).expect("snapshot");
+    store.snapshot_now(last).expect("snapshot");
+    store.ship_now().expect("ship");
+    let listed = remote.block_on(bucket_manifest(&remote));
+    let atoms: Vec<u64> = listed.snapshots.iter().map(|snapshot| snapshot.atom).collect();
+    assert!(atoms.contains(&early.get()), "{atoms:?}");
+    assert!(!atoms.contains(&last.get()), "its completion is in the active segment, not shipped: {atoms:?}");
+    let (restored, _) = Store::restore_from(remote.clone().owner("b"), b.path()).expect("restore");
+    assert!(restored.recovery_report().is_lossless(), "{:?}", restored.recovery_report());
 }
 
 fn flip_a_byte(remote: &Remote, key: &str) {

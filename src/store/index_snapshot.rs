@@ -113,6 +113,37 @@ pub(crate) fn publish(log: &Log, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The bytes of the index snapshot file in `log`'s directory if it covers exactly the records
+/// below `until` and its header checks (its body is checked where it is used).
+#[cfg(feature = "object-store")]
+pub(crate) fn file_covering(log: &Log, until: u64) -> Option<Vec<u8>> {
+    let file = log.storage().open(&path(log), OpenMode::ReadOnly).ok()?;
+    let len = file.len().ok().filter(|len| *len <= crate::limits::INDEX_SNAPSHOT_BYTES_MAX)?;
+    let mut bytes = vec![0u8; usize::try_from(len).ok()?];
+    file.read_exact_at(&mut bytes, 0).ok()?;
+    let (covered, _, body_len) = parse_header(&bytes).ok()?;
+    (covered == until && HEADER_BYTES as u64 + body_len == len).then_some(bytes)
+}
+
+/// The LSN an index snapshot's bytes cover, if its header checks.
+#[cfg(feature = "object-store")]
+pub(crate) fn covered_by(bytes: &[u8]) -> Option<u64> {
+    parse_header(bytes).ok().map(|(covered, _, _)| covered)
+}
+
+/// Writes `bytes` (an index snapshot of the store in `dir`, downloaded) as its index snapshot
+/// file: temporary name, sync, rename (the caller syncs the directory).
+#[cfg(feature = "object-store")]
+pub(crate) fn place(storage: &dyn crate::storage::Storage, dir: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let temp = dir.join(TEMP_NAME);
+    let target = dir.join(FILE_NAME);
+    let _ = storage.remove_file(&temp);
+    let file = storage.open(&temp, OpenMode::CreateNew).map_err(|e| Error::io("create", &temp, e))?;
+    file.write_all_at(bytes, 0).map_err(|e| Error::io("write", &temp, e))?;
+    file.sync_data().map_err(|e| Error::io("fdatasync", &temp, e))?;
+    storage.rename(&temp, &target).map_err(|e| Error::io("rename", &temp, e))
+}
+
 /// Deletes the index snapshot, durably, if there is one (before anything changes the log below
 /// the LSN it covers).
 pub(crate) fn remove(log: &Log) -> Result<()> {

@@ -63,6 +63,23 @@ pub use types::{
 /// The index snapshot's file name in a store directory (for the fuzz seeds).
 pub(crate) const INDEX_SNAPSHOT_FILE_NAME: &str = index_snapshot::FILE_NAME;
 
+/// The LSN an index snapshot's bytes cover, if its header checks.
+#[cfg(feature = "object-store")]
+pub(crate) fn index_snapshot_covers(bytes: &[u8]) -> Option<u64> {
+    index_snapshot::covered_by(bytes)
+}
+
+/// Writes `bytes`, a downloaded index snapshot of the store in `dir`, as its index snapshot
+/// file (the caller syncs the directory).
+#[cfg(feature = "object-store")]
+pub(crate) fn place_index_snapshot(
+    storage: &dyn crate::storage::Storage,
+    dir: &std::path::Path,
+    bytes: &[u8],
+) -> Result<()> {
+    index_snapshot::place(storage, dir, bytes)
+}
+
 /// Whether `body` decodes as an index snapshot's body (for the fuzz target).
 pub(crate) fn index_snapshot_body_decodes(body: &[u8]) -> bool {
     index_snapshot::parse_body(body)
@@ -134,6 +151,28 @@ impl Shared {
         snapshots
     }
 
+    /// The bytes of an index snapshot covering exactly the records below `until` (at most the
+    /// log's end), built as [`Store::write_index_snapshot`] builds one: the index snapshot on
+    /// disk if it covers exactly those, else a fold from it (if it covers no more) or from
+    /// the log's start. Nothing is written; what ships the log uses it.
+    #[cfg(feature = "object-store")]
+    pub(crate) fn index_snapshot_until(&self, until: u64) -> Result<Vec<u8>> {
+        assert!(until <= self.log.next_lsn().get(), "an index snapshot past the log's end");
+        let _no_compaction = self.compacting.lock();
+        if let Some(bytes) = index_snapshot::file_covering(&self.log, until) {
+            return Ok(bytes);
+        }
+        let codec = Codec::default();
+        let covered = self.index_snapshot.covered.load(std::sync::atomic::Ordering::Relaxed);
+        let start = (covered != 0 && covered <= until)
+            .then(|| index_snapshot::load(&self.log, &codec))
+            .flatten()
+            .filter(|state| state.next_lsn <= until)
+            .unwrap_or_else(|| rebuild::FoldState::new(index::IdentityHasher::random()));
+        let state = rebuild::fold_from(&self.log, &codec, start, until)?;
+        index_snapshot::encode(&state, &self.log)
+    }
+
     /// The index snapshot on disk, loaded and checked against the log, if this store has
     /// one (compaction patches it).
     pub(crate) fn loaded_index_snapshot(&self) -> Option<rebuild::FoldState> {
@@ -174,6 +213,14 @@ pub(crate) struct IndexSnapshotState {
     /// Bumped (under the compaction lock) before compaction changes a segment: an index snapshot
     /// folded before the bump must not be published after it.
     log_changes: std::sync::atomic::AtomicU64,
+}
+
+impl IndexSnapshotState {
+    /// The LSN the index snapshot on disk covers; 0 if there is none.
+    #[cfg(feature = "object-store")]
+    pub(crate) fn covered(&self) -> u64 {
+        self.covered.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// What a store knows of its index snapshot ([`Store::index_snapshot`]): a cache of the
@@ -217,8 +264,6 @@ impl Drop for Store {
     /// it costs only the next open's time).
     fn drop(&mut self) {
         drop(self.worker.take());
-        #[cfg(feature = "object-store")]
-        drop(self.shipper.take());
         self.wait_for_index_snapshot_writer();
         if let Err(error) = self.shared.sync_snapshot_dir(false) {
             tracing::warn!(%error, "snapshot directory not synced at close");
@@ -229,6 +274,9 @@ impl Drop for Store {
         {
             tracing::warn!(%error, "index snapshot not written at close");
         }
+        // Last: the shipping thread's last cycle ships the close's index snapshot too.
+        #[cfg(feature = "object-store")]
+        drop(self.shipper.take());
     }
 }
 
@@ -412,14 +460,15 @@ impl Store {
     /// The errors of [`Store::write_index_snapshot`]; the store is closed either way.
     pub fn close(mut self) -> Result<()> {
         drop(self.worker.take());
-        #[cfg(feature = "object-store")]
-        drop(self.shipper.take());
         self.wait_for_index_snapshot_writer();
         let snapshots = self.shared.sync_snapshot_dir(false);
         let due = self.owner && self.records_after_index_snapshot() >= self.shared.policies.index_snapshot_after;
         // Dropping `self` afterwards must not try again.
         self.owner = false;
         let index_snapshot = if due { self.write_index_snapshot().map(|_| ()) } else { Ok(()) };
+        // Last: the shipping thread's last cycle ships the close's index snapshot too.
+        #[cfg(feature = "object-store")]
+        drop(self.shipper.take());
         snapshots.and(index_snapshot)
     }
 
