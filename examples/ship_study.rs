@@ -6,7 +6,7 @@
 //! `eval "$(scripts/s3-server.sh start target/s3-server)"`), else `object_store`'s in-memory
 //! backend, and says which.
 //!
-//! `cargo run --release --features object-store --example ship_study [BIG_ATOMS] [PAIRS]`
+//! `cargo run --release --features object-store --example ship_study [BIG_ATOMS] [PAIRS] [TEXT_ATOMS]`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -19,6 +19,7 @@ fn main() -> continuum::Result<()> {
     let mut args = std::env::args().skip(1);
     let big: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
     let pairs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let text: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(300_000);
     let (remote, server) = remote("study");
     println!("object store: {server}");
     let output = Arc::new(output());
@@ -40,14 +41,24 @@ fn main() -> continuum::Result<()> {
 
     println!("\n== restore of a 10,000-atom run");
     let run_remote = remote_for(&remote, "run10k");
-    let restore = restore_after(&run_remote, 10_000, 1, &output)?;
+    let restore = restore_after(&run_remote, 10_000, 1, &|_| (*output).clone())?;
     println!("restore of 10,000 atoms: {:.3} s ({})", restore.0.as_secs_f64(), restore.1);
 
     println!("\n== restore of a {big}-atom store against its local reopen");
     let big_remote = remote_for(&remote, "big");
-    let (restored, local) = restore_and_reopen(&big_remote, big, &output)?;
+    let (restored, local) = restore_and_reopen(&big_remote, big, &|_| (*output).clone())?;
     println!(
         "{big} atoms: restore {:.2} s, local reopen {:.2} s: restore / reopen {:.2}x",
+        restored.as_secs_f64(),
+        local.as_secs_f64(),
+        restored.as_secs_f64() / local.as_secs_f64()
+    );
+
+    println!("\n== restore of a {text}-atom store of varied text (~1 KB a step) against its local reopen");
+    let text_remote = remote_for(&remote, "text");
+    let (restored, local) = restore_and_reopen(&text_remote, text, &text_output)?;
+    println!(
+        "{text} atoms of text: restore {:.2} s, local reopen {:.2} s: restore / reopen {:.2}x",
         restored.as_secs_f64(),
         local.as_secs_f64(),
         restored.as_secs_f64() / local.as_secs_f64()
@@ -93,7 +104,7 @@ fn restore_after(
     remote: &Remote,
     atoms: usize,
     runs: usize,
-    output: &AtomOutput,
+    output: &Outputs<'_>,
 ) -> continuum::Result<(Duration, String)> {
     let source = tempfile::tempdir().expect("a temporary directory");
     {
@@ -114,7 +125,7 @@ fn restore_after(
 }
 
 /// A store of `atoms` atoms shipped, then: its restore's time, and its local reopen's.
-fn restore_and_reopen(remote: &Remote, atoms: usize, output: &AtomOutput) -> continuum::Result<(Duration, Duration)> {
+fn restore_and_reopen(remote: &Remote, atoms: usize, output: &Outputs<'_>) -> continuum::Result<(Duration, Duration)> {
     let source = tempfile::tempdir().expect("a temporary directory");
     {
         let store = Store::builder(source.path())
@@ -126,6 +137,12 @@ fn restore_and_reopen(remote: &Remote, atoms: usize, output: &AtomOutput) -> con
         store.ship_now()?;
         store.close()?;
     }
+    let log_bytes: u64 = std::fs::read_dir(source.path())
+        .expect("the store directory")
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".seg"))
+        .map(|entry| entry.metadata().map_or(0, |meta| meta.len()))
+        .sum();
     let started = Instant::now();
     drop(Store::open(source.path())?);
     let local = started.elapsed();
@@ -139,18 +156,25 @@ fn restore_and_reopen(remote: &Remote, atoms: usize, output: &AtomOutput) -> con
     let (store, report) = Store::restore_from(remote.clone().owner("restorer"), target.path())?;
     let restored = started.elapsed();
     println!(
-        "  restored {} segments, {} bytes: takeover and downloads {:.2} s ({:.0} MB/s), open {:.2} s",
+        "  restored {} segments: {} bytes downloaded for {} bytes of log ({:.1}x); takeover and downloads {:.2} s ({:.0} MB/s downloaded), open {:.2} s from index snapshot {:?} (opened from {:?})",
         report.segments,
         report.bytes,
+        log_bytes,
+        log_bytes as f64 / report.bytes as f64,
         report.downloaded_in.as_secs_f64(),
         report.bytes as f64 / 1e6 / report.downloaded_in.as_secs_f64(),
-        (report.took - report.downloaded_in).as_secs_f64()
+        (report.took - report.downloaded_in).as_secs_f64(),
+        report.index_snapshot,
+        store.index_snapshot().opened_from,
     );
     drop(store);
     Ok((restored, local))
 }
 
-fn fill(store: &Store, atoms: usize, runs: usize, output: &AtomOutput) -> continuum::Result<()> {
+/// The output of the atom numbered `i`.
+type Outputs<'a> = dyn Fn(usize) -> AtomOutput + Sync + 'a;
+
+fn fill(store: &Store, atoms: usize, runs: usize, output: &Outputs<'_>) -> continuum::Result<()> {
     let ids: Vec<_> =
         (0..runs).map(|r| store.create_run(RunSpec::new(format!("run-{r}")))).collect::<Result<_, _>>()?;
     std::thread::scope(|scope| {
@@ -160,7 +184,8 @@ fn fill(store: &Store, atoms: usize, runs: usize, output: &AtomOutput) -> contin
             scope.spawn(move || {
                 for i in 0..per {
                     let run = ids[(t * per + i) % ids.len()];
-                    store.record_atom(run, &format!("agent-{t}"), &format!("k{i}"), &[], "", output).expect("atom");
+                    let output = output(t * per + i);
+                    store.record_atom(run, &format!("agent-{t}"), &format!("k{i}"), &[], "", &output).expect("atom");
                 }
             });
         }
@@ -170,6 +195,39 @@ fn fill(store: &Store, atoms: usize, runs: usize, output: &AtomOutput) -> contin
 
 fn output() -> AtomOutput {
     let message = ChatMessage { role: "assistant".into(), content: "x".repeat(200), tool_call: None };
+    AtomOutput { delta: Delta { messages: vec![message], ..Delta::default() }, result: b"ok".to_vec() }
+}
+
+/// A step of varied text: 30 to 330 words (~1 KB) drawn from 3,000 made-up words, skewed
+/// towards the frequent ones as a language is; no two steps alike.
+fn text_output(i: usize) -> AtomOutput {
+    static WORDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let words = WORDS.get_or_init(|| {
+        (0..3_000u64)
+            .map(|w| {
+                let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                (0..3 + w % 7)
+                    .map(|_| {
+                        x ^= x >> 13;
+                        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+                        char::from(b'a' + (x % 26) as u8)
+                    })
+                    .collect()
+            })
+            .collect()
+    });
+    let mut seed = (i as u64).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let count = 30 + (i * 7_919) % 300;
+    let text: Vec<&str> = (0..count)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let r = (seed % 3_000) as usize;
+            words[r * r / 3_000].as_str()
+        })
+        .collect();
+    let message = ChatMessage { role: "assistant".into(), content: text.join(" "), tool_call: None };
     AtomOutput { delta: Delta { messages: vec![message], ..Delta::default() }, result: b"ok".to_vec() }
 }
 

@@ -91,7 +91,7 @@ impl StoreBuilder {
         let segment_bytes = self.log.settings().segment_bytes;
         let mut report = remote.block_on(async {
             let owned = claim::take_over(remote.store.as_ref(), &remote.prefix, &remote.owner, from).await?;
-            let report = download(&remote, &owned, storage.as_ref(), &dir, segment_bytes).await?;
+            let report = download(&remote, &owned, &storage, &dir, segment_bytes).await?;
             claim::write(storage.as_ref(), &dir, owned.claim)?;
             Ok::<_, Error>(report)
         })?;
@@ -134,39 +134,64 @@ fn check_empty(storage: &dyn Storage, dir: &Path) -> Result<()> {
 async fn download(
     remote: &Remote,
     owned: &Owned,
-    storage: &dyn Storage,
+    shared_storage: &std::sync::Arc<dyn Storage>,
     dir: &Path,
     segment_bytes: u64,
 ) -> Result<RestoreReport> {
+    let storage = shared_storage.as_ref();
     let manifest = &owned.current.manifest;
     let mut report = RestoreReport { epoch: owned.claim.epoch, ..RestoreReport::default() };
     let segments: Vec<&ShippedSegment> = manifest.segments.iter().chain(manifest.tail.iter()).collect();
-    let mut fetched = futures::stream::iter(segments.iter().copied())
-        .map(|shipped| fetch_verified(remote, Wanted::segment(shipped)))
-        .buffered(limits::SHIP_TRANSFERS_IN_FLIGHT);
-    let mut headers = Vec::with_capacity(segments.len());
-    let mut at = 0;
-    while let Some(fetched) = fetched.next().await {
-        let shipped = segments[at];
-        at += 1;
-        let (bytes, downloaded) = fetched?.ok_or_else(|| Error::DamagedObject { key: shipped.key.clone() })?;
-        headers.push(write_segment(storage, dir, manifest.store_id, shipped, &bytes)?);
-        report.bytes += downloaded;
-    }
+    let restore_segments = async {
+        // Each segment is written (and synced) as soon as it is downloaded, beside the others.
+        let mut restored = futures::stream::iter(segments.iter().copied())
+            .map(|shipped| async move {
+                let fetched = fetch_verified(remote, Wanted::segment(shipped)).await?;
+                let (bytes, object_bytes) = fetched.ok_or_else(|| Error::DamagedObject { key: shipped.key.clone() })?;
+                let (storage, dir, store_id) =
+                    (std::sync::Arc::clone(shared_storage), dir.to_path_buf(), manifest.store_id);
+                let shipped = shipped.clone();
+                let header = tokio::task::spawn_blocking(move || {
+                    write_segment(storage.as_ref(), &dir, store_id, &shipped, &bytes)
+                })
+                .await
+                .map_err(|error| {
+                    Error::io("write a restored segment", "", std::io::Error::other(error.to_string()))
+                })??;
+                Ok::<_, Error>((header, object_bytes))
+            })
+            .buffered(limits::SHIP_TRANSFERS_IN_FLIGHT);
+        let (mut headers, mut downloaded) = (Vec::with_capacity(segments.len()), 0);
+        while let Some(segment) = restored.next().await {
+            let (header, object_bytes) = segment?;
+            headers.push(header);
+            downloaded += object_bytes;
+        }
+        Ok::<_, Error>((headers, downloaded))
+    };
+    // The index snapshot downloads beside the segments.
+    let fetch_index = async {
+        match &manifest.index {
+            Some(index) => fetch_verified(remote, Wanted::index(index)).await,
+            None => Ok(None),
+        }
+    };
+    let (restored, index) = futures::future::join(restore_segments, fetch_index).await;
+    let (headers, downloaded) = restored?;
+    report.bytes += downloaded;
     report.segments = manifest.segments.len();
     report.tail = manifest.tail.is_some();
     restore_snapshots(remote, manifest, storage, dir, &mut report).await?;
-    if let Some(index) = &manifest.index {
-        match fetch_verified(remote, Wanted::index(index)).await? {
-            Some((bytes, downloaded)) => {
-                crate::store::place_index_snapshot(storage, dir, &bytes)?;
-                report.index_snapshot = Some(index.covered);
-                report.bytes += downloaded;
-            }
-            None => {
-                tracing::warn!(key = index.key, "the shipped index snapshot is damaged: the open folds the whole log")
-            }
+    match (&manifest.index, index?) {
+        (Some(index), Some((bytes, downloaded))) => {
+            crate::store::place_index_snapshot(storage, dir, &bytes)?;
+            report.index_snapshot = Some(index.covered);
+            report.bytes += downloaded;
         }
+        (Some(index), None) => {
+            tracing::warn!(key = index.key, "the shipped index snapshot is damaged: the open folds the whole log")
+        }
+        (None, _) => {}
     }
     report.next_lsn = finish_log(storage, dir, manifest, &headers, segment_bytes)?;
     storage.sync_dir(dir).map_err(|e| Error::io("sync directory", dir, e))?;
