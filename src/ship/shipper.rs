@@ -301,8 +301,12 @@ impl Worker {
             let segments = manifest.segments.iter().filter(|segment| segment.first_lsn < covered);
             segments.map(|segment| (segment.seq, segment.generation, segment.key.clone())).collect()
         };
-        let listed = current.index.clone().filter(|index| below(current, index.covered) == below(next, index.covered));
         let until = next.shipped_next_lsn();
+        // IMPORTANT: a manifest never lists an index snapshot past its records (it would not decode).
+        let listed = current
+            .index
+            .clone()
+            .filter(|index| index.covered <= until && below(current, index.covered) == below(next, index.covered));
         let covered = listed.as_ref().map_or(0, |index| index.covered);
         let first = next.segments.first().or(next.tail.as_ref()).map_or(until, |segment| segment.first_lsn);
         let (after, before) = (until.saturating_sub(covered.max(first)), covered.saturating_sub(first));
