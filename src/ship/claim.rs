@@ -155,38 +155,55 @@ pub(crate) async fn prove(
     }
 }
 
+/// Attempts of a takeover whose conditional write the previous owner's own writes refused.
+const TAKEOVER_ATTEMPTS: usize = 16;
+
 /// Takes the store under `prefix` over for `owner`: the manifest's epoch + 1, by a conditional
 /// write on the version read; only from epoch `from` when given. Exactly one of several
-/// takers racing from the same epoch wins.
+/// takers racing from the same epoch wins. A write refused because the manifest changed
+/// within the epoch read (the previous owner still shipping, or a write of a dead owner's that
+/// was in flight when it died and landed since) is tried again on the manifest as it is now;
+/// only a manifest of another epoch means another taker won.
 ///
 /// # Errors
 /// [`Error::Fenced`] when another taker won, or the bucket's epoch is not `from`;
 /// [`Error::ObjectStore`] when the bucket fails or has no manifest under `prefix`.
 pub(crate) async fn take_over(remote: &dyn ObjectStore, prefix: &str, owner: &str, from: Option<u64>) -> Result<Owned> {
-    let Some(read) = manifest::fetch(remote, prefix).await? else {
-        return Err(Error::ObjectStore {
-            op: "get",
-            key: crate::ship::layout::manifest(prefix).to_string(),
-            message: "there is no shipped store under this prefix".into(),
-        });
-    };
-    if let Some(from) = from
-        && from != read.manifest.epoch
-    {
-        return Err(Error::Fenced { epoch: from + 1, current: read.manifest.epoch });
+    let mut from = from;
+    let mut refused_at = 0;
+    for _ in 0..TAKEOVER_ATTEMPTS {
+        let Some(read) = manifest::fetch(remote, prefix).await? else {
+            return Err(Error::ObjectStore {
+                op: "get",
+                key: crate::ship::layout::manifest(prefix).to_string(),
+                message: "there is no shipped store under this prefix".into(),
+            });
+        };
+        if let Some(from) = from
+            && from != read.manifest.epoch
+        {
+            return Err(Error::Fenced { epoch: from + 1, current: read.manifest.epoch });
+        }
+        let claim = Claim { store_id: read.manifest.store_id, epoch: read.manifest.epoch + 1, nonce: nonce() };
+        let manifest = ShippedManifest {
+            epoch: claim.epoch,
+            owner: owner.to_owned(),
+            nonce: claim.nonce,
+            written_at_unix_us: now_us(),
+            ..read.manifest.clone()
+        };
+        match manifest::write(remote, prefix, &manifest, Some(&read.version)).await? {
+            Written::Done(version) => return Ok(Owned { claim, current: Versioned { manifest, version } }),
+            // IMPORTANT: the next attempt takes over only from the epoch read: if another taker
+            // won meanwhile, the epoch changed and this one is fenced.
+            Written::Refused => {
+                from = Some(read.manifest.epoch);
+                refused_at = read.manifest.epoch;
+                tracing::info!(epoch = refused_at, "a takeover's manifest write was refused; reading it again");
+            }
+        }
     }
-    let claim = Claim { store_id: read.manifest.store_id, epoch: read.manifest.epoch + 1, nonce: nonce() };
-    let manifest = ShippedManifest {
-        epoch: claim.epoch,
-        owner: owner.to_owned(),
-        nonce: claim.nonce,
-        written_at_unix_us: now_us(),
-        ..read.manifest
-    };
-    match manifest::write(remote, prefix, &manifest, Some(&read.version)).await? {
-        Written::Done(version) => Ok(Owned { claim, current: Versioned { manifest, version } }),
-        Written::Refused => Err(Error::Fenced { epoch: claim.epoch, current: 0 }),
-    }
+    Err(Error::Fenced { epoch: refused_at + 1, current: 0 })
 }
 
 /// A random number (the claim's nonce).
