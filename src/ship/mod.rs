@@ -201,6 +201,17 @@ fn tuned(builder: object_store::aws::AmazonS3Builder) -> object_store::aws::Amaz
     })
 }
 
+/// Runs `work` on the runtime's blocking threads (hashing, compression, file writes), beside the
+/// transfers in flight; `what` names it if its thread panicked.
+pub(crate) async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| Error::io(what, "", std::io::Error::other(error.to_string())))
+}
+
 /// The process's runtime for object store calls: two I/O threads drive every connection, and
 /// each caller's thread runs its own future ([`Remote::block_on`]).
 ///

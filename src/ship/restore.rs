@@ -151,13 +151,10 @@ async fn download(
                 let (storage, dir, store_id) =
                     (std::sync::Arc::clone(shared_storage), dir.to_path_buf(), manifest.store_id);
                 let shipped = shipped.clone();
-                let header = tokio::task::spawn_blocking(move || {
+                let header = crate::ship::blocking("write a restored segment", move || {
                     write_segment(storage.as_ref(), &dir, store_id, &shipped, &bytes)
                 })
-                .await
-                .map_err(|error| {
-                    Error::io("write a restored segment", "", std::io::Error::other(error.to_string()))
-                })??;
+                .await??;
                 Ok::<_, Error>((header, object_bytes))
             })
             .buffered(limits::SHIP_TRANSFERS_IN_FLIGHT);
@@ -184,7 +181,7 @@ async fn download(
     restore_snapshots(remote, manifest, storage, dir, &mut report).await?;
     match (&manifest.index, index?) {
         (Some(index), Some((bytes, downloaded))) => {
-            crate::store::place_index_snapshot(storage, dir, &bytes)?;
+            crate::store::index_snapshot::place(storage, dir, &bytes)?;
             report.index_snapshot = Some(index.covered);
             report.bytes += downloaded;
         }
@@ -246,7 +243,7 @@ async fn fetch_verified(remote: &Remote, wanted: Wanted<'_>) -> Result<Option<(V
         let object = got.bytes().await.map_err(|error| remote_error("get", key, &error))?.to_vec();
         let (bytes, sha256, encoding) = (wanted.bytes, wanted.sha256.to_vec(), wanted.encoding);
         // Decompressing and hashing run beside the downloads still in flight.
-        let checked = tokio::task::spawn_blocking(move || {
+        let checked = crate::ship::blocking("check a downloaded object", move || {
             let downloaded = object.len() as u64;
             let content = match encoding {
                 ENCODING_ZSTD => zstd::bulk::decompress(&object, bytes as usize).ok()?,
@@ -255,8 +252,7 @@ async fn fetch_verified(remote: &Remote, wanted: Wanted<'_>) -> Result<Option<(V
             let intact = content.len() as u64 == bytes && Sha256::digest(&content).as_slice() == sha256.as_slice();
             intact.then_some((content, downloaded))
         })
-        .await
-        .map_err(|error| Error::io("check a downloaded object", key, std::io::Error::other(error.to_string())))?;
+        .await?;
         if checked.is_some() {
             return Ok(checked);
         }

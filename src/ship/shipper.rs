@@ -297,16 +297,15 @@ impl Worker {
     /// records (a close's, with tail shipping on).
     async fn index(&self, next: &ShippedManifest) -> Result<Option<ShippedIndex>> {
         let current = &self.owned.current.manifest;
-        let below = |manifest: &'_ ShippedManifest, covered: u64| -> Vec<(u64, u32, String)> {
-            let segments = manifest.segments.iter().filter(|segment| segment.first_lsn < covered);
-            segments.map(|segment| (segment.seq, segment.generation, segment.key.clone())).collect()
-        };
+        fn below(manifest: &ShippedManifest, covered: u64) -> impl Iterator<Item = &ShippedSegment> {
+            manifest.segments.iter().filter(move |segment| segment.first_lsn < covered)
+        }
         let until = next.shipped_next_lsn();
         // IMPORTANT: a manifest never lists an index snapshot past its records (it would not decode).
         let listed = current
             .index
             .clone()
-            .filter(|index| index.covered <= until && below(current, index.covered) == below(next, index.covered));
+            .filter(|index| index.covered <= until && below(current, index.covered).eq(below(next, index.covered)));
         let covered = listed.as_ref().map_or(0, |index| index.covered);
         let first = next.segments.first().or(next.tail.as_ref()).map_or(until, |segment| segment.first_lsn);
         let (after, before) = (until.saturating_sub(covered.max(first)), covered.saturating_sub(first));
@@ -317,10 +316,9 @@ impl Worker {
         }
         let shared = Arc::clone(&self.shared);
         let bytes =
-            tokio::task::spawn_blocking(move || shared.index_snapshot_until(until)).await.map_err(|error| {
-                Error::io("build an index snapshot to ship", "", std::io::Error::other(error.to_string()))
-            })??;
-        assert_eq!(crate::store::index_snapshot_covers(&bytes), Some(until), "an index snapshot of other records");
+            crate::ship::blocking("build an index snapshot to ship", move || shared.index_snapshot_until(until))
+                .await??;
+        assert_eq!(crate::store::index_snapshot::covered_by(&bytes), Some(until), "an index snapshot of other records");
         let sha256: [u8; 32] = Sha256::digest(&bytes).into();
         let key = layout::index(&self.remote.prefix, until, self.owned.claim.epoch, &sha256);
         let len = bytes.len() as u64;

@@ -63,23 +63,6 @@ pub use types::{
 /// The index snapshot's file name in a store directory (for the fuzz seeds).
 pub(crate) const INDEX_SNAPSHOT_FILE_NAME: &str = index_snapshot::FILE_NAME;
 
-/// The LSN an index snapshot's bytes cover, if its header checks.
-#[cfg(feature = "object-store")]
-pub(crate) fn index_snapshot_covers(bytes: &[u8]) -> Option<u64> {
-    index_snapshot::covered_by(bytes)
-}
-
-/// Writes `bytes`, a downloaded index snapshot of the store in `dir`, as its index snapshot
-/// file (the caller syncs the directory).
-#[cfg(feature = "object-store")]
-pub(crate) fn place_index_snapshot(
-    storage: &dyn crate::storage::Storage,
-    dir: &std::path::Path,
-    bytes: &[u8],
-) -> Result<()> {
-    index_snapshot::place(storage, dir, bytes)
-}
-
 /// Whether `body` decodes as an index snapshot's body (for the fuzz target).
 pub(crate) fn index_snapshot_body_decodes(body: &[u8]) -> bool {
     index_snapshot::parse_body(body)
